@@ -1,0 +1,1 @@
+"""Hookspecs, the plugin manager, and one adapter package per engine."""

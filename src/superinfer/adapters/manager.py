@@ -1,0 +1,144 @@
+"""The plugin manager: finds policies by name and wires one into the ``superinfer_*`` hooks.
+
+Policies come from the entry-point group ``superinfer.policies`` (built-ins are declared there in
+our own ``pyproject.toml``, exactly like a third party's). An entry point names either a pure
+policy class (anything with ``schedule(state)``; it is wrapped in :class:`PolicyPlugin`) or a
+ready pluggy plugin with ``superinfer_*`` hook implementations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Mapping
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, get_type_hints
+
+import pluggy
+
+from superinfer.adapters import hookspecs
+from superinfer.adapters.hookspecs import PROJECT_NAME, hookimpl
+from superinfer.policy_core.protocols import SchedulerPolicy
+from superinfer.policy_core.types import RequestView, ScheduleDecision, StepState, StepStats
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PolicyPlugin",
+    "UnknownPolicyError",
+    "available_policies",
+    "build_plugin_manager",
+    "make_policy",
+]
+
+ENTRY_POINT_GROUP = "superinfer.policies"
+
+
+class UnknownPolicyError(ValueError):
+    """No policy of that name is registered, or its options are wrong."""
+
+
+class PolicyPlugin:
+    """Adapts a pure :class:`SchedulerPolicy` to the hooks."""
+
+    def __init__(self, policy: SchedulerPolicy) -> None:
+        self.policy = policy
+
+    @hookimpl
+    def superinfer_schedule(self, state: StepState) -> ScheduleDecision:
+        return self.policy.schedule(state)
+
+    @hookimpl
+    def superinfer_request_arrived(self, request: RequestView, now_s: float) -> None:
+        self.policy.on_request_arrived(request, now_s)
+
+    @hookimpl
+    def superinfer_request_finished(self, request: RequestView, now_s: float) -> None:
+        self.policy.on_request_finished(request, now_s)
+
+    @hookimpl
+    def superinfer_step_finished(self, stats: StepStats) -> None:
+        self.policy.on_step_finished(stats)
+
+
+def available_policies() -> dict[str, EntryPoint]:
+    """Registered policies by name (entry-point group ``superinfer.policies``)."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _convert(raw: Any, hint: Any, key: str, policy: str) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    if isinstance(hint, types.UnionType) or hint in (str, Any):
+        return raw
+    try:
+        if hint is bool:
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1", "yes")
+        return hint(raw)
+    except (TypeError, ValueError):
+        name = getattr(hint, "__name__", str(hint))
+        raise UnknownPolicyError(
+            f"policy {policy!r}: option {key}={raw!r} is not of type {name}"
+        ) from None
+
+
+def make_policy(cls: type, options: Mapping[str, Any], name: str) -> Any:
+    """Instantiate policy class ``cls`` with ``options``, converting ``key=value`` strings.
+
+    Options of a dataclass policy are converted to each field's annotated type.
+
+    Raises:
+        UnknownPolicyError: an option the policy does not have, or a value of the wrong type.
+    """
+    if not options:
+        return cls()
+    if not dataclasses.is_dataclass(cls):
+        return cls(**options)
+    hints = get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init and f.name != "name"}
+    kwargs = {}
+    for key, raw in options.items():
+        if key not in fields:
+            known = ", ".join(sorted(fields)) or "none"
+            raise UnknownPolicyError(f"policy {name!r} has no option {key!r} (options: {known})")
+        kwargs[key] = _convert(raw, hints.get(key, str), key, name)
+    try:
+        return cls(**kwargs)
+    except ValueError as exc:
+        raise UnknownPolicyError(str(exc)) from None
+
+
+def build_plugin_manager(
+    policy: str | object, options: Mapping[str, Any] | None = None
+) -> pluggy.PluginManager:
+    """A plugin manager with our hookspecs and one scheduling policy registered.
+
+    Args:
+        policy: a registered policy name, a policy object, or a ready plugin.
+        options: constructor options for a policy given by name (``key -> value``).
+
+    Returns:
+        The manager; ``check_pending()`` has passed, so a misspelt hook has already failed.
+
+    Raises:
+        UnknownPolicyError: no policy of that name; the message lists the registered ones.
+        pluggy.PluginValidationError: a plugin implements a hook that does not exist.
+    """
+    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
+    if isinstance(policy, str):
+        registry = available_policies()
+        if policy not in registry:
+            known = ", ".join(sorted(registry)) or "none (is superinfer installed?)"
+            raise UnknownPolicyError(f"unknown policy {policy!r}; registered: {known}")
+        loaded = registry[policy].load()
+        policy = make_policy(loaded, options or {}, name) if isinstance(loaded, type) else loaded
+    elif options:
+        raise UnknownPolicyError("options apply only to a policy given by name")
+    has_hooks = any(attr.startswith("superinfer_") for attr in dir(policy))
+    plugin = policy if has_hooks else PolicyPlugin(policy)  # type: ignore[arg-type]
+    pm.register(plugin, name=f"policy:{name}")
+    pm.check_pending()
+    return pm

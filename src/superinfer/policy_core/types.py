@@ -1,0 +1,304 @@
+"""Engine-neutral value types shared by every policy, adapter and the simulator.
+
+Everything here is a frozen, slotted dataclass or a string enum: no engine objects, no tensors,
+no sentinel values. Units are in the field names (``_s`` instants on one monotonic clock,
+``_ms`` durations, ``_tokens``, ``_blocks``, ``_bytes``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = [
+    "SLO",
+    "KVLocation",
+    "KVPrecision",
+    "Placement",
+    "PlacementDecision",
+    "PreemptMode",
+    "PrefixNodeView",
+    "RequestView",
+    "ScheduleDecision",
+    "StepState",
+    "StepStats",
+]
+
+
+class KVPrecision(str, enum.Enum):
+    """Storage precision of a request's KV cache."""
+
+    FP16 = "fp16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    INT4 = "int4"
+
+
+class KVLocation(str, enum.Enum):
+    """Where a request's KV cache lives right now."""
+
+    UNALLOCATED = "unallocated"  # no KV yet (waiting, or freed by a recompute preemption)
+    HBM = "hbm"
+    CPU = "cpu"
+
+
+class PreemptMode(str, enum.Enum):
+    """How a preempted request gives its KV back.
+
+    ``RECOMPUTE`` frees the blocks; the request re-runs its prefill (prompt plus tokens generated
+    so far) when it resumes. ``SWAP`` copies the blocks to CPU memory and back on resume.
+    """
+
+    RECOMPUTE = "recompute"
+    SWAP = "swap"
+
+
+class Placement(str, enum.Enum):
+    """Fate of one cached prefix node (DESIGN §6)."""
+
+    PIN = "pin"  # keep in HBM, never evict while pinned
+    KEEP = "keep"  # leave to the engine's own eviction order
+    OFFLOAD = "offload"  # move to CPU memory
+    DROP = "drop"  # free
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Service-level objective of one request class.
+
+    A request meets its SLO only if it meets every target that is set (``None`` = no target).
+
+    Attributes:
+        name: class name, e.g. ``"chat"`` or ``"batch"``; the key of per-class metrics.
+        ttft_ms: time to first token target, arrival to first token, in ms.
+        tpot_ms: time per output token target, ``(e2e - ttft) / (output_tokens - 1)``, in ms.
+        deadline_s: end-to-end deadline after arrival, in s.
+        weight: relative importance (goodput weighting, load shedding); > 0.
+        priority: strict priority; **lower is more urgent** (vLLM's convention).
+
+    Raises:
+        ValueError: on an empty name, a non-positive target or weight.
+    """
+
+    name: str
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    deadline_s: float | None = None
+    weight: float = 1.0
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("SLO.name must be non-empty")
+        for key in ("ttft_ms", "tpot_ms", "deadline_s"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ValueError(f"SLO {self.name!r}: {key} must be > 0, got {value}")
+        if not self.weight > 0:
+            raise ValueError(f"SLO {self.name!r}: weight must be > 0, got {self.weight}")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """What a policy may know about one request at a scheduling point.
+
+    Token accounting follows vLLM v1 (``vllm/v1/core/sched/scheduler.py``): a request's sequence
+    is its prompt followed by the tokens generated so far; ``computed_tokens`` of them have KV. Each
+    step runs some of the ``pending_tokens``; when none are left the step samples one new token.
+    A fresh request starts with ``computed_tokens == cached_tokens``; a recompute preemption sets it
+    back to 0, so on resume the prompt *and* the tokens generated so far are prefilled again::
+
+        | <----------- prompt_tokens -----------> | <- generated_tokens -> |
+        | <---------- computed_tokens ----------> | <- pending_tokens ---> |
+        | < cached_tokens > |
+
+    Attributes:
+        request_id: engine-unique id.
+        arrival_s: arrival instant on the engine clock, in s.
+        prompt_tokens: prompt length in tokens.
+        max_output_tokens: the request's declared output cap (``max_tokens``); the true output
+            length is never shown to a policy (only the ``oracle`` policy gets it, separately).
+        slo: the request's SLO class.
+        computed_tokens: tokens of the sequence whose KV exists (cached prefix included).
+        cached_tokens: prompt tokens served from a prefix cache at admission.
+        generated_tokens: output tokens produced so far.
+        first_token_s: instant of the first output token, or ``None`` before it.
+        num_preemptions: times this request has been preempted.
+        tier: scheduling tier last assigned by the policy (``ScheduleDecision.tiers``), 0 before.
+        kv_precision: precision its KV is stored in.
+        kv_location: where its KV lives.
+        kv_blocks: KV blocks it holds (in HBM or CPU, per ``kv_location``).
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    max_output_tokens: int
+    slo: SLO
+    computed_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    first_token_s: float | None = None
+    num_preemptions: int = 0
+    tier: int = 0
+    kv_precision: KVPrecision = KVPrecision.FP16
+    kv_location: KVLocation = KVLocation.UNALLOCATED
+    kv_blocks: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Length of the sequence so far: prompt plus generated tokens."""
+        return self.prompt_tokens + self.generated_tokens
+
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens to run before the next output token (>= 1 while the request is live)."""
+        return self.prompt_tokens + self.generated_tokens - self.computed_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """True while more than the last sampled token lacks KV (a prefill or a recompute)."""
+        return self.pending_tokens > 1 or self.generated_tokens == 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepState:
+    """Everything a scheduling policy sees at one scheduling point of one engine replica.
+
+    Attributes:
+        now_s: current instant on the engine clock, in s.
+        step_index: logical step counter of this replica (identical on every TP rank).
+        waiting: requests queued without KV in HBM (new, or preempted by recompute), arrival order.
+        running: requests holding KV in HBM, in the order they were admitted.
+        swapped: requests whose KV is in CPU memory (swap preemption), swap-out order.
+        free_hbm_blocks: free KV blocks in HBM.
+        total_hbm_blocks: KV blocks in HBM.
+        free_cpu_blocks: free KV blocks in CPU memory (0 when there is no CPU tier).
+        total_cpu_blocks: KV blocks in CPU memory.
+        block_size_tokens: tokens per KV block (page size).
+        token_budget: most tokens (prefill + decode) one step may run (``max_num_batched_tokens``).
+        max_num_seqs: most requests one step may run.
+    """
+
+    now_s: float
+    step_index: int
+    waiting: tuple[RequestView, ...]
+    running: tuple[RequestView, ...]
+    swapped: tuple[RequestView, ...]
+    free_hbm_blocks: int
+    total_hbm_blocks: int
+    free_cpu_blocks: int
+    total_cpu_blocks: int
+    block_size_tokens: int
+    token_budget: int
+    max_num_seqs: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleDecision:
+    """A policy's decision for one step; data only, applied by the engine.
+
+    The engine applies it in this order: ``reject``, ``preempt``, ``resume``, ``admit``, then runs
+    ``num_tokens``. Every id must be one the state showed, in the right queue, and in at most one of
+    ``reject`` / ``preempt`` / ``resume`` / ``admit``. The engine raises ``PolicyError`` otherwise,
+    or when the step would exceed the token budget, ``max_num_seqs`` or the free KV blocks.
+
+    Attributes:
+        num_tokens: request id -> tokens to run this step (a prefill chunk, or 1 for a decode). Only
+            requests that are running after admit/resume/preempt; sum <= ``token_budget``.
+        admit: waiting request ids to move to running (allocating their KV), in this order.
+        resume: swapped request ids to swap back in and run.
+        preempt: running request id -> how it gives its KV back.
+        reject: request id (waiting or swapped) -> reason; the request ends, counted as rejected.
+        prefetch: swapped request ids whose KV should start moving back to HBM ahead of a resume.
+        tiers: request id -> scheduling tier to record on the request (``RequestView.tier``).
+        max_repeat_steps: the engine may repeat this decision's decode part for up to this many
+            consecutive steps without asking again (vLLM's multi-step scheduling), stopping early at
+            the first arrival, finish or KV shortage. Only honoured when every scheduled request
+            decodes one token and nothing is admitted, resumed, preempted or rejected.
+    """
+
+    num_tokens: Mapping[str, int] = field(default_factory=dict)
+    admit: tuple[str, ...] = ()
+    resume: tuple[str, ...] = ()
+    preempt: Mapping[str, PreemptMode] = field(default_factory=dict)
+    reject: Mapping[str, str] = field(default_factory=dict)
+    prefetch: tuple[str, ...] = ()
+    tiers: Mapping[str, int] = field(default_factory=dict)
+    max_repeat_steps: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_repeat_steps < 1:
+            raise ValueError(f"max_repeat_steps must be >= 1, got {self.max_repeat_steps}")
+        for rid, n in self.num_tokens.items():
+            if n <= 0:
+                raise ValueError(f"num_tokens[{rid!r}] must be > 0, got {n}")
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens this step runs."""
+        return sum(self.num_tokens.values())
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixNodeView:
+    """One cached prefix node (a radix-tree node or a hashed KV block chain) as a policy sees it.
+
+    Attributes:
+        node_id: engine-unique id of the node.
+        parent_id: id of the parent node, ``None`` for a child of the root.
+        num_tokens: tokens whose KV this node holds.
+        num_blocks: KV blocks it holds.
+        location: HBM or CPU.
+        hit_count: times a request's prefix matched through this node.
+        last_access_s: instant of the last match or insert, in s.
+        in_use: True while a running request references it (it must not be dropped).
+    """
+
+    node_id: str
+    parent_id: str | None
+    num_tokens: int
+    num_blocks: int
+    location: KVLocation
+    hit_count: int
+    last_access_s: float
+    in_use: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementDecision:
+    """Pin / keep / offload / drop per prefix node; nodes not named are ``KEEP``."""
+
+    actions: Mapping[str, Placement] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """What one engine step did, reported after it ran (for learning and metrics).
+
+    Attributes:
+        now_s: instant the step ended, in s.
+        step_index: logical step counter of the replica.
+        duration_s: wall (or simulated) time of the step, in s; for a repeated decision, all steps.
+        num_steps: steps this report covers (> 1 for a repeated decision).
+        num_prefill_tokens: prefill tokens run.
+        num_decode_tokens: decode tokens run.
+        num_running: requests that ran.
+        num_waiting: requests waiting after the step.
+        used_hbm_blocks: KV blocks in use in HBM after the step.
+        total_hbm_blocks: KV blocks in HBM.
+        finished_ids: ids of requests that finished in this step.
+    """
+
+    now_s: float
+    step_index: int
+    duration_s: float
+    num_steps: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_running: int
+    num_waiting: int
+    used_hbm_blocks: int
+    total_hbm_blocks: int
+    finished_ids: tuple[str, ...] = ()
