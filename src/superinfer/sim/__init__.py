@@ -1,0 +1,1 @@
+"""Discrete-event simulator of LLM serving engines, driven by the same hooks as real engines."""

@@ -1,0 +1,120 @@
+"""A request inside the simulator: its input spec and its mutable progress."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from superinfer.policy_core.types import SLO, KVLocation, KVPrecision, RequestView
+
+__all__ = ["RequestSpec", "RequestStatus", "SimRequest"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request of a workload, as the simulator receives it.
+
+    Attributes:
+        request_id: unique id.
+        arrival_s: arrival instant, s from the start of the workload.
+        prompt_tokens: prompt length, tokens (>= 1).
+        output_tokens: true output length, tokens (>= 1); hidden from policies.
+        max_output_tokens: declared output cap (``max_tokens``), >= ``output_tokens``.
+        slo: SLO class.
+        source: where it came from (a trace or workload source name), for reporting.
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    max_output_tokens: int
+    slo: SLO
+    source: str = ""
+
+
+class RequestStatus(str, enum.Enum):
+    """Lifecycle state of a simulated request. Terminal: finished, rejected, failed."""
+
+    PENDING = "pending"  # not arrived yet
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+    FAILED = "failed"
+
+
+class SimRequest:
+    """Mutable progress of one request; the engine's own record, never shown to a policy.
+
+    Policies see :meth:`view`, a frozen :class:`RequestView` cached until the request changes
+    (waiting requests do not change, so long queues cost nothing per scheduling point).
+    """
+
+    __slots__ = (
+        "spec",
+        "computed_tokens",
+        "generated_tokens",
+        "first_token_s",
+        "last_token_s",
+        "finish_s",
+        "num_preemptions",
+        "tier",
+        "kv_blocks",
+        "status",
+        "reason",
+        "replica",
+        "max_itl_s",
+        "_view",
+    )
+
+    def __init__(self, spec: RequestSpec) -> None:
+        self.spec = spec
+        self.computed_tokens = 0
+        self.generated_tokens = 0
+        self.first_token_s: float | None = None
+        self.last_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.num_preemptions = 0
+        self.tier = 0
+        self.kv_blocks = 0
+        self.status = RequestStatus.PENDING
+        self.reason = ""
+        self.replica = -1
+        self.max_itl_s = 0.0
+        self._view: RequestView | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.spec.request_id
+
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens to run before the next output token."""
+        return self.spec.prompt_tokens + self.generated_tokens - self.computed_tokens
+
+    def touch(self) -> None:
+        """Drop the cached view; call after every change."""
+        self._view = None
+
+    def view(self) -> RequestView:
+        """The policy-facing view of this request (cached until :meth:`touch`)."""
+        if self._view is None:
+            s = self.spec
+            self._view = RequestView(
+                request_id=s.request_id,
+                arrival_s=s.arrival_s,
+                prompt_tokens=s.prompt_tokens,
+                max_output_tokens=s.max_output_tokens,
+                slo=s.slo,
+                computed_tokens=self.computed_tokens,
+                cached_tokens=0,
+                generated_tokens=self.generated_tokens,
+                first_token_s=self.first_token_s,
+                num_preemptions=self.num_preemptions,
+                tier=self.tier,
+                kv_precision=KVPrecision.FP16,
+                kv_location=KVLocation.HBM if self.kv_blocks else KVLocation.UNALLOCATED,
+                kv_blocks=self.kv_blocks,
+            )
+        return self._view
