@@ -1,0 +1,5 @@
+"""``python -m superinfer`` runs the CLI."""
+
+from superinfer.cli import main
+
+main()

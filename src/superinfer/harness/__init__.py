@@ -1,0 +1,1 @@
+"""The harness: workloads, runners, metrics, results and reports. Only the CLI imports it."""

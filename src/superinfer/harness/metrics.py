@@ -1,0 +1,156 @@
+"""Per-request records into per-SLO-class summary rows. Every metric is defined in docs/metrics.md.
+
+One code path for every engine: runners produce a requests table with the columns of
+:data:`REQUEST_COLUMNS`; :func:`summarize` turns it into ``summary.csv`` rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["REQUEST_COLUMNS", "SUMMARY_COLUMNS", "add_latency_columns", "summarize"]
+
+#: Columns of ``requests.parquet`` (one row per request). Times are seconds on the run's clock.
+REQUEST_COLUMNS = (
+    "engine",
+    "policy",
+    "request_id",
+    "source",
+    "slo_class",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "generated_tokens",
+    "first_token_s",
+    "finish_s",
+    "status",
+    "reason",
+    "num_preemptions",
+    "replica",
+    "max_itl_ms",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "met_slo",
+    "slo_ttft_ms",
+    "slo_tpot_ms",
+    "slo_deadline_s",
+)
+
+#: Columns of ``summary.csv``, in order. Later columns are only ever appended.
+SUMMARY_COLUMNS = (
+    "engine",
+    "policy",
+    "slo_class",
+    "n_requests",
+    "n_finished",
+    "n_rejected",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "e2e_p50_ms",
+    "e2e_p99_ms",
+    "slo_attainment",
+    "goodput_rps",
+    "throughput_rps",
+    "output_tok_s",
+    "kv_peak_gb",
+    "preemptions",
+    "n_failed",
+    "window_s",
+)
+
+
+def add_latency_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """Add ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` and ``met_slo`` to a requests table.
+
+    ``tpot_ms = (e2e - ttft) / (generated_tokens - 1)``, undefined (NaN) for one-token outputs.
+    A request meets its SLO only if it finished and met every target its class sets
+    (``slo_ttft_ms``, ``slo_tpot_ms``, ``slo_deadline_s``; NaN = no target). Input is not modified.
+    """
+    out = df.copy()
+    finished = out["status"] == "finished"
+    ttft = (out["first_token_s"] - out["arrival_s"]) * 1e3
+    e2e = (out["finish_s"] - out["arrival_s"]) * 1e3
+    out["ttft_ms"] = ttft.where(finished)
+    out["e2e_ms"] = e2e.where(finished)
+    decode = out["generated_tokens"] - 1
+    out["tpot_ms"] = ((e2e - ttft) / decode.where(decode > 0)).where(finished)
+    met = finished.copy()
+    met &= out["slo_ttft_ms"].isna() | (out["ttft_ms"] <= out["slo_ttft_ms"])
+    met &= (
+        out["slo_tpot_ms"].isna() | out["tpot_ms"].isna() | (out["tpot_ms"] <= out["slo_tpot_ms"])
+    )
+    met &= out["slo_deadline_s"].isna() | (out["e2e_ms"] <= out["slo_deadline_s"] * 1e3)
+    out["met_slo"] = met
+    return out
+
+
+def _pct(values: pd.Series, q: float) -> float:
+    clean = values.dropna().to_numpy(dtype=float)
+    return float(np.percentile(clean, q)) if clean.size else float("nan")
+
+
+def summarize(
+    df: pd.DataFrame,
+    *,
+    engine: str,
+    policy: str,
+    kv_peak_bytes: Mapping[str, float],
+) -> list[dict[str, object]]:
+    """Summary rows of one engine x policy run: one per SLO class, then class ``all``.
+
+    Args:
+        df: requests table with :data:`REQUEST_COLUMNS` (as :func:`add_latency_columns` makes).
+        engine: engine id for the rows.
+        policy: policy name for the rows.
+        kv_peak_bytes: peak KV bytes in HBM per class name and for ``"all"``.
+
+    Returns:
+        Dicts keyed by :data:`SUMMARY_COLUMNS`. Rates use one window for every class: from the
+        first arrival to the last finish of any request of the run.
+    """
+    if df.empty:
+        return []
+    ends = df["finish_s"].dropna()
+    start = float(df["arrival_s"].min())
+    end = float(ends.max()) if not ends.empty else start
+    window = max(end - start, 0.0)
+
+    def rate(count: float) -> float:
+        return count / window if window > 0 else float("nan")
+
+    rows = []
+    classes = sorted(df["slo_class"].unique())
+    for name, part in [(c, df[df["slo_class"] == c]) for c in classes] + [("all", df)]:
+        finished = part[part["status"] == "finished"]
+        n_met = int(part["met_slo"].sum())
+        rows.append(
+            {
+                "engine": engine,
+                "policy": policy,
+                "slo_class": name,
+                "n_requests": len(part),
+                "n_finished": len(finished),
+                "n_rejected": int((part["status"] == "rejected").sum()),
+                "ttft_p50_ms": _pct(finished["ttft_ms"], 50),
+                "ttft_p99_ms": _pct(finished["ttft_ms"], 99),
+                "tpot_p50_ms": _pct(finished["tpot_ms"], 50),
+                "tpot_p99_ms": _pct(finished["tpot_ms"], 99),
+                "e2e_p50_ms": _pct(finished["e2e_ms"], 50),
+                "e2e_p99_ms": _pct(finished["e2e_ms"], 99),
+                "slo_attainment": n_met / len(part),
+                "goodput_rps": rate(n_met),
+                "throughput_rps": rate(len(finished)),
+                "output_tok_s": rate(float(finished["generated_tokens"].sum())),
+                "kv_peak_gb": kv_peak_bytes.get(name, 0.0) / 1e9,
+                "preemptions": int(part["num_preemptions"].sum()),
+                "n_failed": int((part["status"] == "failed").sum()),
+                "window_s": window,
+            }
+        )
+    return rows

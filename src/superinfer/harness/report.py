@@ -1,0 +1,88 @@
+"""Human-readable reports of a run: a Markdown report and the terminal table."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+__all__ = ["TABLE_COLUMNS", "format_value", "render_markdown"]
+
+#: Columns shown in tables (the CSV has them all), with their headers.
+TABLE_COLUMNS = {
+    "engine": "engine",
+    "policy": "policy",
+    "slo_class": "class",
+    "n_requests": "req",
+    "n_finished": "done",
+    "n_rejected": "rej",
+    "ttft_p50_ms": "TTFT p50 ms",
+    "ttft_p99_ms": "TTFT p99 ms",
+    "tpot_p50_ms": "TPOT p50 ms",
+    "tpot_p99_ms": "TPOT p99 ms",
+    "e2e_p99_ms": "E2E p99 ms",
+    "slo_attainment": "SLO attain.",
+    "goodput_rps": "goodput req/s",
+    "output_tok_s": "output tok/s",
+    "kv_peak_gb": "KV peak GB",
+    "preemptions": "preempt.",
+}
+
+
+def format_value(value: Any, column: str) -> str:
+    """Render one table cell: counts as integers, attainment to 3 places, the rest to 4 digits."""
+    if isinstance(value, float) and math.isnan(value):
+        return "–"
+    if column.startswith("n_") or column == "preemptions":
+        return f"{int(value)}"
+    if column == "slo_attainment":
+        return f"{value:.3f}"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.3g}"
+    return str(value)
+
+
+def _table(summary: pd.DataFrame) -> str:
+    cols = [c for c in TABLE_COLUMNS if c in summary]
+    lines = [
+        "| " + " | ".join(TABLE_COLUMNS[c] for c in cols) + " |",
+        "|"
+        + "|".join("---" if c in ("engine", "policy", "slo_class") else "---:" for c in cols)
+        + "|",
+    ]
+    for _, row in summary.iterrows():
+        lines.append("| " + " | ".join(format_value(row[c], c) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def render_markdown(summary: pd.DataFrame, meta: dict[str, Any]) -> str:
+    """The ``report.md`` of a run: setup, then the summary table."""
+    cfg = meta.get("config", {})
+    wl = meta.get("workload", {})
+    sources = ", ".join(f"{s['name']} → `{s['slo']['name']}`" for s in wl.get("sources", []))
+    lines = [
+        "# superinfer benchmark",
+        "",
+        "## Setup",
+        "",
+        f"- Workload: trace `{wl.get('trace')}` ({sources}); {wl.get('n_requests')} requests; "
+        f"rate scale {wl.get('rate_scale')}; window "
+        f"{'whole trace' if wl.get('duration_s') is None else str(wl.get('duration_s')) + ' s'}.",
+        f"- Engine: `{cfg.get('engine')}` (simulated), model `{cfg.get('model')}`, "
+        f"GPU `{cfg.get('gpu')}`, TP {cfg.get('tp')} × {cfg.get('replicas')} replicas "
+        f"= {cfg.get('tp', 0) * cfg.get('replicas', 0)} GPUs; "
+        f"KV capacity {meta.get('kv_capacity_gb', float('nan')):.1f} GB per replica.",
+        f"- Policies: {', '.join('`' + p + '`' for p in cfg.get('policies', []))}; "
+        f"seed {meta.get('seed')}; git `{meta.get('git_sha')}`.",
+        "",
+        "## Results",
+        "",
+        "One row per engine × policy × SLO class (`all` = every request). Latencies are over "
+        "finished requests; attainment counts rejected and failed requests as misses. "
+        "Every column is defined in `docs/metrics.md`.",
+        "",
+        _table(summary),
+        "",
+    ]
+    return "\n".join(lines)

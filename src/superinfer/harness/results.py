@@ -1,0 +1,121 @@
+"""The run directory: ``summary.csv``, ``requests.parquet``, ``manifest.json``, ``report.md``.
+
+Every file is written to a temporary name in the same directory and renamed into place, so a
+reader never sees a half-written file and an interrupted run leaves the previous files intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from superinfer.harness.metrics import SUMMARY_COLUMNS
+
+__all__ = ["git_sha", "manifest", "write_atomic", "write_run"]
+
+#: Float format of CSV files: enough digits to compare runs, few enough to read.
+CSV_FLOAT_FORMAT = "%.6g"
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def git_sha() -> str:
+    """Commit of the source tree this package runs from, with ``-dirty`` if modified."""
+    root = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    for dist in ("superinfer", "numpy", "pandas", "pyarrow", "pluggy"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def manifest(info: dict[str, Any], *, command: list[str] | None = None) -> dict[str, Any]:
+    """The manifest of a run: its config and facts, versions, git sha, seed and hardware."""
+    return {
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command if command is not None else sys.argv,
+        "git_sha": git_sha(),
+        "seed": info.get("config", {}).get("seed"),
+        "versions": _versions(),
+        "host": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+        },
+        **info,
+    }
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+
+
+def write_run(
+    out_dir: Path,
+    summary: pd.DataFrame,
+    requests: pd.DataFrame,
+    meta: dict[str, Any],
+    report_md: str,
+) -> None:
+    """Write the four files of a run directory (atomically, each)."""
+    summary = summary[[*SUMMARY_COLUMNS, *[c for c in summary if c not in SUMMARY_COLUMNS]]]
+    write_atomic(
+        out_dir / "summary.csv",
+        lambda p: summary.to_csv(p, index=False, float_format=CSV_FLOAT_FORMAT),
+    )
+    write_atomic(
+        out_dir / "requests.parquet",
+        lambda p: requests.to_parquet(p, index=False, compression="zstd"),
+    )
+    write_atomic(
+        out_dir / "manifest.json",
+        lambda p: _write_text(p, json.dumps(meta, indent=2, default=str) + "\n"),
+    )
+    write_atomic(out_dir / "report.md", lambda p: _write_text(p, report_md))

@@ -1,0 +1,182 @@
+"""Runs a workload on an engine under each policy and collects per-request records."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from superinfer.adapters.manager import available_policies, build_plugin_manager
+from superinfer.harness.errors import UserError
+from superinfer.harness.metrics import REQUEST_COLUMNS, add_latency_columns, summarize
+from superinfer.harness.workload import Workload, build_workload
+from superinfer.sim.engine import SimConfig, SimResult, Simulator
+from superinfer.sim.hardware import get_gpu, get_model
+from superinfer.sim.profiles import get_profile
+
+__all__ = ["BenchConfig", "BenchResult", "run_bench", "sim_requests_frame"]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark: a workload on an engine, under several policies.
+
+    Attributes:
+        trace: ``--trace`` name or path (see ``harness.workload.TRACES``).
+        engine: engine id (``sim:vllm``).
+        model: model name.
+        gpu: GPU name.
+        tp: tensor-parallel degree per replica.
+        replicas: replicas behind the router.
+        policies: policy names; empty means every registered policy.
+        policy_options: per policy name, constructor options.
+        rate_scale: arrival-rate multiplier.
+        duration_s: workload window in scaled seconds (``None``: the whole trace).
+        seed: seed of every random choice (recorded; the trace replay itself draws none).
+    """
+
+    trace: str = "azure"
+    engine: str = "sim:vllm"
+    model: str = "llama-3.1-70b"
+    gpu: str = "a100-80gb"
+    tp: int = 4
+    replicas: int = 4
+    policies: tuple[str, ...] = ()
+    policy_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    rate_scale: float = 1.0
+    duration_s: float | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """What :func:`run_bench` produced.
+
+    Attributes:
+        summary: ``summary.csv`` rows.
+        requests: ``requests.parquet`` rows.
+        info: facts for the manifest and report (KV capacity, steps, wall time per policy).
+    """
+
+    summary: pd.DataFrame
+    requests: pd.DataFrame
+    info: dict[str, Any]
+
+
+def sim_requests_frame(result: SimResult, *, engine: str, policy: str) -> pd.DataFrame:
+    """The requests table of one simulation (columns :data:`REQUEST_COLUMNS`)."""
+    rows = []
+    for req in result.requests:
+        s = req.spec
+        rows.append(
+            (
+                engine,
+                policy,
+                s.request_id,
+                s.source,
+                s.slo.name,
+                s.arrival_s,
+                s.prompt_tokens,
+                s.output_tokens,
+                req.generated_tokens,
+                req.first_token_s,
+                req.finish_s,
+                req.status.value,
+                req.reason,
+                req.num_preemptions,
+                req.replica,
+                req.max_itl_s * 1e3,
+                s.slo.ttft_ms,
+                s.slo.tpot_ms,
+                s.slo.deadline_s,
+            )
+        )
+    cols = [c for c in REQUEST_COLUMNS if c not in ("ttft_ms", "tpot_ms", "e2e_ms", "met_slo")]
+    df = pd.DataFrame(rows, columns=cols)
+    for col in ("first_token_s", "finish_s", "slo_ttft_ms", "slo_tpot_ms", "slo_deadline_s"):
+        df[col] = df[col].astype(float)
+    return add_latency_columns(df)[list(REQUEST_COLUMNS)]
+
+
+def _resolve_policies(names: Sequence[str]) -> list[str]:
+    registered = available_policies()
+    if not names:
+        return sorted(registered)
+    unknown = [n for n in names if n not in registered]
+    if unknown:
+        raise UserError(
+            f"unknown policy {unknown[0]!r}; registered: {', '.join(sorted(registered))}"
+        )
+    return list(names)
+
+
+def run_bench(
+    config: BenchConfig,
+    *,
+    progress: Callable[[str], None] | None = None,
+    workload: Workload | None = None,
+) -> BenchResult:
+    """Run ``config``: the workload once per policy on the simulated engine.
+
+    Raises:
+        UserError: unknown engine, model, GPU or policy, or a bad option.
+    """
+    try:
+        profile = get_profile(config.engine)
+        model, gpu = get_model(config.model), get_gpu(config.gpu)
+    except KeyError as exc:
+        raise UserError(exc.args[0]) from None
+    if config.replicas < 1:
+        raise UserError(f"--replicas must be >= 1, got {config.replicas}")
+    if config.tp < 1 or model.num_kv_heads % config.tp:
+        raise UserError(f"--tp must divide {model.name}'s {model.num_kv_heads} KV heads")
+    policies = _resolve_policies(config.policies)
+    wl = workload or build_workload(
+        config.trace, rate_scale=config.rate_scale, duration_s=config.duration_s
+    )
+    sim_config = SimConfig(profile, model, gpu, tp=config.tp, replicas=config.replicas)
+    summaries, frames = [], []
+    info: dict[str, Any] = {"n_requests": len(wl.requests), "policies": {}}
+    for name in policies:
+        if progress:
+            progress(f"{config.engine} x {name}: {len(wl.requests)} requests")
+        pm = build_plugin_manager(name, config.policy_options.get(name))
+        t0 = time.perf_counter()
+        result = Simulator(sim_config, pm.hook).run(wl.requests)
+        wall = time.perf_counter() - t0
+        df = sim_requests_frame(result, engine=config.engine, policy=name)
+        peaks: dict[str, float] = {"all": max(result.peak_kv_blocks) * result.kv_block_bytes}
+        for per_replica in result.peak_class_kv_blocks:
+            for cls, blocks in per_replica.items():
+                peaks[cls] = max(peaks.get(cls, 0.0), blocks * result.kv_block_bytes)
+        summaries.extend(summarize(df, engine=config.engine, policy=name, kv_peak_bytes=peaks))
+        frames.append(df)
+        info["kv_capacity_blocks"] = result.kv_capacity_blocks
+        info["kv_capacity_gb"] = result.kv_capacity_blocks * result.kv_block_bytes / 1e9
+        info["policies"][name] = {
+            "wall_s": round(wall, 3),
+            "num_steps": result.num_steps,
+            "num_schedule_calls": result.num_schedule_calls,
+            "simulated_s": result.end_s,
+        }
+    info["config"] = {**asdict(config), "policies": policies}
+    info["workload"] = {
+        "trace": wl.name,
+        "sources": [
+            {
+                "name": s.name,
+                "file": s.file,
+                "slo": asdict(s.slo),
+                "max_output_tokens": s.max_output_tokens,
+            }
+            for s in wl.sources
+        ],
+        "rate_scale": wl.rate_scale,
+        "duration_s": wl.duration_s,
+        "n_requests": len(wl.requests),
+    }
+    summary = pd.DataFrame(summaries)
+    return BenchResult(summary, pd.concat(frames, ignore_index=True), info)

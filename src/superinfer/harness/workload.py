@@ -1,0 +1,130 @@
+"""Workloads: trace sources tagged with SLO classes, mixed on one clock, scaled in time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from superinfer.harness.data import trace_path
+from superinfer.harness.errors import UserError
+from superinfer.harness.traces import TraceRow, load_azure_csv
+from superinfer.policy_core.types import SLO
+from superinfer.sim.request import RequestSpec
+
+__all__ = [
+    "BATCH_SLO",
+    "CHAT_SLO",
+    "TRACES",
+    "Source",
+    "Workload",
+    "build_workload",
+]
+
+#: Interactive chat: first token within 1 s, then at least 10 tokens/s per request.
+CHAT_SLO = SLO("chat", ttft_ms=1000.0, tpot_ms=100.0, priority=0)
+#: Offline batch (code completion jobs here): done within 10 minutes of arrival.
+BATCH_SLO = SLO("batch", deadline_s=600.0, priority=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One trace file with the SLO its requests carry.
+
+    Attributes:
+        name: short name, used as the request id prefix and in the ``source`` column.
+        file: trace file name (found by :func:`superinfer.harness.data.trace_path`) or a path.
+        slo: SLO class of its requests.
+        max_output_tokens: the ``max_tokens`` its requests declare; a request's true output
+            length, if larger, is used instead. Azure conv outputs are capped at 1000 tokens in
+            the trace itself (shared/data/traces/README.md); code outputs reach 1,899, so its cap
+            is the next power of two.
+    """
+
+    name: str
+    file: str
+    slo: SLO
+    max_output_tokens: int
+
+
+AZURE_CONV = Source("conv", "AzureLLMInferenceTrace_conv.csv", CHAT_SLO, 1000)
+AZURE_CODE = Source("code", "AzureLLMInferenceTrace_code.csv", BATCH_SLO, 2048)
+
+#: ``--trace`` names and the sources each mixes.
+TRACES: dict[str, tuple[Source, ...]] = {
+    "azure": (AZURE_CONV, AZURE_CODE),
+    "azure-conv": (AZURE_CONV,),
+    "azure-code": (AZURE_CODE,),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Requests of every source on one clock, sorted by arrival.
+
+    Attributes:
+        name: what was asked for (a ``--trace`` name or a path).
+        requests: the requests; ``arrival_s`` counts from the earliest arrival of any source.
+        sources: the sources mixed.
+        rate_scale: arrival-rate multiplier applied (2.0 = twice as many requests per second).
+        duration_s: window kept, in scaled seconds from the first arrival (``None``: all).
+    """
+
+    name: str
+    requests: tuple[RequestSpec, ...]
+    sources: tuple[Source, ...]
+    rate_scale: float
+    duration_s: float | None
+
+
+def _load(source: Source) -> list[TraceRow]:
+    path = Path(source.file)
+    if not path.is_file():
+        path = trace_path(source.file)
+    return load_azure_csv(path)
+
+
+def build_workload(
+    trace: str = "azure", *, rate_scale: float = 1.0, duration_s: float | None = None
+) -> Workload:
+    """Build the workload named ``trace``, or from an Azure-format CSV path (tagged ``chat``).
+
+    Sources are mixed on their shared wall clock: each keeps its real offset from the earliest
+    request of any source. Then times are divided by ``rate_scale`` and cut to ``duration_s``.
+
+    Raises:
+        UserError: unknown trace name, non-positive scale or duration, or an empty window.
+        TraceFormatError: a malformed trace file.
+    """
+    if not rate_scale > 0:
+        raise UserError(f"--rate-scale must be > 0, got {rate_scale}")
+    if duration_s is not None and not duration_s > 0:
+        raise UserError(f"--duration-s must be > 0, got {duration_s}")
+    if trace in TRACES:
+        sources = TRACES[trace]
+    elif trace.endswith(".csv") and Path(trace).is_file():
+        sources = (Source(Path(trace).stem, trace, CHAT_SLO, 1000),)
+    else:
+        known = ", ".join(TRACES)
+        raise UserError(f"unknown trace {trace!r}; use one of {known} or a path to an Azure CSV")
+    loaded = [(src, _load(src)) for src in sources]
+    t0 = min(rows[0].arrival_s for _, rows in loaded)
+    specs: list[tuple[float, str, int, RequestSpec]] = []
+    for src, rows in loaded:
+        for row in rows:
+            arrival = (row.arrival_s - t0) / rate_scale
+            if duration_s is not None and arrival >= duration_s:
+                break  # rows are in time order
+            spec = RequestSpec(
+                request_id=f"{src.name}-{row.line}",
+                arrival_s=arrival,
+                prompt_tokens=row.prompt_tokens,
+                output_tokens=row.output_tokens,
+                max_output_tokens=max(src.max_output_tokens, row.output_tokens),
+                slo=src.slo,
+                source=src.name,
+            )
+            specs.append((arrival, src.name, row.line, spec))
+    if not specs:
+        raise UserError(f"trace {trace!r}: no requests in the first {duration_s} s")
+    specs.sort(key=lambda item: item[:3])
+    return Workload(trace, tuple(s for *_, s in specs), sources, rate_scale, duration_s)

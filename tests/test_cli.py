@@ -1,0 +1,66 @@
+"""The ``superinfer`` command: run directories, determinism, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from superinfer.harness.metrics import SUMMARY_COLUMNS
+
+SMALL = ["--duration-s", "120", "--replicas", "1", "--policies", "fcfs,priority"]
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "superinfer", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
+
+
+def test_bench_writes_the_run_directory_and_is_deterministic(tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert run("bench", *SMALL, "--out", str(one)).returncode == 0
+    assert run("bench", *SMALL, "--out", str(two)).returncode == 0
+    assert (one / "summary.csv").read_bytes() == (two / "summary.csv").read_bytes()
+    summary = pd.read_csv(one / "summary.csv")
+    assert list(summary.columns[: len(SUMMARY_COLUMNS)]) == list(SUMMARY_COLUMNS)
+    assert summary[["policy", "slo_class"]].values.tolist() == [
+        ["fcfs", "batch"],
+        ["fcfs", "chat"],
+        ["fcfs", "all"],
+        ["priority", "batch"],
+        ["priority", "chat"],
+        ["priority", "all"],
+    ]
+    requests = pd.read_parquet(one / "requests.parquet")
+    n = int(summary.loc[0, "n_requests"] + summary.loc[1, "n_requests"])
+    assert len(requests) == 2 * n
+    all_rows = summary[summary.slo_class == "all"]
+    assert (all_rows.n_finished + all_rows.n_rejected + all_rows.n_failed == n).all()
+    meta = json.loads((one / "manifest.json").read_text())
+    assert meta["seed"] == 0 and meta["config"]["tp"] == 4 and meta["git_sha"]
+    assert "| fcfs | chat |" in (one / "report.md").read_text()
+
+
+def test_user_mistakes_are_one_line_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,x,3\n")
+    cases = [
+        (["bench", "--policies", "fifo"], "error: unknown policy 'fifo'; registered: "),
+        (["bench", "--trace", str(bad)], f"error: {bad}:2: field 'ContextTokens': 'x' is not"),
+        (["bench", "--gpu", "v100"], "error: unknown GPU 'v100'; known: a100-80gb"),
+        (["bench", "--tp", "3"], "error: --tp must divide llama-3.1-70b's 8 KV heads"),
+        (["bench", "--rate-scale", "0"], "error: --rate-scale must be > 0"),
+    ]
+    for args, expected in cases:
+        proc = run(*args, "--out", str(tmp_path / "out"))
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip() == proc.stderr.strip().splitlines()[0], proc.stderr
+        assert proc.stderr.startswith(expected), proc.stderr
