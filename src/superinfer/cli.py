@@ -38,7 +38,14 @@ def cli() -> None:
     help="Workload: azure (conv=chat + code=batch), azure-conv, azure-code, or a path "
     "to a CSV in the Azure trace format.",
 )
-@click.option("--engine", default="sim:vllm", show_default=True, help="Engine id.")
+@click.option(
+    "--engines",
+    "--engine",
+    "engines",
+    default="sim:vllm",
+    show_default=True,
+    help="Comma-separated engine ids; each runs every policy.",
+)
 @click.option(
     "--model",
     default="llama-3.1-70b",
@@ -90,7 +97,7 @@ def cli() -> None:
 )
 def bench(
     trace: str,
-    engine: str,
+    engines: str,
     model: str,
     gpu: str,
     tp: int,
@@ -115,7 +122,7 @@ def bench(
     console = Console(stderr=True)
     config = BenchConfig(
         trace=trace,
-        engine=engine,
+        engines=_split(engines),
         model=model,
         gpu=gpu,
         tp=tp,
@@ -129,9 +136,13 @@ def bench(
         result = run_bench(config, progress=lambda msg: status.update(msg))
     meta = manifest(result.info)
     out_dir = Path(out)
-    write_run(out_dir, result.summary, result.requests, meta, render_markdown(result.summary, meta))
+    report = render_markdown(result.summary, meta)
+    write_run(out_dir, result.summary, result.requests, meta, report, result.timeline)
     _print_table(result.summary)
-    console.print(f"wrote {out_dir}/ (summary.csv, requests.parquet, manifest.json, report.md)")
+    console.print(
+        f"wrote {out_dir}/ (summary.csv, requests.parquet, timeline.parquet, "
+        "manifest.json, report.md)"
+    )
 
 
 def _print_table(summary: pd.DataFrame) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from superinfer.harness.data import trace_path
 from superinfer.harness.errors import TraceFormatError
-from superinfer.harness.traces import load_azure_csv, parse_azure_timestamp
+from superinfer.harness.traces import load_azure_csv, load_mooncake_jsonl, parse_azure_timestamp
 from superinfer.harness.workload import build_workload
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -80,3 +80,40 @@ def test_malformed_traces_name_file_line_and_field(
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError, match="cannot read"):
         load_azure_csv(tmp_path / "nope.csv")
+
+
+def test_real_mooncake_trace_loads_with_block_hashes() -> None:
+    rows = load_mooncake_jsonl(trace_path("conversation_trace.jsonl"))
+    assert len(rows) == 12_031
+    assert sum(len(r.block_hashes) for r in rows) == 288_500  # README: total block references
+    assert all(r.block_hashes[0] == 0 for r in rows)  # every request shares block 0
+    assert rows[-1].arrival_s == 3536.999
+
+
+GOOD = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}\n'
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("", ": no requests (empty file)"),
+        ("[1, 2]\n", ":1: not a JSON object"),
+        ("{nope\n", ":1: not JSON"),
+        (
+            '{"timestamp": 0, "input_length": 5, "output_length": 5}\n',
+            ":1: field 'hash_ids': missing",
+        ),
+        (GOOD + GOOD.replace('"timestamp": 0', '"timestamp": -1'), ":2: field 'timestamp': -1 is"),
+        (GOOD.replace("0,", "9,") + GOOD, ":2: field 'timestamp': 0 is earlier"),
+        (GOOD.replace("600", '"600"'), ":1: field 'input_length': '600' is not an integer"),
+        (GOOD.replace("[0, 1]", "[0]"), ":1: field 'hash_ids': 1 blocks, but input_length 600"),
+        (GOOD.replace("[0, 1]", '[0, "x"]'), ":1: field 'hash_ids': not a list of integers"),
+    ],
+)
+def test_malformed_mooncake_lines(tmp_path: Path, content: str, expected: str) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_text(content)
+    with pytest.raises(TraceFormatError) as info:
+        load_mooncake_jsonl(path)
+    assert "\n" not in str(info.value)
+    assert expected in str(info.value).replace(str(path), "")

@@ -56,6 +56,14 @@ def _table(summary: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _capacities(meta: dict[str, Any]) -> str:
+    seen: dict[str, float] = {}
+    for key, cell in meta.get("cells", {}).items():
+        if "kv_capacity_gb" in cell:
+            seen.setdefault(key.split("/")[0], cell["kv_capacity_gb"])
+    return ", ".join(f"{engine} {gb:.1f} GB" for engine, gb in seen.items()) or "n/a"
+
+
 def render_markdown(summary: pd.DataFrame, meta: dict[str, Any]) -> str:
     """The ``report.md`` of a run: setup, then the summary table."""
     cfg = meta.get("config", {})
@@ -69,10 +77,11 @@ def render_markdown(summary: pd.DataFrame, meta: dict[str, Any]) -> str:
         f"- Workload: trace `{wl.get('trace')}` ({sources}); {wl.get('n_requests')} requests; "
         f"rate scale {wl.get('rate_scale')}; window "
         f"{'whole trace' if wl.get('duration_s') is None else str(wl.get('duration_s')) + ' s'}.",
-        f"- Engine: `{cfg.get('engine')}` (simulated), model `{cfg.get('model')}`, "
+        f"- Engines: {', '.join('`' + e + '`' for e in cfg.get('engines', []))}, "
+        f"model `{cfg.get('model')}`, "
         f"GPU `{cfg.get('gpu')}`, TP {cfg.get('tp')} × {cfg.get('replicas')} replicas "
         f"= {cfg.get('tp', 0) * cfg.get('replicas', 0)} GPUs; "
-        f"KV capacity {meta.get('kv_capacity_gb', float('nan')):.1f} GB per replica.",
+        f"KV capacity per replica: {_capacities(meta)}.",
         f"- Policies: {', '.join('`' + p + '`' for p in cfg.get('policies', []))}; "
         f"seed {meta.get('seed')}; git `{meta.get('git_sha')}`.",
         "",

@@ -103,8 +103,10 @@ def write_run(
     requests: pd.DataFrame,
     meta: dict[str, Any],
     report_md: str,
+    timeline: pd.DataFrame | None = None,
 ) -> None:
-    """Write the four files of a run directory (atomically, each)."""
+    """Write the files of a run directory (atomically, each): ``summary.csv``,
+    ``requests.parquet``, ``manifest.json``, ``report.md`` and, when given, ``timeline.parquet``."""
     summary = summary[[*SUMMARY_COLUMNS, *[c for c in summary if c not in SUMMARY_COLUMNS]]]
     write_atomic(
         out_dir / "summary.csv",
@@ -119,3 +121,8 @@ def write_run(
         lambda p: _write_text(p, json.dumps(meta, indent=2, default=str) + "\n"),
     )
     write_atomic(out_dir / "report.md", lambda p: _write_text(p, report_md))
+    if timeline is not None:
+        write_atomic(
+            out_dir / "timeline.parquet",
+            lambda p: timeline.to_parquet(p, index=False, compression="zstd"),
+        )

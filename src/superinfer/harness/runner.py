@@ -17,16 +17,25 @@ from superinfer.sim.engine import SimConfig, SimResult, Simulator
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.profiles import get_profile
 
-__all__ = ["BenchConfig", "BenchResult", "run_bench", "sim_requests_frame"]
+__all__ = [
+    "RUNNERS",
+    "TIMELINE_COLUMNS",
+    "BenchConfig",
+    "BenchResult",
+    "CellResult",
+    "run_bench",
+    "run_sim_cell",
+    "sim_requests_frame",
+]
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """One benchmark: a workload on an engine, under several policies.
+    """One benchmark: a workload on engines, under several policies.
 
     Attributes:
         trace: ``--trace`` name or path (see ``harness.workload.TRACES``).
-        engine: engine id (``sim:vllm``).
+        engines: engine ids (``sim:vllm``); each runs every policy.
         model: model name.
         gpu: GPU name.
         tp: tensor-parallel degree per replica.
@@ -39,7 +48,7 @@ class BenchConfig:
     """
 
     trace: str = "azure"
-    engine: str = "sim:vllm"
+    engines: tuple[str, ...] = ("sim:vllm",)
     model: str = "llama-3.1-70b"
     gpu: str = "a100-80gb"
     tp: int = 4
@@ -52,18 +61,49 @@ class BenchConfig:
 
 
 @dataclass(frozen=True)
+class CellResult:
+    """One engine x policy run.
+
+    Attributes:
+        requests: its ``requests.parquet`` rows (columns :data:`REQUEST_COLUMNS`).
+        kv_peak_bytes: peak KV bytes in HBM per SLO class and for ``"all"``.
+        timeline: samples with :data:`TIMELINE_COLUMNS`.
+        info: facts for the manifest (capacity, steps, wall time).
+    """
+
+    requests: pd.DataFrame
+    kv_peak_bytes: dict[str, float]
+    timeline: pd.DataFrame
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class BenchResult:
     """What :func:`run_bench` produced.
 
     Attributes:
         summary: ``summary.csv`` rows.
         requests: ``requests.parquet`` rows.
-        info: facts for the manifest and report (KV capacity, steps, wall time per policy).
+        timeline: ``timeline.parquet`` rows (KV use and queue lengths over time).
+        info: facts for the manifest and report.
     """
 
     summary: pd.DataFrame
     requests: pd.DataFrame
+    timeline: pd.DataFrame
     info: dict[str, Any]
+
+
+#: Columns of ``timeline.parquet``: per replica, sampled at step ends about once a second.
+TIMELINE_COLUMNS = (
+    "engine",
+    "policy",
+    "replica",
+    "time_s",
+    "kv_hbm_gb",
+    "num_waiting",
+    "num_running",
+)
 
 
 def sim_requests_frame(result: SimResult, *, engine: str, policy: str) -> pd.DataFrame:
@@ -101,15 +141,63 @@ def sim_requests_frame(result: SimResult, *, engine: str, policy: str) -> pd.Dat
     return add_latency_columns(df)[list(REQUEST_COLUMNS)]
 
 
+def run_sim_cell(config: BenchConfig, engine: str, policy: str, workload: Workload) -> CellResult:
+    """Simulate ``workload`` on ``engine`` (a ``sim:*`` id) under ``policy``.
+
+    Raises:
+        UserError: unknown engine, model or GPU, or a bad TP degree or replica count.
+    """
+    try:
+        profile = get_profile(engine)
+        model, gpu = get_model(config.model), get_gpu(config.gpu)
+    except KeyError as exc:
+        raise UserError(exc.args[0]) from None
+    if config.replicas < 1:
+        raise UserError(f"--replicas must be >= 1, got {config.replicas}")
+    if config.tp < 1 or model.num_kv_heads % config.tp:
+        raise UserError(f"--tp must divide {model.name}'s {model.num_kv_heads} KV heads")
+    sim_config = SimConfig(profile, model, gpu, tp=config.tp, replicas=config.replicas)
+    pm = build_plugin_manager(policy, config.policy_options.get(policy))
+    t0 = time.perf_counter()
+    result = Simulator(sim_config, pm.hook).run(workload.requests)
+    wall = time.perf_counter() - t0
+    df = sim_requests_frame(result, engine=engine, policy=policy)
+    peaks: dict[str, float] = {"all": max(result.peak_kv_blocks) * result.kv_block_bytes}
+    for per_replica in result.peak_class_kv_blocks:
+        for cls, blocks in per_replica.items():
+            peaks[cls] = max(peaks.get(cls, 0.0), blocks * result.kv_block_bytes)
+    timeline = pd.DataFrame(
+        [
+            (engine, policy, rep, t, used * result.kv_block_bytes / 1e9, waiting, running)
+            for rep, t, used, waiting, running in result.timeline
+        ],
+        columns=list(TIMELINE_COLUMNS),
+    )
+    info = {
+        "wall_s": round(wall, 3),
+        "num_steps": result.num_steps,
+        "num_schedule_calls": result.num_schedule_calls,
+        "simulated_s": result.end_s,
+        "kv_capacity_blocks": result.kv_capacity_blocks,
+        "kv_capacity_gb": result.kv_capacity_blocks * result.kv_block_bytes / 1e9,
+    }
+    return CellResult(df, peaks, timeline, info)
+
+
+#: Runner per engine family (the part of the engine id before ``:``).
+RUNNERS: dict[str, Callable[[BenchConfig, str, str, Workload], CellResult]] = {
+    "sim": run_sim_cell,
+}
+
+
 def _resolve_policies(names: Sequence[str]) -> list[str]:
     registered = available_policies()
     if not names:
         return sorted(registered)
     unknown = [n for n in names if n not in registered]
     if unknown:
-        raise UserError(
-            f"unknown policy {unknown[0]!r}; registered: {', '.join(sorted(registered))}"
-        )
+        known = ", ".join(sorted(registered))
+        raise UserError(f"unknown policy {unknown[0]!r}; registered: {known}")
     return list(names)
 
 
@@ -119,64 +207,57 @@ def run_bench(
     progress: Callable[[str], None] | None = None,
     workload: Workload | None = None,
 ) -> BenchResult:
-    """Run ``config``: the workload once per policy on the simulated engine.
+    """Run ``config``: the workload once per engine x policy.
 
     Raises:
         UserError: unknown engine, model, GPU or policy, or a bad option.
     """
-    try:
-        profile = get_profile(config.engine)
-        model, gpu = get_model(config.model), get_gpu(config.gpu)
-    except KeyError as exc:
-        raise UserError(exc.args[0]) from None
-    if config.replicas < 1:
-        raise UserError(f"--replicas must be >= 1, got {config.replicas}")
-    if config.tp < 1 or model.num_kv_heads % config.tp:
-        raise UserError(f"--tp must divide {model.name}'s {model.num_kv_heads} KV heads")
+    for engine in config.engines:
+        if engine.split(":")[0] not in RUNNERS:
+            raise UserError(f"unknown engine {engine!r}; engine families: {', '.join(RUNNERS)}")
     policies = _resolve_policies(config.policies)
     wl = workload or build_workload(
         config.trace, rate_scale=config.rate_scale, duration_s=config.duration_s
     )
-    sim_config = SimConfig(profile, model, gpu, tp=config.tp, replicas=config.replicas)
-    summaries, frames = [], []
-    info: dict[str, Any] = {"n_requests": len(wl.requests), "policies": {}}
-    for name in policies:
-        if progress:
-            progress(f"{config.engine} x {name}: {len(wl.requests)} requests")
-        pm = build_plugin_manager(name, config.policy_options.get(name))
-        t0 = time.perf_counter()
-        result = Simulator(sim_config, pm.hook).run(wl.requests)
-        wall = time.perf_counter() - t0
-        df = sim_requests_frame(result, engine=config.engine, policy=name)
-        peaks: dict[str, float] = {"all": max(result.peak_kv_blocks) * result.kv_block_bytes}
-        for per_replica in result.peak_class_kv_blocks:
-            for cls, blocks in per_replica.items():
-                peaks[cls] = max(peaks.get(cls, 0.0), blocks * result.kv_block_bytes)
-        summaries.extend(summarize(df, engine=config.engine, policy=name, kv_peak_bytes=peaks))
-        frames.append(df)
-        info["kv_capacity_blocks"] = result.kv_capacity_blocks
-        info["kv_capacity_gb"] = result.kv_capacity_blocks * result.kv_block_bytes / 1e9
-        info["policies"][name] = {
-            "wall_s": round(wall, 3),
-            "num_steps": result.num_steps,
-            "num_schedule_calls": result.num_schedule_calls,
-            "simulated_s": result.end_s,
-        }
-    info["config"] = {**asdict(config), "policies": policies}
-    info["workload"] = {
-        "trace": wl.name,
-        "sources": [
-            {
-                "name": s.name,
-                "file": s.file,
-                "slo": asdict(s.slo),
-                "max_output_tokens": s.max_output_tokens,
-            }
-            for s in wl.sources
-        ],
-        "rate_scale": wl.rate_scale,
-        "duration_s": wl.duration_s,
-        "n_requests": len(wl.requests),
+    summaries: list[dict[str, object]] = []
+    frames, timelines = [], []
+    cells: dict[str, dict[str, Any]] = {}
+    for engine in config.engines:
+        runner = RUNNERS[engine.split(":")[0]]
+        for name in policies:
+            if progress:
+                progress(f"{engine} x {name}: {len(wl.requests)} requests")
+            cell = runner(config, engine, name, wl)
+            summaries.extend(
+                summarize(
+                    cell.requests, engine=engine, policy=name, kv_peak_bytes=cell.kv_peak_bytes
+                )
+            )
+            frames.append(cell.requests)
+            timelines.append(cell.timeline)
+            cells[f"{engine}/{name}"] = cell.info
+    info: dict[str, Any] = {
+        "config": {**asdict(config), "policies": policies},
+        "workload": {
+            "trace": wl.name,
+            "sources": [
+                {
+                    "name": s.name,
+                    "file": s.file,
+                    "slo": asdict(s.slo),
+                    "max_output_tokens": s.max_output_tokens,
+                }
+                for s in wl.sources
+            ],
+            "rate_scale": wl.rate_scale,
+            "duration_s": wl.duration_s,
+            "n_requests": len(wl.requests),
+        },
+        "cells": cells,
     }
-    summary = pd.DataFrame(summaries)
-    return BenchResult(summary, pd.concat(frames, ignore_index=True), info)
+    return BenchResult(
+        pd.DataFrame(summaries),
+        pd.concat(frames, ignore_index=True),
+        pd.concat(timelines, ignore_index=True),
+        info,
+    )

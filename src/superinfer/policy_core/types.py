@@ -122,6 +122,9 @@ class RequestView:
         slo: the request's SLO class.
         computed_tokens: tokens of the sequence whose KV exists (cached prefix included).
         cached_tokens: prompt tokens served from a prefix cache at admission.
+        prefix_hit_tokens: for a waiting request, prompt tokens the engine's prefix cache holds
+            right now (the longest cached prefix; what SGLang's ``lpm`` sorts by); 0 without a
+            prefix cache.
         generated_tokens: output tokens produced so far.
         first_token_s: instant of the first output token, or ``None`` before it.
         num_preemptions: times this request has been preempted.
@@ -138,6 +141,7 @@ class RequestView:
     slo: SLO
     computed_tokens: int = 0
     cached_tokens: int = 0
+    prefix_hit_tokens: int = 0
     generated_tokens: int = 0
     first_token_s: float | None = None
     num_preemptions: int = 0
@@ -179,6 +183,9 @@ class StepState:
         block_size_tokens: tokens per KV block (page size).
         token_budget: most tokens (prefill + decode) one step may run (``max_num_batched_tokens``).
         max_num_seqs: most requests one step may run.
+        kv_block_bytes: bytes of one KV block across the replica's GPUs (FP16), for cost models.
+        link_bytes_per_s: HBM<->CPU copy bandwidth per direction for swap and prefetch, bytes/s
+            (0 without a CPU tier).
     """
 
     now_s: float
@@ -193,6 +200,8 @@ class StepState:
     block_size_tokens: int
     token_budget: int
     max_num_seqs: int
+    kv_block_bytes: int = 0
+    link_bytes_per_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

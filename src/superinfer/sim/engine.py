@@ -49,6 +49,8 @@ class SimConfig:
             ``"simulation_horizon"``. ``None`` runs until every request ends.
         num_gpu_blocks_override: KV blocks per replica instead of the ones memory allows (as
             vLLM's ``--num-gpu-blocks-override``); for what-if runs and tests.
+        timeline_interval_s: a replica's KV use and queue lengths are sampled at the end of its
+            first step at least this long after the previous sample.
     """
 
     profile: EngineProfile
@@ -58,6 +60,7 @@ class SimConfig:
     replicas: int = 1
     horizon_s: float | None = None
     num_gpu_blocks_override: int | None = None
+    timeline_interval_s: float = 1.0
 
 
 def kv_capacity_blocks(profile: EngineProfile, model: ModelSpec, gpu: GPUSpec, tp: int) -> int:
@@ -112,6 +115,7 @@ class Replica:
         token_budget: int,
         max_num_seqs: int,
         block_size_tokens: int,
+        kv_block_bytes: int = 0,
     ) -> None:
         self.index = index
         self.total_blocks = num_blocks
@@ -119,6 +123,8 @@ class Replica:
         self.token_budget = token_budget
         self.max_num_seqs = max_num_seqs
         self.block_size_tokens = block_size_tokens
+        self.kv_block_bytes = kv_block_bytes
+        self.last_sample_s = float("-inf")
         self.waiting: dict[str, SimRequest] = {}
         self.running: dict[str, SimRequest] = {}
         self.step_index = 0
@@ -144,6 +150,7 @@ class Replica:
             block_size_tokens=self.block_size_tokens,
             token_budget=self.token_budget,
             max_num_seqs=self.max_num_seqs,
+            kv_block_bytes=self.kv_block_bytes,
         )
 
     def set_blocks(self, req: SimRequest, blocks: int) -> None:
@@ -177,6 +184,7 @@ class SimResult:
         num_steps: engine steps run, all replicas.
         num_schedule_calls: scheduling decisions asked of the policy, all replicas.
         kv_capacity_blocks: KV blocks of one replica.
+        timeline: samples ``(replica, time_s, used_hbm_blocks, num_waiting, num_running)``.
     """
 
     requests: tuple[SimRequest, ...]
@@ -187,6 +195,7 @@ class SimResult:
     num_steps: int
     num_schedule_calls: int
     kv_capacity_blocks: int
+    timeline: tuple[tuple[int, float, int, int, int], ...] = ()
 
 
 class Simulator:
@@ -213,7 +222,14 @@ class Simulator:
         )
         budget, max_seqs = profile.limits(config.gpu)
         self.replicas = [
-            Replica(i, self.num_blocks, budget, max_seqs, profile.block_size_tokens)
+            Replica(
+                i,
+                self.num_blocks,
+                budget,
+                max_seqs,
+                profile.block_size_tokens,
+                int(config.model.kv_bytes_per_token() * profile.block_size_tokens),
+            )
             for i in range(config.replicas)
         ]
         self._events: list[tuple[float, int, int, int, Any]] = []
@@ -222,6 +238,7 @@ class Simulator:
         self.num_steps = 0
         self.num_schedule_calls = 0
         self.now_s = 0.0
+        self.timeline: list[tuple[int, float, int, int, int]] = []
 
     # -- event plumbing -------------------------------------------------------------------------
 
@@ -264,6 +281,7 @@ class Simulator:
             num_steps=self.num_steps,
             num_schedule_calls=self.num_schedule_calls,
             kv_capacity_blocks=self.num_blocks,
+            timeline=tuple(self.timeline),
         )
 
     def check_invariants(self) -> None:
@@ -350,6 +368,11 @@ class Simulator:
             del rep.running[req.request_id]
             rep.set_blocks(req, 0)
             self._end(req, RequestStatus.FINISHED, "")
+        if now_s - rep.last_sample_s >= self.config.timeline_interval_s:
+            rep.last_sample_s = now_s
+            self.timeline.append(
+                (rep.index, now_s, rep.used_blocks, len(rep.waiting), len(rep.running))
+            )
         self.hook.superinfer_step_finished(
             stats=StepStats(
                 now_s=now_s,

@@ -22,6 +22,10 @@ class RequestSpec:
         max_output_tokens: declared output cap (``max_tokens``), >= ``output_tokens``.
         slo: SLO class.
         source: where it came from (a trace or workload source name), for reporting.
+        block_hashes: prefix-chained hashes of the prompt's KV blocks of ``hash_block_tokens``
+            tokens each (Mooncake's ``hash_ids``); equal leading hashes mean a shared prefix.
+            Empty when the workload carries no prefix information.
+        hash_block_tokens: tokens per hashed block (512 for Mooncake); 0 when no hashes.
     """
 
     request_id: str
@@ -31,6 +35,8 @@ class RequestSpec:
     max_output_tokens: int
     slo: SLO
     source: str = ""
+    block_hashes: tuple[int, ...] = ()
+    hash_block_tokens: int = 0
 
 
 class RequestStatus(str, enum.Enum):
