@@ -67,7 +67,21 @@ def cli() -> None:
     default=4,
     show_default=True,
     type=int,
-    help="Replicas behind the router (round robin).",
+    help="Replicas behind the router.",
+)
+@click.option(
+    "--router",
+    default="round_robin",
+    show_default=True,
+    type=click.Choice(["round_robin", "least_tokens", "slo_aware"]),
+    help="How arrivals are spread over replicas.",
+)
+@click.option(
+    "--cpu-kv-ratio",
+    default=None,
+    type=float,
+    help="CPU-tier KV capacity as a multiple of HBM KV capacity [default: the engine profile's; "
+    "0 disables swap and prefix offload].",
 )
 @click.option(
     "--policies",
@@ -102,6 +116,8 @@ def bench(
     gpu: str,
     tp: int,
     replicas: int,
+    router: str,
+    cpu_kv_ratio: float | None,
     policies: str | None,
     rate_scale: float,
     duration_s: float | None,
@@ -127,6 +143,8 @@ def bench(
         gpu=gpu,
         tp=tp,
         replicas=replicas,
+        router=router,
+        cpu_kv_ratio=cpu_kv_ratio,
         policies=_split(policies),
         rate_scale=rate_scale,
         duration_s=duration_s,

@@ -113,7 +113,7 @@ def test_a_policy_that_never_schedules_fails_requests_instead_of_losing_them() -
 
 def test_an_invalid_decision_raises() -> None:
     specs = [spec(f"r{i}", 0.0, 16, 5) for i in range(3)]
-    with pytest.raises(PolicyError, match="the step needs 3 KV blocks, 2 are free"):
+    with pytest.raises(PolicyError, match="admissions need 3 KV blocks, 2 are free"):
         simulate(specs, policy=Greedy(), num_gpu_blocks_override=2)
 
 
