@@ -184,6 +184,49 @@ def _print_table(summary: pd.DataFrame) -> None:
     console.print(table)
 
 
+@cli.command()
+@click.option(
+    "--out",
+    default="results/calibration",
+    show_default=True,
+    type=click.Path(),
+    help="Directory for fit_error.csv, fit_error_by_range.csv, params.json, report.md.",
+)
+@click.option(
+    "--install/--no-install",
+    default=True,
+    show_default=True,
+    help="Also write the parameters into the package (sim/calibration.json), where the "
+    "simulator reads them.",
+)
+def calibrate(out: str, install: bool) -> None:
+    """Fit the simulator's step-time model to the measured GPU timings in shared/data/profiling."""
+    from superinfer.harness.calibrate import calibrate as run_calibration
+    from superinfer.harness.calibrate import params_json, render_report
+    from superinfer.harness.results import write_atomic
+
+    out_dir = Path(out)
+    result = run_calibration()
+    text = params_json(result)
+    write_atomic(
+        out_dir / "fit_error.csv",
+        lambda p: result.fit_error.to_csv(p, index=False, float_format="%.5g"),
+    )
+    write_atomic(
+        out_dir / "fit_error_by_range.csv",
+        lambda p: result.fit_error_by_range.to_csv(p, index=False, float_format="%.5g"),
+    )
+    write_atomic(out_dir / "params.json", lambda p: p.write_text(text))
+    write_atomic(out_dir / "report.md", lambda p: p.write_text(render_report(result)))
+    click.echo(f"wrote {out_dir}/ (fit_error.csv, fit_error_by_range.csv, params.json, report.md)")
+    if install:
+        import superinfer.sim as sim_pkg
+
+        target = Path(sim_pkg.__file__).parent / "calibration.json"
+        write_atomic(target, lambda p: p.write_text(text))
+        click.echo(f"wrote {target}")
+
+
 @cli.command("policies")
 def list_policies() -> None:
     """List the registered scheduling policies."""

@@ -14,17 +14,18 @@ from superinfer.policy_core.types import (
     ScheduleDecision,
     StepState,
 )
+from superinfer.sim.calibrated import default_step_time
 from superinfer.sim.engine import Simulator
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.kv import PrefixCache
 from superinfer.sim.profiles import SIM_SGLANG, SIM_TRTLLM, SIM_VLLM
 from superinfer.sim.request import RequestSpec, RequestStatus
-from superinfer.sim.step_time import BatchShape, RooflineStepTime
+from superinfer.sim.step_time import BatchShape
 from tests.sim.helpers import CHAT, config, simulate, spec
 
 L8 = get_model("llama-3.1-8b")
 A100 = get_gpu("a100-80gb")
-STEP = RooflineStepTime(L8, A100, tp=1)
+STEP = default_step_time(L8, A100, tp=1)
 BLOCK_BYTES_PER_TOKEN = L8.kv_bytes_per_token()  # FP16, all layers
 
 
@@ -88,7 +89,9 @@ class TestPrefixCache:
         assert second.cached_tokens == cached
         prefill = 1190 - cached
         pairs = prefill * (cached + (prefill + 1) / 2)
-        expected = STEP.step_time_s(BatchShape(prefill, 1, pairs, 1190, 0, 1))
+        expected = STEP.step_time_s(
+            BatchShape(prefill, 1, pairs, 1190, 0, 1, prefill, prefill * 1190, 1)
+        )
         assert second.first_token_s - 100.0 == pytest.approx(expected, rel=1e-12)
         assert first.cached_tokens == 0
 

@@ -38,11 +38,12 @@ from superinfer.policy_core.types import (
     StepStats,
 )
 from superinfer.policy_core.validation import PolicyError, check_decision
+from superinfer.sim.calibrated import default_step_time
 from superinfer.sim.hardware import GPUSpec, ModelSpec
 from superinfer.sim.kv import Link, Node, PrefixCache
 from superinfer.sim.profiles import EngineProfile
 from superinfer.sim.request import RequestSpec, RequestStatus, SimRequest
-from superinfer.sim.step_time import BatchShape, RooflineStepTime
+from superinfer.sim.step_time import BatchShape
 
 __all__ = [
     "ROUTERS",
@@ -320,7 +321,8 @@ class Simulator:
             ``superinfer_schedule``, ``superinfer_kv_placement``, ``superinfer_request_arrived``,
             ``superinfer_request_finished``, ``superinfer_request_aborted`` and
             ``superinfer_step_finished`` on it.
-        step_time: step-time model; a :class:`RooflineStepTime` for ``config`` by default.
+        step_time: step-time model; the calibrated one for ``config`` by default
+            (``sim.calibrated.default_step_time``).
 
     Raises:
         ValueError: unknown router, or the model leaves no KV memory.
@@ -332,7 +334,7 @@ class Simulator:
             raise ValueError(f"unknown router {config.router!r}; known: {', '.join(ROUTERS)}")
         self.config = config
         self.hook = hook
-        self.step_time = step_time or RooflineStepTime(config.model, config.gpu, config.tp)
+        self.step_time = step_time or default_step_time(config.model, config.gpu, config.tp)
         profile = config.profile
         self.num_blocks = config.num_gpu_blocks_override or kv_capacity_blocks(
             profile, config.model, config.gpu, config.tp
@@ -827,19 +829,23 @@ class Simulator:
         pieces = kept
         if not pieces:
             return
-        pairs = 0.0
-        prefill_kv = decode_kv = samples = 0
+        pairs = full_pairs = 0.0
+        prefill_kv = decode_kv = samples = prefill_tokens = prefill_seqs = 0
         for req, n in pieces:
             c = req.computed_tokens
             if n == 1:
                 decode_kv += c + 1
             else:
+                prefill_seqs += 1
                 pairs += n * (c + (n + 1) / 2)
+                full_pairs += n * (c + n)
                 prefill_kv += c + n
+                prefill_tokens += n
             samples += req.pending_tokens == n
         shape = BatchShape(
-            sum(n for _, n in pieces), samples, pairs, prefill_kv, decode_kv, len(pieces)
-        )
+            sum(n for _, n in pieces), samples, pairs, prefill_kv, decode_kv, len(pieces),
+            prefill_tokens, full_pairs, prefill_seqs,
+        )  # fmt: skip
         if steps > 1:
             a, b = self.step_time.decode_coefficients(len(pieces))
             run = _Run(start, pieces, steps, start, shape, a, b)
