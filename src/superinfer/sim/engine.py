@@ -878,7 +878,9 @@ class Simulator:
             )
             return need <= free
 
-        lo, hi = 1, k_max
+        if fits(k_max):  # the common case: memory is not the bound
+            return k_max
+        lo, hi = 1, k_max - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if fits(mid):
