@@ -61,16 +61,24 @@ def test_bad_configs_are_one_line_errors_naming_the_field(
         load_config(tmp_path / "missing.json")
 
 
-def test_without_the_variable_nothing_is_armed() -> None:
+def test_without_the_variable_nothing_is_armed(tmp_path: Path) -> None:
     before = list(sys.meta_path)
     assert bootstrap.install_from_env({}) is False
     assert sys.meta_path == before
+    bootstrap.install_pth(str(tmp_path))
+    code = (
+        f"import site, sys; site.addsitedir({str(tmp_path)!r}); print('superinfer' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != bootstrap.CONFIG_ENV}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 def test_pth_install_and_uninstall(tmp_path: Path) -> None:
     path = bootstrap.install_pth(str(tmp_path))
     assert path == tmp_path / "superinfer_trtllm.pth"
     assert path.read_text() == bootstrap.PTH_LINE and path.read_text().startswith("import ")
+    assert f"'{bootstrap.CONFIG_ENV}'" in bootstrap.PTH_LINE
     assert bootstrap.uninstall_pth(str(tmp_path)) == path and not path.exists()
     assert bootstrap.uninstall_pth(str(tmp_path)) is None
 

@@ -7,10 +7,11 @@ file in site-packages runs in *every* interpreter, workers included::
     python -m superinfer.adapters.trtllm.bootstrap install     # writes superinfer_trtllm.pth
     export SUPERINFER_TRTLLM_CONFIG=/path/mode_b.json          # only then does anything happen
 
-With the variable unset the hook costs one environment lookup. With it set, the hook waits for
-``tensorrt_llm._torch.pyexecutor.py_executor_creator`` to be imported (it never imports
-TensorRT-LLM itself) and then calls :func:`superinfer.adapters.trtllm.plugin.install` with the
-configured policy. The configuration file (JSON)::
+With the variable unset the hook costs one environment lookup and imports nothing of superinfer.
+With it set, the hook waits for ``tensorrt_llm._torch.pyexecutor.py_executor_creator`` to be
+imported (it never imports TensorRT-LLM itself) and then calls
+:func:`superinfer.adapters.trtllm.plugin.install` with the configured policy. The configuration
+file (JSON)::
 
     {"policy": "priority",                       # a registered policy name
      "options": {"max_repeat_steps": "8"},       # its options (optional)
@@ -53,7 +54,11 @@ __all__ = [
 
 CONFIG_ENV = "SUPERINFER_TRTLLM_CONFIG"
 PTH_NAME = "superinfer_trtllm.pth"
-PTH_LINE = "import superinfer.adapters.trtllm.bootstrap as _b; _b.install_from_env()\n"
+#: Checks the variable before importing anything of ours: it runs in every interpreter.
+PTH_LINE = (
+    "import os; os.environ.get('SUPERINFER_TRTLLM_CONFIG') and __import__("
+    "'superinfer.adapters.trtllm.bootstrap', fromlist=['_']).install_from_env()\n"
+)
 _CREATOR = "tensorrt_llm._torch.pyexecutor.py_executor_creator"
 _SLO_FIELDS = ("ttft_ms", "tpot_ms", "deadline_s", "weight", "priority")
 

@@ -66,7 +66,7 @@ class _Tracked:
 @dataclass(slots=True)
 class _Repeat:
     steps_left: int
-    active_ids: tuple[int, ...]
+    active: tuple[tuple[int, bool], ...]  # (py_request_id, started) in active-list order
     plan: Any
     num_waiting: int
 
@@ -179,6 +179,8 @@ class SuperinferScheduler:
                 self.inner.schedule_request(list(plan.ordered), inflight_request_ids), plan
             )
             self._record(output, (), plan, now, repeat.num_waiting)
+            if output.paused_requests:  # KV ran short: ask again next step
+                self._repeat = None
             return output
         self._repeat = None
         states = self.engine.states
@@ -213,18 +215,19 @@ class SuperinferScheduler:
             n == 1 and views[rid].pending_tokens == 1 for rid, n in decision.num_tokens.items()
         )
         if decision.max_repeat_steps > 1 and decode_only and not output.paused_requests:
-            ids = tuple(r.py_request_id for r in active_requests)
-            self._repeat = _Repeat(decision.max_repeat_steps - 1, ids, plan, len(waiting))
+            active = tuple((r.py_request_id, states.is_started(r)) for r in active_requests)
+            self._repeat = _Repeat(decision.max_repeat_steps - 1, active, plan, len(waiting))
         return output
 
     def _can_repeat(self, repeat: _Repeat, active: list[Any], now: float) -> bool:
-        if repeat.steps_left <= 0 or len(active) != len(repeat.active_ids):
+        """Same requests, same order, none started or stopped since, the started ones decoding."""
+        if repeat.steps_left <= 0 or len(active) != len(repeat.active):
             return False
         states = self.engine.states
-        for req, rid in zip(active, repeat.active_ids, strict=True):
-            if req.py_request_id != rid:
+        for req, (rid, started) in zip(active, repeat.active, strict=True):
+            if req.py_request_id != rid or states.is_started(req) != started:
                 return False
-            if states.is_started(req) and req.state != states.generation_in_progress:
+            if started and req.state != states.generation_in_progress:
                 return False
         return True
 
