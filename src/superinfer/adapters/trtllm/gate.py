@@ -443,8 +443,9 @@ class TrtllmGate:
             rec._hits = (self.table.num_events, tokens)
         return tokens
 
-    def _view(self, rec: GateRequest) -> RequestView:
-        in_flight = rec.status is GateStatus.SUBMITTED
+    def _view(self, rec: GateRequest, in_flight: bool | None = None) -> RequestView:
+        if in_flight is None:
+            in_flight = rec.status is GateStatus.SUBMITTED
         return front_end_view(
             request_id=rec.request_id,
             arrival_s=rec.arrival_s,
@@ -455,7 +456,9 @@ class TrtllmGate:
             generated_tokens=rec.generated_tokens,
             tokens_per_block=self.config.tokens_per_block,
             reserve_to_completion=self.config.reserve_to_completion,
-            prefix_hit_tokens=0 if in_flight else self._prefix_hit_tokens(rec),
+            prefix_hit_tokens=0
+            if rec.status is not GateStatus.HELD
+            else self._prefix_hit_tokens(rec),
             first_token_s=rec.first_token_s,
             tier=rec.tier,
             kv_precision=self.config.kv_precision,
@@ -549,22 +552,12 @@ class TrtllmGate:
         self._held.pop(rec.request_id, None)
         self._in_flight.pop(rec.request_id, None)
         self.table.release(rec.path)
-        was_in_flight = rec.status is GateStatus.SUBMITTED
-        rec.status, rec.reason, rec.finish_s = status, reason, self.clock()
-        view = front_end_view(
-            request_id=rec.request_id,
-            arrival_s=rec.arrival_s,
-            prompt_tokens=len(rec.prompt_token_ids),
-            max_output_tokens=rec.max_output_tokens,
-            slo=rec.slo,
-            in_flight=was_in_flight and status is not GateStatus.FINISHED,
-            generated_tokens=rec.generated_tokens,
-            tokens_per_block=self.config.tokens_per_block,
-            reserve_to_completion=self.config.reserve_to_completion,
-            first_token_s=rec.first_token_s,
-            tier=rec.tier,
-            kv_precision=self.config.kv_precision,
+        # the final view: a finished request has released its KV, an aborted one is shown as
+        # it was when it ended
+        view = self._view(
+            rec, in_flight=rec.status is GateStatus.SUBMITTED and status is not GateStatus.FINISHED
         )
+        rec.status, rec.reason, rec.finish_s = status, reason, self.clock()
         if status is GateStatus.FINISHED:
             self.hook.superinfer_request_finished(request=view, now_s=rec.finish_s)
         else:

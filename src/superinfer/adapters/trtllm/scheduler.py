@@ -170,19 +170,12 @@ class SuperinferScheduler:
             PolicyError: no plugin answered, or the decision is inapplicable.
         """
         now = self.clock()
-        repeat = self._repeat
-        if repeat is not None and self._can_repeat(repeat, active_requests, now):
-            repeat.steps_left -= 1
-            self.counters.num_repeated += 1
-            plan = repeat.plan
-            output = merge_output(
-                self.inner.schedule_request(list(plan.ordered), inflight_request_ids), plan
-            )
-            self._record(output, (), plan, now, repeat.num_waiting)
-            if output.paused_requests:  # KV ran short: ask again next step
-                self._repeat = None
-            return output
+        if self._repeat is not None and self._can_repeat(self._repeat, active_requests):
+            return self._replay(self._repeat, inflight_request_ids, now)
         self._repeat = None
+        return self._ask(active_requests, inflight_request_ids, now)
+
+    def _ask(self, active_requests: list[Any], inflight_request_ids: Any, now: float) -> Any:
         states = self.engine.states
         self._report_gone(active_requests, now)
         running: dict[str, Any] = {}
@@ -219,7 +212,19 @@ class SuperinferScheduler:
             self._repeat = _Repeat(decision.max_repeat_steps - 1, active, plan, len(waiting))
         return output
 
-    def _can_repeat(self, repeat: _Repeat, active: list[Any], now: float) -> bool:
+    def _replay(self, repeat: _Repeat, inflight_request_ids: Any, now: float) -> Any:
+        repeat.steps_left -= 1
+        self.counters.num_repeated += 1
+        output = merge_output(
+            self.inner.schedule_request(list(repeat.plan.ordered), inflight_request_ids),
+            repeat.plan,
+        )
+        self._record(output, (), repeat.plan, now, repeat.num_waiting)
+        if output.paused_requests:  # KV ran short: ask again next step
+            self._repeat = None
+        return output
+
+    def _can_repeat(self, repeat: _Repeat, active: list[Any]) -> bool:
         """Same requests, same order, none started or stopped since, the started ones decoding."""
         if repeat.steps_left <= 0 or len(active) != len(repeat.active):
             return False
