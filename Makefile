@@ -32,7 +32,7 @@ $(VENV)/.installed-sglang: pyproject.toml $(VENV)/.installed-dev
 	echo 'torch==2.13.0' > $(VENV)/torch-constraint.txt
 	PIP_CONSTRAINT=$(CURDIR)/$(VENV)/torch-constraint.txt $(PIP) install -e '.[dev,sglang]'
 	PIP_CONSTRAINT=$(CURDIR)/$(VENV)/torch-constraint.txt $(PIP) install --no-deps $(SGLANG_PIN)
-	$(BIN)/python -m superinfer.adapters.sglang.cpu_compat --install-pth
+	$(BIN)/python -c 'from superinfer.adapters.sglang.cpu_compat import install_pth; print(install_pth())'
 	@touch $@
 
 install-sglang: $(VENV)/.installed-sglang

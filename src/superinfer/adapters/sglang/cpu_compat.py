@@ -123,9 +123,3 @@ def install_pth(site_packages: Path | None = None) -> Path:
     path = folder / PTH_NAME
     path.write_text(_PTH_LINE)
     return path
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--install-pth"]:
-        sys.exit("usage: python -m superinfer.adapters.sglang.cpu_compat --install-pth")
-    print(f"wrote {install_pth()}")
