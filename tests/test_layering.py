@@ -42,6 +42,14 @@ def test_sim_imports_policy_core_and_hookspecs_only(path: Path) -> None:
             assert name.startswith(allowed), f"{path.name} imports {name}"
 
 
+@pytest.mark.parametrize("path", _modules("adapters/sglang"), ids=lambda p: p.name)
+def test_the_sglang_adapter_imports_policy_core_adapters_and_sglang_only(path: Path) -> None:
+    for name in _imports(path):
+        if name.startswith("superinfer."):
+            assert name.startswith(("superinfer.policy_core", "superinfer.adapters")), name
+        assert name.split(".")[0] not in set(ENGINES) - {"sglang", "torch"}, f"{path.name}: {name}"
+
+
 def test_only_the_cli_imports_the_harness() -> None:
     for path in SRC.rglob("*.py"):
         if path.name == "cli.py" or "harness" in path.relative_to(SRC).parts:

@@ -225,6 +225,52 @@ def calibrate(out: str, install: bool) -> None:
         target = Path(sim_pkg.__file__).parent / "calibration.json"
         write_atomic(target, lambda p: p.write_text(text))
         click.echo(f"wrote {target}")
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option(
+    "--engine",
+    type=click.Choice(["sglang"]),
+    required=True,
+    help="Engine to serve with the policy plugged in.",
+)
+@click.option("--policy", default=None, help="Policy name [default: the config's, else fcfs].")
+@click.option(
+    "--policy-opt",
+    "policy_opts",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Policy option; repeatable.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Adapter configuration (JSON; docs/adapters.md).",
+)
+@click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
+def serve(
+    engine: str,
+    policy: str | None,
+    policy_opts: tuple[str, ...],
+    config_path: str | None,
+    engine_args: tuple[str, ...],
+) -> None:
+    """Start ENGINE's own server with the policy inside: superinfer serve --engine sglang -- ARGS.
+
+    ARGS go to ``python -m sglang.launch_server``; superinfer adds the plugin switches
+    (SUPERINFER_SGLANG=1, policy, config), --enable-priority-scheduling and its eviction policy.
+    Needs a CUDA GPU.
+    """
+    from superinfer.adapters.sglang.config import ConfigError
+    from superinfer.adapters.sglang.launch import ServeError, exec_server, launch_command
+
+    try:
+        argv, env = launch_command(
+            engine_args, policy=policy, policy_opts=policy_opts, config_path=config_path
+        )
+        exec_server(argv, env)
+    except (ConfigError, ServeError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @cli.command("policies")

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from superinfer.harness.data import data_dir
-from superinfer.sim.calibrated import CalibratedStepTime, load_params
+from superinfer.sim.calibrated import CalibratedStepTime, _gemm, load_params
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.step_time import BatchShape
 
@@ -47,12 +47,10 @@ def test_packaged_parameters_predict_the_measured_linear_layers() -> None:
     errors = []
     for tp, group in df.groupby("num_tensor_parallel_workers"):
         model = CalibratedStepTime(L70, get_gpu("a100-80gb"), int(tp), load_params())
-        for (params, k, n), op in zip(model.gemms, ("attn_pre_proj", "attn_post_proj",
-                                                    "mlp_up_proj", "mlp_down_proj"), strict=True):  # fmt: skip
-            from superinfer.sim.calibrated import _gemm
-
-            for tokens, measured in zip(group["num_tokens"], group[f"time_stats.{op}.median"],
-                                        strict=True):  # fmt: skip
+        ops = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+        for (params, k, n), op in zip(model.gemms, ops, strict=True):
+            measured_ms = group[f"time_stats.{op}.median"]
+            for tokens, measured in zip(group["num_tokens"], measured_ms, strict=True):
                 # the bandwidth scale is 1 on A100, so these are the fitted parameters as-is
                 errors.append(_gemm(params, model.edges, int(tokens), k, n) / (measured * 1e-3) - 1)
     err = np.abs(np.array(errors))

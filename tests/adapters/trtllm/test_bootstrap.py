@@ -67,7 +67,7 @@ def test_without_the_variable_nothing_is_armed(tmp_path: Path) -> None:
     assert sys.meta_path == before
     bootstrap.install_pth(str(tmp_path))
     code = (
-        f"import site, sys; site.addsitedir({str(tmp_path)!r}); print('superinfer' in sys.modules)"
+        f"import site, sys; site.addsitedir({str(tmp_path)!r}); print('superinfer.adapters.trtllm' in sys.modules)"
     )
     env = {k: v for k, v in os.environ.items() if k != bootstrap.CONFIG_ENV}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

@@ -1,0 +1,291 @@
+"""SGLang objects -> the policy's views (``RequestView``, ``StepState``, ``PrefixNodeView``).
+
+Read-only: nothing here changes a ``Req``, a batch or the radix tree. Time is the adapter's
+:class:`LogicalClock`, never a wall clock, so every tensor-parallel rank builds the same views
+from the same batches and gets the same decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from superinfer.adapters.sglang.config import AdapterConfig
+from superinfer.policy_core.types import (
+    SLO,
+    KVLocation,
+    PrefixNodeView,
+    RequestView,
+    StepState,
+)
+
+__all__ = [
+    "EngineLimits",
+    "LogicalClock",
+    "RequestRecord",
+    "SLOFieldError",
+    "kv_pool_blocks",
+    "prefix_node_views",
+    "request_view",
+    "resolve_slo",
+    "step_state",
+]
+
+
+class SLOFieldError(ValueError):
+    """A request's SLO fields are unusable; the message names the field (sent back as a 400)."""
+
+
+@dataclass(slots=True)
+class LogicalClock:
+    """Adapter time: ``step_index * step_s + num_tokens * token_s`` logical seconds.
+
+    Advanced once per executed batch by the tokens it ran, which every TP rank sees identically.
+
+    Attributes:
+        step_s: logical seconds per executed batch.
+        token_s: logical seconds per token a batch runs.
+        step_index: batches executed.
+        num_tokens: tokens run by those batches (prefill tokens, plus one per decoding request).
+    """
+
+    step_s: float
+    token_s: float
+    step_index: int = 0
+    num_tokens: int = 0
+
+    @property
+    def now_s(self) -> float:
+        """The current logical instant, in s."""
+        return self.step_index * self.step_s + self.num_tokens * self.token_s
+
+    def advance(self, num_tokens: int) -> float:
+        """Count one executed batch of ``num_tokens`` tokens; returns its logical duration, s."""
+        self.step_index += 1
+        self.num_tokens += num_tokens
+        return self.step_s + num_tokens * self.token_s
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What the adapter remembers about a request between scheduling points.
+
+    Attributes:
+        seq: arrival sequence number on this scheduler (the FCFS tie-break).
+        arrival_s: logical arrival instant, s.
+        slo: its SLO class.
+        tier: scheduling tier last assigned by the policy, ``None`` before any.
+        first_token_s: logical instant of its first output token.
+        ended: whether finished/aborted has been reported to the plugins.
+        precision_planned: whether ``superinfer_kv_precision`` was asked for it.
+    """
+
+    seq: int
+    arrival_s: float
+    slo: SLO
+    tier: int | None = None
+    first_token_s: float | None = None
+    ended: bool = False
+    precision_planned: bool = False
+
+    @property
+    def rank(self) -> int:
+        """Importance, lower is more urgent: the policy's tier, else ``SLO.priority``."""
+        return self.tier if self.tier is not None else self.slo.priority
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """The scheduler settings a ``StepState`` reports (from ``Scheduler`` at startup).
+
+    Attributes:
+        page_size: tokens per KV page (``--page-size``); the policy's block.
+        max_prefill_tokens: prefill tokens per batch (``--max-prefill-tokens``).
+        max_running_requests: most requests in the running batch.
+        priority_scheduling: ``--enable-priority-scheduling``.
+        low_priority_values_first: ``--schedule-low-priority-values-first``.
+        kv_cache_dtype: ``--kv-cache-dtype`` (one per engine; for the precision log).
+    """
+
+    page_size: int = 1
+    max_prefill_tokens: int = 16384
+    max_running_requests: int = 256
+    priority_scheduling: bool = True
+    low_priority_values_first: bool = False
+    kv_cache_dtype: str = "auto"
+
+
+def resolve_slo(req: Any, config: AdapterConfig) -> SLO:
+    """The SLO class of a new SGLang ``Req``.
+
+    Looked up, first match wins: ``sampling_params.custom_params["slo"]`` (a class name, or an
+    object ``{"class": name, "ttft_ms": ..., "tpot_ms": ..., "deadline_s": ...}`` overriding that
+    class's targets), then the client's ``priority`` in ``config.priority_classes``, then
+    ``config.default_class``.
+
+    Raises:
+        SLOFieldError: an unknown class, an unknown or invalid target.
+    """
+    custom = getattr(req.sampling_params, "custom_params", None) or {}
+    spec = custom.get("slo") if isinstance(custom, dict) else None
+    if spec is not None:
+        name = spec.get("class") if isinstance(spec, dict) else spec
+        if name is None and isinstance(spec, dict):
+            name = config.default_class
+        if not isinstance(name, str) or name not in config.slo_classes:
+            known = ", ".join(sorted(config.slo_classes))
+            raise SLOFieldError(f"custom_params.slo: unknown class {name!r} (classes: {known})")
+        slo = config.slo_classes[name]
+        if isinstance(spec, dict):
+            overrides = {k: v for k, v in spec.items() if k != "class"}
+            allowed = {"ttft_ms", "tpot_ms", "deadline_s"}
+            if extra := sorted(set(overrides) - allowed):
+                raise SLOFieldError(f"custom_params.slo: unknown field {extra[0]!r}")
+            try:
+                slo = replace(slo, **overrides)
+            except (TypeError, ValueError) as exc:
+                raise SLOFieldError(f"custom_params.slo: {exc}") from None
+        return slo
+    if req.priority is not None and req.priority in config.priority_classes:
+        return config.slo_classes[config.priority_classes[req.priority]]
+    return config.slo_classes[config.default_class]
+
+
+def request_view(req: Any, record: RequestRecord, *, running: bool, page_size: int) -> RequestView:
+    """The view of one SGLang ``Req``.
+
+    A running request holds KV for all but its last sampled token (it decodes one token next); a
+    waiting one holds none, and ``prefix_hit_tokens`` is SGLang's last prefix match for it.
+    """
+    prompt = len(req.origin_input_ids)
+    generated = len(req.output_ids)
+    computed = prompt + generated - 1 if running and generated else 0
+    return RequestView(
+        request_id=req.rid,
+        arrival_s=record.arrival_s,
+        prompt_tokens=prompt,
+        max_output_tokens=req.sampling_params.max_new_tokens,
+        slo=record.slo,
+        computed_tokens=computed,
+        cached_tokens=req.cached_tokens,
+        prefix_hit_tokens=0 if running else req.num_matched_prefix_tokens,
+        generated_tokens=generated,
+        first_token_s=record.first_token_s,
+        num_preemptions=req.retraction_count,
+        tier=record.tier or 0,
+        kv_location=KVLocation.HBM if computed else KVLocation.UNALLOCATED,
+        kv_blocks=-(-computed // page_size),
+    )
+
+
+def kv_pool_blocks(allocator: Any, tree_cache: Any, page_size: int) -> tuple[int, int]:
+    """``(free, total)`` KV blocks: free counts the tree's evictable tokens, as SGLang's
+    admission budget does (``allocator.create_prefill_budget``)."""
+    free_tokens = allocator.available_size() + tree_cache.evictable_size()
+    return free_tokens // page_size, allocator.size // page_size
+
+
+def step_state(
+    *,
+    clock: LogicalClock,
+    waiting: Sequence[RequestView],
+    running: Sequence[RequestView],
+    free_blocks: int,
+    total_blocks: int,
+    limits: EngineLimits,
+) -> StepState:
+    """A scheduling point of an SGLang scheduler.
+
+    SGLang has no swap of a running request's KV (a preempted or retracted request is recomputed:
+    ``mem_cache/common.py::release_kv_cache(checkpoint=False)``), so ``swapped`` is empty and the
+    CPU tier and link bandwidth are reported as 0. The token budget is SGLang's prefill budget plus
+    one token per running request, the decode batch it runs beside it.
+    """
+    return StepState(
+        now_s=clock.now_s,
+        step_index=clock.step_index,
+        waiting=tuple(waiting),
+        running=tuple(running),
+        swapped=(),
+        free_hbm_blocks=free_blocks,
+        total_hbm_blocks=total_blocks,
+        free_cpu_blocks=0,
+        total_cpu_blocks=0,
+        block_size_tokens=limits.page_size,
+        token_budget=limits.max_prefill_tokens + len(running),
+        max_num_seqs=limits.max_running_requests,
+    )
+
+
+def _tree_nodes(root: Any) -> Iterable[Any]:
+    stack = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(node.children.values())
+
+
+def prefix_node_views(
+    root: Any,
+    *,
+    now_s: float,
+    page_size: int,
+    pinned: Iterable[int],
+    last_seen: dict[int, tuple[float, float]],
+    full: Any,
+) -> tuple[PrefixNodeView, ...]:
+    """Views of the cached nodes of a Python-core ``UnifiedRadixCache`` tree.
+
+    SGLang stamps ``last_access_time`` from a logical tick counter
+    (``unified_cache/components/base.py::get_and_increase_time_counter``), not in seconds; a node
+    whose tick changed since the previous call is reported as accessed ``now_s``, so recency is in
+    adapter seconds at the resolution of these calls.
+
+    Args:
+        root: ``tree_core.root_node``.
+        now_s: adapter time, s.
+        page_size: tokens per KV block.
+        pinned: ids of the nodes the adapter pins (their locks do not make a node "in use").
+        last_seen: node id -> (tick, last access s); updated in place and pruned to live nodes.
+        full: ``ComponentType.FULL``.
+
+    Returns:
+        One view per node holding KV in HBM or on the host, by node id.
+    """
+    nodes = {n.id: n for n in _tree_nodes(root)}
+    own_refs: dict[int, int] = {}
+    for node_id in pinned:
+        node = nodes.get(node_id)
+        while node is not None and node.parent is not None:
+            own_refs[node.id] = own_refs.get(node.id, 0) + 1
+            node = node.parent
+    views = []
+    for node_id, node in sorted(nodes.items()):
+        data = node.component_data[full]
+        if data.value is not None:
+            location = KVLocation.HBM
+        elif data.host_value is not None:
+            location = KVLocation.CPU
+        else:
+            continue
+        tick = float(node.last_access_time)
+        prev = last_seen.get(node_id)
+        access_s = prev[1] if prev is not None and prev[0] == tick else now_s
+        last_seen[node_id] = (tick, access_s)
+        parent = node.parent
+        views.append(
+            PrefixNodeView(
+                node_id=str(node_id),
+                parent_id=None if parent is None or parent.parent is None else str(parent.id),
+                num_tokens=len(node.key),
+                num_blocks=-(-len(node.key) // page_size),
+                location=location,
+                hit_count=node.hit_count,
+                last_access_s=access_s,
+                in_use=data.lock_ref > own_refs.get(node_id, 0),
+            )
+        )
+    for stale in last_seen.keys() - nodes.keys():
+        del last_seen[stale]
+    return tuple(views)

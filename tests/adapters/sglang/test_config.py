@@ -1,0 +1,195 @@
+"""Adapter configuration, SLO resolution, the logical clock, ``superinfer serve`` and the CPU
+torchvision stand-in; none of these needs sglang imported in this process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import sysconfig
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from superinfer.adapters.manager import UnknownPolicyError
+from superinfer.adapters.sglang.config import AdapterConfig, ConfigError, load_config
+from superinfer.adapters.sglang.cpu_compat import PTH_NAME
+from superinfer.adapters.sglang.launch import launch_command
+from superinfer.adapters.sglang.view import LogicalClock, SLOFieldError, resolve_slo
+from superinfer.policy_core.types import SLO
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "superinfer.json"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_and_a_full_file(tmp_path: Path) -> None:
+    assert load_config({}) == AdapterConfig()
+    path = write(
+        tmp_path,
+        json.dumps(
+            {
+                "policy": "priority",
+                "policy_options": {"max_repeat_steps": 4},
+                "slo_classes": {"gold": {"ttft_ms": 200, "priority": 0}, "bulk": {"priority": 3}},
+                "default_class": "bulk",
+                "priority_classes": {"10": "gold"},
+                "clock": {"step_s": 0.03, "token_s": 0.0002},
+                "pin_budget_fraction": 0.5,
+            }
+        ),
+    )
+    config = load_config({"SUPERINFER_CONFIG": path})
+    assert config.policy == "priority" and config.policy_options == {"max_repeat_steps": 4}
+    assert config.slo_classes["gold"] == SLO("gold", ttft_ms=200, priority=0)
+    assert (config.default_class, config.priority_classes) == ("bulk", {10: "gold"})
+    assert (config.step_s, config.token_s, config.pin_budget_fraction) == (0.03, 0.0002, 0.5)
+
+
+def test_environment_overrides_the_policy(tmp_path: Path) -> None:
+    path = write(tmp_path, '{"policy": "priority", "policy_options": {"max_repeat_steps": 4}}')
+    env = {"SUPERINFER_CONFIG": path, "SUPERINFER_POLICY": "fcfs"}
+    assert load_config(env).policy_options == {}  # the file's options were for another policy
+    env["SUPERINFER_POLICY_OPTS"] = "max_repeat_steps=2, a=b"
+    assert load_config(env).policy_options == {"max_repeat_steps": "2", "a": "b"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"policy": "fcfs",\n "clock": 3,}', r"superinfer\.json:2: invalid JSON"),
+        ("[1]", "the top level must be a JSON object"),
+        ('{"polcy": "fcfs"}', "unknown field 'polcy'"),
+        ('{"slo_classes": {"chat": {"ttft": 1}}}', "slo_classes.chat has unknown field 'ttft'"),
+        ('{"slo_classes": {"chat": {"ttft_ms": -1}}}', "slo_classes.chat: SLO 'chat': ttft_ms"),
+        ('{"default_class": "gold"}', "default_class 'gold' is not in slo_classes"),
+        ('{"priority_classes": {"x": "chat"}}', "priority_classes keys must be integers"),
+        ('{"clock": {"step_s": "fast"}}', "clock.step_s must be a number, got 'fast'"),
+        ('{"pin_budget_fraction": 2}', r"pin_budget_fraction must be in \(0, 1\]"),
+    ],
+)
+def test_every_mistake_is_one_line_naming_the_file_and_field(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config({"SUPERINFER_CONFIG": path})
+    assert "\n" not in str(info.value) and str(info.value).startswith(path)
+
+
+def test_missing_file_and_bad_opts() -> None:
+    with pytest.raises(ConfigError, match=r"SUPERINFER_CONFIG=/nope.json: cannot read"):
+        load_config({"SUPERINFER_CONFIG": "/nope.json"})
+    with pytest.raises(ConfigError, match="SUPERINFER_POLICY_OPTS: 'x' is not key=value"):
+        load_config({"SUPERINFER_POLICY_OPTS": "x"})
+
+
+def fake_req(custom: Any = None, priority: int | None = None) -> Any:
+    params = types.SimpleNamespace(custom_params=custom)
+    return types.SimpleNamespace(sampling_params=params, priority=priority)
+
+
+def test_slo_from_custom_params_then_priority_then_default() -> None:
+    config = AdapterConfig(priority_classes={5: "chat"})
+    chat = config.slo_classes["chat"]
+    assert resolve_slo(fake_req({"slo": "chat"}), config) is chat
+    tighter = resolve_slo(fake_req({"slo": {"class": "chat", "ttft_ms": 300}}), config)
+    assert tighter == SLO("chat", ttft_ms=300, tpot_ms=100.0, priority=0)
+    assert resolve_slo(fake_req(None, priority=5), config) is chat
+    assert resolve_slo(fake_req({"other": 1}, priority=4), config).name == "batch"
+    with pytest.raises(SLOFieldError, match=r"custom_params.slo: SLO 'chat': tpot_ms must be > 0"):
+        resolve_slo(fake_req({"slo": {"class": "chat", "tpot_ms": 0}}), config)
+
+
+def test_the_logical_clock_counts_steps_and_tokens() -> None:
+    clock = LogicalClock(step_s=0.02, token_s=1e-4)
+    assert clock.advance(100) == pytest.approx(0.03)
+    assert clock.advance(0) == pytest.approx(0.02)
+    assert (clock.step_index, clock.num_tokens, clock.now_s) == (2, 100, pytest.approx(0.05))
+
+
+def test_launch_command_adds_the_switches(tmp_path: Path) -> None:
+    path = write(tmp_path, '{"policy": "priority"}')
+    argv, env = launch_command(
+        ["--model-path", "m", "--port", "30000"],
+        policy_opts=["max_repeat_steps=8"],
+        config_path=path,
+        environ={"PATH": "/bin"},
+    )
+    assert argv == [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "m",
+        "--port",
+        "30000",
+        "--enable-priority-scheduling",
+        "--radix-eviction-policy",
+        "superinfer",
+    ]
+    assert env == {
+        "PATH": "/bin",
+        "SUPERINFER_SGLANG": "1",
+        "SUPERINFER_CONFIG": path,
+        "SUPERINFER_POLICY_OPTS": "max_repeat_steps=8",
+        "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
+    }
+
+
+def test_launch_command_respects_the_callers_choices() -> None:
+    rust = {"SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "rust"}
+    argv, env = launch_command(["--enable-priority-scheduling"], policy="fcfs", environ=rust)
+    assert argv[3:] == ["--enable-priority-scheduling", "--radix-eviction-policy", "priority"]
+    assert env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] == "rust"
+    argv, _ = launch_command(["--radix-eviction-policy=lru"], environ={})
+    assert argv[3:] == ["--radix-eviction-policy=lru", "--enable-priority-scheduling"]
+    with pytest.raises(ConfigError, match="needs SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python"):
+        launch_command(["--radix-eviction-policy", "superinfer"], environ=rust)
+    with pytest.raises(ConfigError, match="--schedule-policy lpm: superinfer needs"):
+        launch_command(["--schedule-policy", "lpm"], environ={})
+    with pytest.raises(UnknownPolicyError, match="unknown policy 'fifo'"):
+        launch_command([], policy="fifo", environ={})
+
+
+def test_serve_on_a_machine_without_a_gpu_is_a_one_line_error() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    cli = Path(sys.executable).with_name("superinfer")
+    run = subprocess.run(
+        [str(cli), "serve", "--engine", "sglang", "--", "--model-path", "m"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+    assert run.stderr.startswith(
+        (
+            "Error: superinfer serve --engine sglang needs a CUDA GPU",
+            "Error: sglang is not installed",
+        )
+    )
+
+
+def test_torchvision_stand_in_answers_imports_not_probes() -> None:
+    if not (Path(sysconfig.get_paths()["purelib"]) / PTH_NAME).exists():
+        pytest.skip("the CPU stand-in is installed by make install-sglang")
+    code = (
+        "import importlib.util\n"
+        "print(importlib.util.find_spec('torchvision'))\n"
+        "import torchvision.transforms as T\n"
+        "from torchvision.transforms.functional import InterpolationMode\n"
+        "print(T.InterpolationMode.BICUBIC.value, InterpolationMode is T.InterpolationMode)\n"
+        "try:\n"
+        "    T.Resize(3)\n"
+        "except RuntimeError as e:\n"
+        "    print(str(e).split(':')[0])\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.stdout.splitlines() == ["None", "bicubic True", "torchvision.transforms.Resize"]
