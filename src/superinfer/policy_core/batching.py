@@ -55,10 +55,12 @@ def step_blocks(view: RequestView, num_tokens: int, state: StepState, *, admit: 
     """
     bs = state.block_size_tokens
     held = view.kv_blocks if view.kv_location is not KVLocation.CPU else 0
-    if admit and state.admission is AdmissionRule.RESERVE_MAX:
+    if not admit:  # the hot path: a running request's next tokens
+        return max(0, -(-(view.computed_tokens + num_tokens) // bs) - held)
+    if state.admission is AdmissionRule.RESERVE_MAX:
         return max(0, blocks_for_tokens(view.prompt_tokens + view.max_output_tokens, bs) - held)
     need = max(0, blocks_for_tokens(view.computed_tokens + num_tokens, bs) - held)
-    if admit and state.admission is AdmissionRule.RESERVE_RATIO:
+    if state.admission is AdmissionRule.RESERVE_RATIO:
         left = min(view.max_output_tokens - view.generated_tokens, SGLANG_CLIP_MAX_NEW_TOKENS)
         need += blocks_for_tokens(max(left, 0), bs)
     return need

@@ -99,7 +99,7 @@ def check_decision(
             need += step_blocks(req, n, state, admit=False)
     if need > free:
         raise PolicyError(f"the step needs {need} KV blocks, {free} are free")
-    if admit_need > free - need - state.reserved_hbm_blocks:
+    if decision.admit and admit_need > free - need - state.reserved_hbm_blocks:
         raise PolicyError(
             f"admissions need {admit_need} KV blocks, {free - need} are free and "
             f"{state.reserved_hbm_blocks} are reserved for running requests"

@@ -535,17 +535,24 @@ class Simulator:
         k = run.num_steps
         finished: list[SimRequest] = []
         decode_tokens = prefill_tokens = 0
+        first_end = run.start_s + run.elapsed_s(1) if k > 1 else now_s
+        last_step = run.elapsed_s(k) - run.elapsed_s(k - 1) if k > 1 else 0.0
+        bs = rep.block_size_tokens
         for req, n in run.pieces:
             if n == 1 and req.generated_tokens > 0:
                 decode_tokens += k
             else:
                 prefill_tokens += n
-            was_prefilling = req.computed_tokens < req.spec.prompt_tokens
-            self._emit(req, run, n, now_s)
-            if was_prefilling and req.computed_tokens >= req.spec.prompt_tokens:
+            prompt = req.spec.prompt_tokens
+            was_prefilling = req.computed_tokens < prompt
+            self._emit(req, n, k, first_end, last_step, now_s)
+            if was_prefilling and req.computed_tokens >= prompt:
                 self._insert_prefix(rep, req, now_s)
-            own = blocks_for_tokens(req.computed_tokens, rep.block_size_tokens) - req.shared_blocks
-            rep.add_own(req, max(own, req.reserve_blocks) - req.own_blocks)
+            own = -(-req.computed_tokens // bs) - req.shared_blocks
+            if req.reserve_blocks > own:
+                own = req.reserve_blocks
+            if own != req.own_blocks:
+                rep.add_own(req, own - req.own_blocks)
             if req.generated_tokens >= req.spec.output_tokens:
                 finished.append(req)
         self.counters["prefill_tokens"] += prefill_tokens
@@ -908,24 +915,27 @@ class Simulator:
             rep.version += 1
             self._push(run.end_s, _STEP_END, rep.index, rep.version)
 
-    def _emit(self, req: SimRequest, run: _Run, n: int, end_s: float) -> None:
-        """Advance ``req`` by the run: KV for its ``n`` tokens per step, and the output tokens of
-        the steps that complete its pending tokens (every step of a repeated decode run)."""
-        k = run.num_steps
+    @staticmethod
+    def _emit(req: SimRequest, n: int, k: int, first_end_s: float, last_step_s: float,
+              end_s: float) -> None:  # fmt: skip
+        """Advance ``req`` by a run of ``k`` steps of ``n`` tokens each: its KV, and the output
+        tokens of the steps that complete its pending tokens (every step of a repeated run).
+        ``first_end_s`` is the end of the run's first step, ``last_step_s`` its last step's
+        length (repeated runs only)."""
         emitted = k if k > 1 else int(req.pending_tokens == n)
         req.computed_tokens += n * k
         if emitted:
-            first_end = run.start_s + run.elapsed_s(1) if k > 1 else end_s
             if req.last_token_s is not None:
-                req.max_itl_s = max(req.max_itl_s, first_end - req.last_token_s)
-            if k > 1:
-                last_step = run.elapsed_s(k) - run.elapsed_s(k - 1)
-                req.max_itl_s = max(req.max_itl_s, last_step)
+                gap = first_end_s - req.last_token_s
+                if gap > req.max_itl_s:
+                    req.max_itl_s = gap
+            if k > 1 and last_step_s > req.max_itl_s:
+                req.max_itl_s = last_step_s
             if req.first_token_s is None:
-                req.first_token_s = first_end
+                req.first_token_s = first_end_s
             req.generated_tokens += emitted
             req.last_token_s = end_s
-        req.touch()
+        req._view = None
 
     def _end(self, req: SimRequest, status: RequestStatus, reason: str) -> None:
         req.status = status
