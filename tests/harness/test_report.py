@@ -117,3 +117,19 @@ def test_report_errors_are_one_line(tmp_path: Path) -> None:
         rebuild_report(tmp_path / "half")
     with pytest.raises(UserError, match="at least two"):
         compare_runs([tmp_path], tmp_path / "cmp")
+
+
+def test_a_folder_with_only_a_sweep_gets_a_sweep_report(tmp_path: Path) -> None:
+    pd.DataFrame(
+        {
+            "rate_scale": [0.5, 1.0],
+            "engine": ["sim:vllm"] * 2,
+            "policy": ["fcfs"] * 2,
+            "slo_class": ["chat"] * 2,
+            "slo_attainment": [0.99, 0.61],
+        }
+    ).to_csv(tmp_path / "sweep.csv", index=False)
+    text = rebuild_report(tmp_path).read_text()
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == PNG_MAGIC
+    assert "| sim:vllm | fcfs | chat | 0.5 | 0.990 |" in text
+    assert "| sim:vllm | fcfs | chat | 1 | 0.610 |" in text

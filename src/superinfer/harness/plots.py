@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -32,8 +33,9 @@ __all__ = [
 #: Plot files of a run directory and what each shows (the report's captions).
 PLOT_FILES = {
     "ttft_cdf.png": "TTFT CDF per SLO class: fraction of the class's requests whose first token "
-    "came within x ms (log scale). The dashed line is the class's TTFT target; curves end below "
-    "1 when requests were rejected or did not finish.",
+    "came within x ms (log scale). The grey dashed line is the class's TTFT target; curves end "
+    "below 1 when requests were rejected or did not finish. Policies that decide alike draw "
+    "one curve over the other (each has its own dash pattern).",
     "e2e_cdf.png": "End-to-end latency CDF per SLO class, counted like the TTFT plot; the dashed "
     "line is the class's deadline, where it has one.",
     "attainment.png": "SLO attainment per class, per policy (one panel per engine): the fraction "
@@ -68,6 +70,15 @@ def _colors(series: Sequence[str]) -> dict[str, tuple[float, float, float, float
 
     cmap = colormaps["tab10"]
     return {name: cmap(i % 10) for i, name in enumerate(series)}
+
+
+#: Dash patterns per series, so that series that coincide (two policies that decide alike)
+#: still show as two lines.
+_DASHES = ["solid", (0, (5, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)), (0, (3, 3))]
+
+
+def _dashes(series: Sequence[str]) -> dict[str, Any]:
+    return {name: _DASHES[i % len(_DASHES)] for i, name in enumerate(series)}
 
 
 def _classes(values: pd.Series) -> list[str]:
@@ -110,7 +121,7 @@ def latency_cdf(
     """
     classes = _classes(requests["slo_class"])
     series = sorted(requests["series"].unique())
-    colors = _colors(series)
+    colors, dashes = _colors(series), _dashes(series)
     fig, axes = _panels(len(classes))
     for ax, cls in zip(axes, classes, strict=True):
         part = requests[requests["slo_class"] == cls]
@@ -121,13 +132,26 @@ def latency_cdf(
             values = np.sort(rows[column].dropna().to_numpy(dtype=float))
             values = np.maximum(values, 1e-3)  # a log axis cannot show 0 ms
             frac = np.arange(1, values.size + 1) / len(rows)
-            ax.step(values, frac, where="post", color=colors[name], label=name, linewidth=1.4)
+            ax.step(
+                values,
+                frac,
+                where="post",
+                color=colors[name],
+                linestyle=dashes[name],
+                label=name,
+                linewidth=1.4,
+            )
         if target is not None and target in part:
             goal = part[target].dropna()
             if not goal.empty:
-                ms = float(goal.iloc[0]) * (1e3 if target.endswith("_s") else 1.0)
+                value = float(goal.iloc[0])
+                deadline = target.endswith("_s")
                 ax.axvline(
-                    ms, color="0.3", linestyle="--", linewidth=1.0, label=f"target {ms:,.0f} ms"
+                    value * 1e3 if deadline else value,
+                    color="0.3",
+                    linestyle="--",
+                    linewidth=1.0,
+                    label=f"deadline {value:,g} s" if deadline else f"target {value:,g} ms",
                 )
         ax.set_xscale("log")
         ax.set_ylim(0, 1.02)
@@ -175,9 +199,13 @@ def attainment_bars(summary: pd.DataFrame, path: Path) -> Path:
     return _save(fig, path)
 
 
+#: Bin widths of timeline plots, s: the smallest giving at most about 300 bins is used.
+_BINS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600)
+
+
 def _bin_s(timeline: pd.DataFrame) -> float:
     span = float(timeline["time_s"].max() - timeline["time_s"].min()) if len(timeline) else 0.0
-    return max(1.0, span / 300.0)
+    return float(next((b for b in _BINS_S if span / b <= 300), _BINS_S[-1]))
 
 
 def timeline_plot(
@@ -199,7 +227,7 @@ def timeline_plot(
     """
     engines = list(dict.fromkeys(timeline["engine"]))
     series = sorted(timeline["series"].unique())
-    colors = _colors(series)
+    colors, dashes = _colors(series), _dashes(series)
     fig, axes = _panels(len(engines), share_y=False)
     width = _bin_s(timeline)
     for ax, engine in zip(axes, engines, strict=True):
@@ -213,7 +241,14 @@ def timeline_plot(
             if kind == "kv":
                 kv = per_replica["kv_hbm_gb"].groupby(level="bin")
                 mean, low, high = kv.mean(), kv.min(), kv.max()
-                ax.plot(mean.index, mean.to_numpy(), color=colors[name], label=name, linewidth=1.2)
+                ax.plot(
+                    mean.index,
+                    mean.to_numpy(),
+                    color=colors[name],
+                    linestyle=dashes[name],
+                    label=name,
+                    linewidth=1.2,
+                )
                 ax.fill_between(
                     mean.index, low.to_numpy(), high.to_numpy(), color=colors[name], alpha=0.15
                 )
@@ -251,7 +286,7 @@ def timeline_plot(
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
     title = "KV cache in HBM over time" if kind == "kv" else "Queue length over time"
-    fig.suptitle(f"{title} ({width:g} s bins)")
+    fig.suptitle(f"{title} (means over {width:g} s bins)")
     return _save(fig, path)
 
 
@@ -265,7 +300,7 @@ def sweep_plot(sweep: pd.DataFrame, path: Path) -> Path:
     """
     classes = _classes(sweep["slo_class"])
     series = sorted(sweep["series"].unique())
-    colors = _colors(series)
+    colors, dashes = _colors(series), _dashes(series)
     fig, axes = _panels(len(classes))
     for ax, cls in zip(axes, classes, strict=True):
         part = sweep[sweep["slo_class"] == cls]
@@ -273,7 +308,14 @@ def sweep_plot(sweep: pd.DataFrame, path: Path) -> Path:
             rows = part[part["series"] == name].groupby("rate_scale")["slo_attainment"].mean()
             if rows.empty:
                 continue
-            ax.plot(rows.index, rows.to_numpy(), marker="o", color=colors[name], label=name)
+            ax.plot(
+                rows.index,
+                rows.to_numpy(),
+                marker="o",
+                color=colors[name],
+                linestyle=dashes[name],
+                label=name,
+            )
         ax.set_ylim(0, 1.05)
         ax.set_xlabel("arrival-rate scale (× the workload's rate)")
         ax.set_ylabel("SLO attainment (fraction)")

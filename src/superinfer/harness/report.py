@@ -259,6 +259,12 @@ def load_run(path: Path) -> RunData:
     missing = [c for c in SUMMARY_COLUMNS if c not in summary]
     if missing:
         raise UserError(f"{path / 'summary.csv'}:1: field {missing[0]!r}: missing column")
+    # CSV drops the fraction of whole numbers; read every number back as the float it was.
+    numeric = [c for c in SUMMARY_COLUMNS if c not in ("engine", "policy", "slo_class")]
+    try:
+        summary[numeric] = summary[numeric].astype(float)
+    except ValueError as exc:
+        raise UserError(f"{path / 'summary.csv'}: a non-numeric value ({exc})") from None
     sweep = load_sweep(path / "sweep.csv") if (path / "sweep.csv").is_file() else None
     return RunData(path, summary, requests, timeline, meta, sweep)
 
@@ -317,9 +323,14 @@ def rebuild_report(
     Returns:
         The ``report.md`` written.
 
+    A directory that holds only a ``sweep.csv`` (a load sweep's output) gets a report of the
+    sweep alone: its plot and its table.
+
     Raises:
         UserError: an incomplete run directory or an unreadable sweep file.
     """
+    if not (run_dir / "summary.csv").is_file() and (sweep or run_dir / "sweep.csv").is_file():
+        return _sweep_report(run_dir, out_dir or run_dir, sweep or run_dir / "sweep.csv")
     run = load_run(run_dir)
     out = out_dir or run_dir
     sweep_frame = load_sweep(sweep) if sweep is not None else run.sweep
@@ -331,6 +342,35 @@ def rebuild_report(
     )
     report = out / "report.md"
     text = render_markdown(run.summary, run.meta, plots)
+    write_atomic(report, lambda p: _write_text(p, text))
+    return report
+
+
+def _sweep_report(run_dir: Path, out: Path, sweep_path: Path) -> Path:
+    sweep = load_sweep(sweep_path)
+    plot = sweep_plot(add_series(sweep), out / "sweep.png")
+    table = sweep.sort_values(["engine", "policy", "slo_class", "rate_scale"])
+    lines = [
+        "# superinfer load sweep",
+        "",
+        f"From `{sweep_path}`: SLO attainment per engine × policy × SLO class as the arrival "
+        "rate is scaled (1 = the workload's own rate).",
+        "",
+        f"![{plot.name}]({plot.name})",
+        "",
+        PLOT_FILES["sweep.png"],
+        "",
+        "| engine | policy | class | rate scale | SLO attain. |",
+        "|---|---|---|---:|---:|",
+    ]
+    for _, row in table.iterrows():
+        attained = format_value(float(row["slo_attainment"]), "slo_attainment")
+        lines.append(
+            f"| {row['engine']} | {row['policy']} | {row['slo_class']} | "
+            f"{row['rate_scale']:g} | {attained} |"
+        )
+    report = out / "report.md"
+    text = "\n".join([*lines, ""])
     write_atomic(report, lambda p: _write_text(p, text))
     return report
 
