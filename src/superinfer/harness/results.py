@@ -43,7 +43,8 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def git_sha() -> str:
-    """Commit of the source tree this package runs from, with ``-dirty`` if modified."""
+    """Commit of the source tree this package runs from, with ``-dirty`` if a tracked file
+    outside ``results/`` is modified."""
     root = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(
@@ -54,8 +55,17 @@ def git_sha() -> str:
             check=True,
             timeout=10,
         ).stdout.strip()
+        # Reference results are written by the very runs this sha labels: they do not count.
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ":/",
+                ":(top,exclude)results",
+            ],
             cwd=root,
             capture_output=True,
             text=True,
