@@ -74,7 +74,21 @@ def cli() -> None:
     default=4,
     show_default=True,
     type=int,
-    help="Replicas behind the router (round robin).",
+    help="Replicas behind the router.",
+)
+@click.option(
+    "--router",
+    default="round_robin",
+    show_default=True,
+    type=click.Choice(["round_robin", "least_tokens", "slo_aware"]),
+    help="How arrivals are spread over replicas.",
+)
+@click.option(
+    "--cpu-kv-ratio",
+    default=None,
+    type=float,
+    help="CPU-tier KV capacity as a multiple of HBM KV capacity [default: the engine profile's; "
+    "0 disables swap and prefix offload].",
 )
 @click.option(
     "--policies",
@@ -112,6 +126,8 @@ def bench(
     gpu: str,
     tp: int,
     replicas: int,
+    router: str,
+    cpu_kv_ratio: float | None,
     policies: str | None,
     rate_scale: float,
     duration_s: float | None,
@@ -127,7 +143,7 @@ def bench(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from superinfer.harness.report import render_markdown, write_plots
+    from superinfer.harness.report import as_written, render_markdown, write_plots
     from superinfer.harness.results import manifest, write_run
     from superinfer.harness.runner import BenchConfig, build_bench_workload, run_bench
     from superinfer.harness.specs import load_spec
@@ -141,6 +157,7 @@ def bench(
         "gpu": gpu,
         "tp": tp,
         "replicas": replicas,
+        "router": router,
         "engines": engines,
         "policies": policies,
     }
@@ -155,6 +172,8 @@ def bench(
         gpu=options["gpu"],
         tp=options["tp"],
         replicas=options["replicas"],
+        router=options["router"],
+        cpu_kv_ratio=cpu_kv_ratio,
         policies=_split(options["policies"]),
         rate_scale=rate_scale,
         duration_s=duration_s,
@@ -185,9 +204,9 @@ def bench(
     out_dir = Path(out)
     with console.status("drawing plots"):
         plots = write_plots(out_dir, result.summary, result.requests, result.timeline, meta)
-    report = render_markdown(result.summary, meta, plots)
+    report = render_markdown(as_written(result.summary), meta, plots)
     write_run(out_dir, result.summary, result.requests, meta, report, result.timeline)
-    _print_table(result.summary)
+    _print_table(as_written(result.summary))
     console.print(
         f"wrote {out_dir}/ (summary.csv, metrics.csv, requests.parquet, timeline.parquet, "
         f"manifest.json, report.md, {len(plots)} plots)"
@@ -213,6 +232,49 @@ def _print_table(summary: pd.DataFrame) -> None:
     if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
         console = Console(width=160)
     console.print(table)
+
+
+@cli.command()
+@click.option(
+    "--out",
+    default="results/calibration",
+    show_default=True,
+    type=click.Path(),
+    help="Directory for fit_error.csv, fit_error_by_range.csv, params.json, report.md.",
+)
+@click.option(
+    "--install/--no-install",
+    default=True,
+    show_default=True,
+    help="Also write the parameters into the package (sim/calibration.json), where the "
+    "simulator reads them.",
+)
+def calibrate(out: str, install: bool) -> None:
+    """Fit the simulator's step-time model to the measured GPU timings in shared/data/profiling."""
+    from superinfer.harness.calibrate import calibrate as run_calibration
+    from superinfer.harness.calibrate import params_json, render_report
+    from superinfer.harness.results import write_atomic
+
+    out_dir = Path(out)
+    result = run_calibration()
+    text = params_json(result)
+    write_atomic(
+        out_dir / "fit_error.csv",
+        lambda p: result.fit_error.to_csv(p, index=False, float_format="%.5g"),
+    )
+    write_atomic(
+        out_dir / "fit_error_by_range.csv",
+        lambda p: result.fit_error_by_range.to_csv(p, index=False, float_format="%.5g"),
+    )
+    write_atomic(out_dir / "params.json", lambda p: p.write_text(text))
+    write_atomic(out_dir / "report.md", lambda p: p.write_text(render_report(result)))
+    click.echo(f"wrote {out_dir}/ (fit_error.csv, fit_error_by_range.csv, params.json, report.md)")
+    if install:
+        import superinfer.sim as sim_pkg
+
+        target = Path(sim_pkg.__file__).parent / "calibration.json"
+        write_atomic(target, lambda p: p.write_text(text))
+        click.echo(f"wrote {target}")
 
 
 @cli.command("report")

@@ -11,7 +11,13 @@ import pytest
 from superinfer.harness.errors import UserError
 from superinfer.harness.metrics import METRIC_COLUMNS, metrics_long, summarize
 from superinfer.harness.plots import PLOT_FILES
-from superinfer.harness.report import compare_runs, rebuild_report, render_markdown, write_plots
+from superinfer.harness.report import (
+    as_written,
+    compare_runs,
+    rebuild_report,
+    render_markdown,
+    write_plots,
+)
 from superinfer.harness.results import manifest, write_run
 from superinfer.harness.runner import BenchConfig, run_bench
 from tests.harness.test_metrics import table
@@ -53,7 +59,7 @@ def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         result.summary,
         result.requests,
         meta,
-        render_markdown(result.summary, meta, plots),
+        render_markdown(as_written(result.summary), meta, plots),
         result.timeline,
     )
     return out

@@ -37,7 +37,7 @@ def test_rejects(decision: ScheduleDecision, message: str) -> None:
 
 def test_blocks_must_fit_after_preemptions_free_theirs() -> None:
     admit = ScheduleDecision(num_tokens={"wait": 40}, admit=("wait",))
-    with pytest.raises(PolicyError, match="needs 3 KV blocks, 2 are free"):
+    with pytest.raises(PolicyError, match="admissions need 3 KV blocks, 2 are free"):
         check_decision(state(free_blocks=2), admit)
     freeing = ScheduleDecision(
         num_tokens={"wait": 40}, admit=("wait",), preempt={"run": PreemptMode.RECOMPUTE}

@@ -8,17 +8,18 @@ from superinfer.adapters.hookspecs import hookimpl
 from superinfer.harness.workload import build_workload
 from superinfer.policy_core.types import ScheduleDecision, StepState
 from superinfer.policy_core.validation import PolicyError
+from superinfer.sim.calibrated import default_step_time
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.request import RequestStatus
-from superinfer.sim.step_time import BatchShape, RooflineStepTime
+from superinfer.sim.step_time import BatchShape
 from tests.sim.helpers import simulate, spec
 
-STEP = RooflineStepTime(get_model("llama-3.1-8b"), get_gpu("a100-80gb"), tp=1)
+STEP = default_step_time(get_model("llama-3.1-8b"), get_gpu("a100-80gb"), tp=1)
 
 
 def test_one_request_timeline_is_exact() -> None:
     (req,) = simulate([spec("a", 1.0, prompt=100, output=3)])[0].requests
-    prefill = STEP.step_time_s(BatchShape(100, 1, 100 * 101 / 2, 100, 0, 1))
+    prefill = STEP.step_time_s(BatchShape(100, 1, 100 * 101 / 2, 100, 0, 1, 100, 100 * 100, 1))
     a, b = STEP.decode_coefficients(1)
     assert req.status is RequestStatus.FINISHED
     assert req.first_token_s == pytest.approx(1.0 + prefill, rel=1e-12)
@@ -113,7 +114,7 @@ def test_a_policy_that_never_schedules_fails_requests_instead_of_losing_them() -
 
 def test_an_invalid_decision_raises() -> None:
     specs = [spec(f"r{i}", 0.0, 16, 5) for i in range(3)]
-    with pytest.raises(PolicyError, match="the step needs 3 KV blocks, 2 are free"):
+    with pytest.raises(PolicyError, match="admissions need 3 KV blocks, 2 are free"):
         simulate(specs, policy=Greedy(), num_gpu_blocks_override=2)
 
 

@@ -116,7 +116,8 @@ def summarize(
         df: requests table with :data:`REQUEST_COLUMNS` (as :func:`add_latency_columns` makes).
         engine: engine id for the rows.
         policy: policy name for the rows.
-        kv_peak_bytes: peak KV bytes in HBM per class name and for ``"all"``.
+        kv_peak_bytes: peak KV bytes in HBM per class name, for ``"all"`` (cached prefixes
+            included) and, optionally, ``"all_active"`` (requests' KV only).
 
     Returns:
         Dicts keyed by :data:`SUMMARY_COLUMNS`. Rates use one window for every class: from the
@@ -159,6 +160,10 @@ def summarize(
                 "preemptions": int(part["num_preemptions"].sum()),
                 "n_failed": int((part["status"] == "failed").sum()),
                 "window_s": window,
+                "kv_peak_active_gb": kv_peak_bytes.get(
+                    "all_active" if name == "all" else name, kv_peak_bytes.get(name, 0.0)
+                )
+                / 1e9,
             }
         )
     return rows

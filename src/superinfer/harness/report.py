@@ -3,6 +3,7 @@ comparison of several run directories (``superinfer report RUN_DIR [RUN_DIR ...]
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ __all__ = [
     "SWEEP_COLUMNS",
     "TABLE_COLUMNS",
     "RunData",
+    "as_written",
     "compare_runs",
     "format_value",
     "load_run",
@@ -199,6 +201,28 @@ def render_markdown(summary: pd.DataFrame, meta: dict[str, Any], plots: Sequence
 # -- run directories --------------------------------------------------------------------------
 
 
+_KEY_COLUMNS = ("engine", "policy", "slo_class")
+
+
+def _numbers_as_floats(summary: pd.DataFrame) -> pd.DataFrame:
+    """CSV drops the fraction of whole numbers; read every number back as a float."""
+    out = summary.copy()
+    numeric = [c for c in out.columns if c not in _KEY_COLUMNS]
+    out[numeric] = out[numeric].astype(float)
+    return out
+
+
+def as_written(summary: pd.DataFrame) -> pd.DataFrame:
+    """``summary`` with its numbers rounded as ``summary.csv`` stores them.
+
+    Reports render this, so ``report.md``, the terminal table and a report rebuilt later from
+    ``summary.csv`` show the same digits (rounding the full-precision numbers for display
+    could differ from rounding the stored ones in the last digit).
+    """
+    text = summary.to_csv(index=False, float_format=CSV_FLOAT_FORMAT)
+    return _numbers_as_floats(pd.read_csv(io.StringIO(text)))
+
+
 @dataclass(frozen=True)
 class RunData:
     """The tables of one run directory.
@@ -259,10 +283,8 @@ def load_run(path: Path) -> RunData:
     missing = [c for c in SUMMARY_COLUMNS if c not in summary]
     if missing:
         raise UserError(f"{path / 'summary.csv'}:1: field {missing[0]!r}: missing column")
-    # CSV drops the fraction of whole numbers; read every number back as the float it was.
-    numeric = [c for c in SUMMARY_COLUMNS if c not in ("engine", "policy", "slo_class")]
     try:
-        summary[numeric] = summary[numeric].astype(float)
+        summary = _numbers_as_floats(summary)
     except ValueError as exc:
         raise UserError(f"{path / 'summary.csv'}: a non-numeric value ({exc})") from None
     sweep = load_sweep(path / "sweep.csv") if (path / "sweep.csv").is_file() else None

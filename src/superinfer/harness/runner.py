@@ -43,6 +43,9 @@ class BenchConfig:
         gpu: GPU name.
         tp: tensor-parallel degree per replica.
         replicas: replicas behind the router.
+        router: how arrivals are spread over replicas (``sim.engine.ROUTERS``).
+        cpu_kv_ratio: CPU-tier KV capacity per replica as a multiple of its HBM KV capacity;
+            ``None`` takes each engine profile's own, 0 disables the tier.
         policies: policy names; empty means every registered policy.
         policy_options: per policy name, constructor options.
         rate_scale: arrival-rate multiplier.
@@ -59,6 +62,8 @@ class BenchConfig:
     gpu: str = "a100-80gb"
     tp: int = 4
     replicas: int = 4
+    router: str = "round_robin"
+    cpu_kv_ratio: float | None = None
     policies: tuple[str, ...] = ()
     policy_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     rate_scale: float = 1.0
@@ -73,7 +78,8 @@ class CellResult:
 
     Attributes:
         requests: its ``requests.parquet`` rows (columns :data:`REQUEST_COLUMNS`).
-        kv_peak_bytes: peak KV bytes in HBM per SLO class and for ``"all"``.
+        kv_peak_bytes: peak KV bytes in HBM per SLO class, for ``"all"`` (cached prefixes
+            included) and ``"all_active"`` (cached prefixes nobody uses excluded).
         timeline: samples with :data:`TIMELINE_COLUMNS`.
         info: facts for the manifest (capacity, steps, wall time).
     """
@@ -163,13 +169,28 @@ def run_sim_cell(config: BenchConfig, engine: str, policy: str, workload: Worklo
         raise UserError(f"--replicas must be >= 1, got {config.replicas}")
     if config.tp < 1 or model.num_kv_heads % config.tp:
         raise UserError(f"--tp must divide {model.name}'s {model.num_kv_heads} KV heads")
-    sim_config = SimConfig(profile, model, gpu, tp=config.tp, replicas=config.replicas)
+    from superinfer.sim.engine import ROUTERS
+
+    if config.router not in ROUTERS:
+        raise UserError(f"unknown router {config.router!r}; known: {', '.join(ROUTERS)}")
+    sim_config = SimConfig(
+        profile,
+        model,
+        gpu,
+        tp=config.tp,
+        replicas=config.replicas,
+        router=config.router,
+        cpu_kv_ratio=config.cpu_kv_ratio,
+    )
     pm = build_plugin_manager(policy, config.policy_options.get(policy))
     t0 = time.perf_counter()
     result = Simulator(sim_config, pm.hook).run(workload.requests)
     wall = time.perf_counter() - t0
     df = sim_requests_frame(result, engine=engine, policy=policy)
-    peaks: dict[str, float] = {"all": max(result.peak_kv_blocks) * result.kv_block_bytes}
+    peaks: dict[str, float] = {
+        "all": max(result.peak_kv_blocks) * result.kv_block_bytes,
+        "all_active": max(result.peak_active_kv_blocks) * result.kv_block_bytes,
+    }
     for per_replica in result.peak_class_kv_blocks:
         for cls, blocks in per_replica.items():
             peaks[cls] = max(peaks.get(cls, 0.0), blocks * result.kv_block_bytes)
@@ -187,6 +208,7 @@ def run_sim_cell(config: BenchConfig, engine: str, policy: str, workload: Worklo
         "simulated_s": result.end_s,
         "kv_capacity_blocks": result.kv_capacity_blocks,
         "kv_capacity_gb": result.kv_capacity_blocks * result.kv_block_bytes / 1e9,
+        "counters": result.counters,
     }
     return CellResult(df, peaks, timeline, info)
 

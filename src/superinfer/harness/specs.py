@@ -92,6 +92,7 @@ BENCH_KEYS = {
     "gpu": str,
     "tp": int,
     "replicas": int,
+    "router": str,
     "engines": str,
     "policies": str,
 }

@@ -1,4 +1,7 @@
-"""Token-budget batch formation shared by the priority-ordered policies.
+"""KV block costs, and token-budget batch formation shared by the priority-ordered policies.
+
+:func:`step_blocks` is the one definition of how many HBM blocks running some tokens of a
+request costs; policies, :func:`fill_step` and the engines' decision check all use it.
 
 A policy that only has to say *in what order* requests deserve service hands that order to
 :func:`fill_step`, which forms the step the way vLLM v1's scheduler does
@@ -14,9 +17,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from superinfer.policy_core.types import PreemptMode, RequestView, ScheduleDecision, StepState
+from superinfer.policy_core.types import (
+    AdmissionRule,
+    KVLocation,
+    PreemptMode,
+    RequestView,
+    ScheduleDecision,
+    StepState,
+)
 
-__all__ = ["blocks_for_tokens", "fill_step"]
+__all__ = ["SGLANG_CLIP_MAX_NEW_TOKENS", "blocks_for_tokens", "fill_step", "step_blocks"]
+
+#: SGLang clips a request's output cap to this many tokens when it budgets KV for admission
+#: (``CLIP_MAX_NEW_TOKENS``, ``sglang/srt/managers/schedule_policy.py``, 0.5.x).
+SGLANG_CLIP_MAX_NEW_TOKENS = 4096
 
 
 def blocks_for_tokens(num_tokens: int, block_size_tokens: int) -> int:
@@ -24,10 +38,30 @@ def blocks_for_tokens(num_tokens: int, block_size_tokens: int) -> int:
     return -(-num_tokens // block_size_tokens)
 
 
-def _new_blocks(view: RequestView, num_tokens: int, block_size_tokens: int) -> int:
-    """Blocks ``view`` must add to hold KV for ``num_tokens`` more tokens."""
-    held = view.kv_blocks
-    return max(0, blocks_for_tokens(view.computed_tokens + num_tokens, block_size_tokens) - held)
+def step_blocks(view: RequestView, num_tokens: int, state: StepState, *, admit: bool) -> int:
+    """HBM blocks that running ``num_tokens`` more tokens of ``view`` takes from the free pool.
+
+    Blocks the request already holds in HBM are not counted again; a swapped request's blocks
+    are in CPU memory, so resuming it needs them all back. Admission adds what the engine's
+    ``state.admission`` rule charges: TensorRT-LLM's ``GUARANTEED_NO_EVICT`` reserves the whole
+    prompt plus output cap; SGLang's adder also charges the remaining output cap (clipped to
+    :data:`SGLANG_CLIP_MAX_NEW_TOKENS`) as headroom that is not allocated.
+
+    Args:
+        view: the request.
+        num_tokens: tokens it runs this step (>= 1).
+        state: the replica state (block size, admission rule).
+        admit: whether the request is being admitted (moved from waiting) in this step.
+    """
+    bs = state.block_size_tokens
+    held = view.kv_blocks if view.kv_location is not KVLocation.CPU else 0
+    if admit and state.admission is AdmissionRule.RESERVE_MAX:
+        return max(0, blocks_for_tokens(view.prompt_tokens + view.max_output_tokens, bs) - held)
+    need = max(0, blocks_for_tokens(view.computed_tokens + num_tokens, bs) - held)
+    if admit and state.admission is AdmissionRule.RESERVE_RATIO:
+        left = min(view.max_output_tokens - view.generated_tokens, SGLANG_CLIP_MAX_NEW_TOKENS)
+        need += blocks_for_tokens(max(left, 0), bs)
+    return need
 
 
 def fill_step(
@@ -48,9 +82,9 @@ def fill_step(
             (arrival, finish, KV shortage) may allow the engine to repeat it.
 
     Returns:
-        A decision within ``state.token_budget``, ``state.max_num_seqs`` and the free HBM blocks.
+        A decision within ``state.token_budget``, ``state.max_num_seqs`` and the free HBM blocks
+        (admissions also leave ``state.reserved_hbm_blocks`` untouched).
     """
-    bs = state.block_size_tokens
     budget = state.token_budget
     free = state.free_hbm_blocks
     num_tokens: dict[str, int] = {}
@@ -59,27 +93,30 @@ def fill_step(
     while queue and budget > 0 and len(num_tokens) < state.max_num_seqs:
         req = queue.pop(0)
         n = min(req.pending_tokens, budget)
-        need = _new_blocks(req, n, bs)
+        need = step_blocks(req, n, state, admit=False)
         while need > free and queue:
             victim = queue.pop()
             preempt[victim.request_id] = PreemptMode.RECOMPUTE
-            free += victim.kv_blocks
+            free += victim.own_kv_blocks
         if need > free:
             preempt[req.request_id] = PreemptMode.RECOMPUTE
-            free += req.kv_blocks
+            free += req.own_kv_blocks
             break
         free -= need
         budget -= n
         num_tokens[req.request_id] = n
 
     admit: list[str] = []
+    blocked = False
     if not preempt:
+        free -= state.reserved_hbm_blocks
         for req in waiting:
             if budget <= 0 or len(num_tokens) >= state.max_num_seqs:
                 break
             n = min(req.pending_tokens, budget)
-            need = _new_blocks(req, n, bs)
+            need = step_blocks(req, n, state, admit=True)
             if need > free:
+                blocked = True
                 break
             free -= need
             budget -= n
@@ -87,6 +124,10 @@ def fill_step(
             admit.append(req.request_id)
 
     decode_only = not admit and not preempt and all(n == 1 for n in num_tokens.values())
+    # Under RESERVE_RATIO the headroom held for running requests shrinks with every decoded
+    # token, so a blocked admission can become possible without an event: do not repeat.
+    if blocked and state.admission is AdmissionRule.RESERVE_RATIO:
+        decode_only = False
     return ScheduleDecision(
         num_tokens=num_tokens,
         admit=tuple(admit),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "SLO",
+    "AdmissionRule",
     "KVLocation",
     "KVPrecision",
     "Placement",
@@ -52,6 +53,22 @@ class PreemptMode(str, enum.Enum):
 
     RECOMPUTE = "recompute"
     SWAP = "swap"
+
+
+class AdmissionRule(str, enum.Enum):
+    """How an engine charges KV for admitting a request (an engine mechanic, not a policy choice).
+
+    ``CHUNK``: only the blocks of the tokens it runs this step (vLLM v1 ``allocate_slots``).
+    ``RESERVE_MAX``: blocks for its whole prompt plus ``max_output_tokens``, allocated at admission,
+    so it can never run out (TensorRT-LLM ``GUARANTEED_NO_EVICT``).
+    ``RESERVE_RATIO``: the blocks it runs plus headroom for its whole remaining output cap, which
+    is not allocated (SGLang ``PrefillAdder``: ``extend_len + max_new_tokens``); running requests
+    keep ``new_token_ratio`` of theirs as ``StepState.reserved_hbm_blocks``.
+    """
+
+    CHUNK = "chunk"
+    RESERVE_MAX = "reserve_max"
+    RESERVE_RATIO = "reserve_ratio"
 
 
 class Placement(str, enum.Enum):
@@ -131,7 +148,10 @@ class RequestView:
         tier: scheduling tier last assigned by the policy (``ScheduleDecision.tiers``), 0 before.
         kv_precision: precision its KV is stored in.
         kv_location: where its KV lives.
-        kv_blocks: KV blocks it holds (in HBM or CPU, per ``kv_location``).
+        kv_blocks: KV blocks in its block table (in HBM or CPU, per ``kv_location``), shared
+            prefix-cache blocks included.
+        shared_kv_blocks: of ``kv_blocks``, those owned by the prefix cache (shared with other
+            requests); preempting the request does not free them.
     """
 
     request_id: str
@@ -149,6 +169,12 @@ class RequestView:
     kv_precision: KVPrecision = KVPrecision.FP16
     kv_location: KVLocation = KVLocation.UNALLOCATED
     kv_blocks: int = 0
+    shared_kv_blocks: int = 0
+
+    @property
+    def own_kv_blocks(self) -> int:
+        """Blocks that only this request holds: what preempting it frees."""
+        return self.kv_blocks - self.shared_kv_blocks
 
     @property
     def num_tokens(self) -> int:
@@ -176,13 +202,18 @@ class StepState:
         waiting: requests queued without KV in HBM (new, or preempted by recompute), arrival order.
         running: requests holding KV in HBM, in the order they were admitted.
         swapped: requests whose KV is in CPU memory (swap preemption), swap-out order.
-        free_hbm_blocks: free KV blocks in HBM.
+        free_hbm_blocks: KV blocks in HBM a policy may count on: free, plus cached prefix blocks
+            nobody uses (the engine evicts them on demand), minus what the engine holds back for
+            running requests under its admission rule.
         total_hbm_blocks: KV blocks in HBM.
         free_cpu_blocks: free KV blocks in CPU memory (0 when there is no CPU tier).
         total_cpu_blocks: KV blocks in CPU memory.
         block_size_tokens: tokens per KV block (page size).
         token_budget: most tokens (prefill + decode) one step may run (``max_num_batched_tokens``).
         max_num_seqs: most requests one step may run.
+        reserved_hbm_blocks: of ``free_hbm_blocks``, blocks the engine holds back for running
+            requests' future tokens (``RESERVE_RATIO``); admissions must leave them free.
+        admission: how the engine charges KV for admitting a request (see ``AdmissionRule``).
         kv_block_bytes: bytes of one KV block across the replica's GPUs (FP16), for cost models.
         link_bytes_per_s: HBM<->CPU copy bandwidth per direction for swap and prefetch, bytes/s
             (0 without a CPU tier).
@@ -200,6 +231,8 @@ class StepState:
     block_size_tokens: int
     token_budget: int
     max_num_seqs: int
+    reserved_hbm_blocks: int = 0
+    admission: AdmissionRule = AdmissionRule.CHUNK
     kv_block_bytes: int = 0
     link_bytes_per_s: float = 0.0
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Container
 
-from superinfer.policy_core.batching import blocks_for_tokens
-from superinfer.policy_core.types import PreemptMode, ScheduleDecision, StepState
+from superinfer.policy_core.batching import blocks_for_tokens, step_blocks
+from superinfer.policy_core.types import KVLocation, PreemptMode, ScheduleDecision, StepState
 
 __all__ = ["PolicyError", "check_decision"]
 
@@ -56,6 +56,15 @@ def check_decision(
         claim(rid, waiting, "admit")
     if (decision.resume or decision.prefetch) and not swap_supported:
         raise PolicyError("resume/prefetch need a CPU KV tier, which this engine lacks")
+    swap_out = sum(
+        blocks_for_tokens(running[rid].computed_tokens, state.block_size_tokens)
+        for rid, mode in decision.preempt.items()
+        if mode is PreemptMode.SWAP
+    )
+    if swap_out > state.free_cpu_blocks:
+        raise PolicyError(
+            f"swapping out needs {swap_out} CPU blocks, {state.free_cpu_blocks} are free"
+        )
 
     live = {rid: r for rid, r in running.items() if rid not in decision.preempt}
     live.update({rid: swapped[rid] for rid in decision.resume})
@@ -67,15 +76,31 @@ def check_decision(
             f"{decision.total_tokens} tokens exceed the token budget {state.token_budget}"
         )
 
-    free = state.free_hbm_blocks + sum(running[rid].kv_blocks for rid in decision.preempt)
-    need = sum(swapped[rid].kv_blocks for rid in decision.resume)
+    free = state.free_hbm_blocks + sum(running[rid].own_kv_blocks for rid in decision.preempt)
+    # Resumed requests not run this step, and prefetches, bring their whole KV back from CPU.
+    moved_in = [rid for rid in decision.resume if rid not in decision.num_tokens]
+    moved_in += [rid for rid in decision.prefetch if rid not in decision.resume]
+    for rid in decision.prefetch:
+        if rid not in swapped:
+            raise PolicyError(f"prefetch names {rid!r}, which is not swapped")
+    need = sum(
+        swapped[rid].kv_blocks for rid in moved_in if swapped[rid].kv_location is KVLocation.CPU
+    )
+    admit_need = 0
     for rid, n in decision.num_tokens.items():
         req = live.get(rid)
         if req is None:
             raise PolicyError(f"num_tokens names {rid!r}, which is not running after the decision")
         if n > req.pending_tokens:
             raise PolicyError(f"{rid!r}: {n} tokens exceed its {req.pending_tokens} pending")
-        held = req.kv_blocks if rid not in decision.admit else 0
-        need += max(0, blocks_for_tokens(req.computed_tokens + n, state.block_size_tokens) - held)
+        if rid in decision.admit:
+            admit_need += step_blocks(req, n, state, admit=True)
+        else:
+            need += step_blocks(req, n, state, admit=False)
     if need > free:
         raise PolicyError(f"the step needs {need} KV blocks, {free} are free")
+    if admit_need > free - need - state.reserved_hbm_blocks:
+        raise PolicyError(
+            f"admissions need {admit_need} KV blocks, {free - need} are free and "
+            f"{state.reserved_hbm_blocks} are reserved for running requests"
+        )

@@ -4,14 +4,20 @@ One heap of events drives every replica. Events at the same instant run in a fix
 step ends, then arrivals, then scheduling points, then by insertion sequence, so a request that
 arrives exactly when a step ends is visible to the next scheduling decision. Nothing in here
 decides: at every scheduling point the replica asks the plugins (``superinfer_schedule``),
-checks the answer and applies it.
+checks the answer (``check_decision``) and applies it.
+
+KV memory per replica: HBM pages (the profile's page size, FP16) shared by running requests and
+the prefix cache; CPU memory (the profile's CPU tier) for swapped requests and offloaded prefix
+blocks; a copy engine between them (``kv.Link``) that overlaps with compute. Swap-outs free their
+HBM pages when their copy ends; a step that needs those pages, or runs a request whose KV is still
+being copied in, starts when the copies are done.
 
 A decode-only decision may allow the engine to repeat it (``ScheduleDecision.max_repeat_steps``,
 vLLM's multi-step scheduling). The engine then runs ``k`` steps as one event, ``k`` bounded by
 the first finish and by the free KV blocks; an arrival during the run cuts it at the end of the
-step in flight. Decode step time is linear in the KV tokens read (``RooflineStepTime
-.decode_coefficients``), so ``k`` steps take ``k a + b (k C0 + B k (k - 1) / 2)`` for ``B``
-sequences reading ``C0`` KV tokens in the first step.
+step in flight. Decode step time is linear in the KV tokens read (``decode_coefficients``), so
+``k`` steps take ``k a + b (k C0 + B k (k - 1) / 2)`` for ``B`` sequences reading ``C0`` KV tokens
+in the first step.
 """
 
 from __future__ import annotations
@@ -19,20 +25,55 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from superinfer.policy_core.batching import blocks_for_tokens
-from superinfer.policy_core.types import ScheduleDecision, StepState, StepStats
+from superinfer.policy_core.batching import SGLANG_CLIP_MAX_NEW_TOKENS, blocks_for_tokens
+from superinfer.policy_core.types import (
+    AdmissionRule,
+    KVLocation,
+    Placement,
+    PreemptMode,
+    ScheduleDecision,
+    StepState,
+    StepStats,
+)
 from superinfer.policy_core.validation import PolicyError, check_decision
+from superinfer.sim.calibrated import default_step_time
 from superinfer.sim.hardware import GPUSpec, ModelSpec
+from superinfer.sim.kv import Link, Node, PrefixCache
 from superinfer.sim.profiles import EngineProfile
 from superinfer.sim.request import RequestSpec, RequestStatus, SimRequest
-from superinfer.sim.step_time import BatchShape, RooflineStepTime
+from superinfer.sim.step_time import BatchShape
 
-__all__ = ["Replica", "SimConfig", "SimResult", "Simulator", "kv_capacity_blocks"]
+__all__ = [
+    "ROUTERS",
+    "Replica",
+    "SimConfig",
+    "SimResult",
+    "Simulator",
+    "StepTimeModel",
+    "kv_capacity_blocks",
+]
 
 # Event kinds, in the order they run at equal times.
 _STEP_END, _ARRIVAL, _SCHEDULE = 0, 1, 2
+
+#: Request routers across replicas.
+ROUTERS = ("round_robin", "least_tokens", "slo_aware")
+
+#: Most prefix-cache nodes offered to a placement plugin at one eviction.
+PLACEMENT_CANDIDATES = 256
+#: Scheduling points in a row that may run nothing yet change the queues before the replica
+#: waits for the next event.
+MAX_IDLE_ROUNDS = 8
+
+
+class StepTimeModel(Protocol):
+    """What the engine needs from a step-time model."""
+
+    def step_time_s(self, shape: BatchShape) -> float: ...
+
+    def decode_coefficients(self, num_seqs: int) -> tuple[float, float]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +85,18 @@ class SimConfig:
         model: the model served.
         gpu: the GPU type.
         tp: tensor-parallel degree (GPUs per replica).
-        replicas: number of replicas; arrivals are routed round robin.
+        replicas: number of replicas behind the router.
+        router: one of :data:`ROUTERS`: ``round_robin``; ``least_tokens`` (fewest outstanding
+            tokens: prompt tokens not yet computed plus output caps not yet generated);
+            ``slo_aware`` (requests with a TTFT target go where the fewest prompt tokens wait for
+            prefill, the others by ``least_tokens``).
         horizon_s: stop simulating at this instant; requests still live then fail with reason
             ``"simulation_horizon"``. ``None`` runs until every request ends.
         num_gpu_blocks_override: KV blocks per replica instead of the ones memory allows (as
             vLLM's ``--num-gpu-blocks-override``); for what-if runs and tests.
+        cpu_kv_ratio: CPU-tier capacity as a multiple of HBM KV capacity; ``None`` takes the
+            profile's, 0 disables the tier (no swap, no prefix offload).
+        host_link_bytes_s: HBM<->CPU bandwidth per GPU and direction; ``None`` takes the GPU's.
         timeline_interval_s: a replica's KV use and queue lengths are sampled at the end of its
             first step at least this long after the previous sample.
     """
@@ -58,28 +106,23 @@ class SimConfig:
     gpu: GPUSpec
     tp: int = 1
     replicas: int = 1
+    router: str = "round_robin"
     horizon_s: float | None = None
     num_gpu_blocks_override: int | None = None
+    cpu_kv_ratio: float | None = None
+    host_link_bytes_s: float | None = None
     timeline_interval_s: float = 1.0
 
 
 def kv_capacity_blocks(profile: EngineProfile, model: ModelSpec, gpu: GPUSpec, tp: int) -> int:
-    """KV blocks one replica holds in HBM.
-
-    Per GPU: ``memory * gpu_memory_utilization - weights / tp - activation reserve``, divided by
-    the KV bytes of one block on one GPU (FP16, the block's tokens across all layers, ``kv/tp``
-    heads), as vLLM sizes its pool (``vllm/v1/worker/gpu_worker.py determine_available_memory``).
+    """KV blocks one replica holds in HBM: the profile's KV bytes per GPU over one block's bytes
+    on one GPU (FP16, the block's tokens across all layers, ``kv_heads / tp`` heads).
 
     Raises:
         ValueError: the weights leave no room for KV.
     """
-    free_bytes = (
-        gpu.memory_bytes * profile.gpu_memory_utilization
-        - model.weight_bytes() / tp
-        - profile.activation_reserve_bytes
-    )
     block_bytes = model.kv_bytes_per_token() / tp * profile.block_size_tokens
-    blocks = int(free_bytes // block_bytes)
+    blocks = int(profile.kv_bytes_per_gpu(model, gpu, tp) // block_bytes)
     if blocks <= 0:
         raise ValueError(f"{model.name} at TP{tp} leaves no KV memory on {gpu.name}")
     return blocks
@@ -106,69 +149,133 @@ class _Run:
 
 
 class Replica:
-    """One engine replica: queues, a paged KV pool in HBM and the step in flight."""
+    """One engine replica: queues, KV tiers, prefix cache, copy link and the step in flight."""
 
-    def __init__(
-        self,
-        index: int,
-        num_blocks: int,
-        token_budget: int,
-        max_num_seqs: int,
-        block_size_tokens: int,
-        kv_block_bytes: int = 0,
-    ) -> None:
+    def __init__(self, index: int, profile: EngineProfile, num_blocks: int, cpu_blocks: int,
+                 token_budget: int, max_num_seqs: int, kv_block_bytes: int,
+                 link_bytes_s: float) -> None:  # fmt: skip
         self.index = index
+        self.profile = profile
         self.total_blocks = num_blocks
-        self.used_blocks = 0
+        self.cpu_total_blocks = cpu_blocks
         self.token_budget = token_budget
         self.max_num_seqs = max_num_seqs
-        self.block_size_tokens = block_size_tokens
+        self.block_size_tokens = profile.block_size_tokens
         self.kv_block_bytes = kv_block_bytes
-        self.last_sample_s = float("-inf")
+        self.link = Link(link_bytes_s)
+        self.cache = PrefixCache(
+            profile.block_size_tokens,
+            use_priority=profile.prefix_cache == "block_reuse",
+            offload_min_priority=profile.offload_min_priority,
+        )
+        self.own_hbm_blocks = 0  # requests' own blocks in HBM
+        self.own_cpu_blocks = 0  # swapped requests' blocks in CPU
+        self.transits: list[tuple[float, int]] = []  # (end_s, blocks) of swap-outs in flight
+        self.reserve_ratio = profile.reserve_ratio_init
         self.waiting: dict[str, SimRequest] = {}
         self.running: dict[str, SimRequest] = {}
+        self.swapped: dict[str, SimRequest] = {}
         self.step_index = 0
         self.run: _Run | None = None
         self.version = 0  # bumps when the step in flight is re-timed; stale end events are skipped
         self.schedule_pending = False
+        self.idle_rounds = 0
+        self.last_sample_s = float("-inf")
         self.class_blocks: dict[str, int] = {}
         self.peak_blocks = 0
+        self.peak_active_blocks = 0
         self.peak_class_blocks: dict[str, int] = {}
+
+    # -- accounting -----------------------------------------------------------------------------
+
+    @property
+    def transit_blocks(self) -> int:
+        return sum(blocks for _, blocks in self.transits)
+
+    @property
+    def used_blocks(self) -> int:
+        """HBM blocks in use: requests', the prefix cache's, and swap-outs still copying."""
+        return self.own_hbm_blocks + self.cache.hbm_blocks + self.transit_blocks
+
+    @property
+    def free_blocks(self) -> int:
+        """HBM blocks free right now (not counting what eviction could reclaim)."""
+        return self.total_blocks - self.used_blocks
+
+    @property
+    def cpu_free_blocks(self) -> int:
+        return self.cpu_total_blocks - self.own_cpu_blocks - self.cache.cpu_blocks
+
+    def release_transits(self, now_s: float) -> None:
+        """Free the HBM blocks of swap-outs whose copy has ended."""
+        self.transits = [(end, b) for end, b in self.transits if end > now_s]
+
+    def add_own(self, req: SimRequest, delta: int) -> None:
+        """Change ``req``'s own HBM blocks by ``delta``, keeping pool and per-class counts exact."""
+        if delta:
+            req.own_blocks += delta
+            self.own_hbm_blocks += delta
+            name = req.spec.slo.name
+            self.class_blocks[name] = self.class_blocks.get(name, 0) + delta
+            req.touch()
+
+    def reserved_blocks(self) -> int:
+        """Headroom held for running requests' future tokens (SGLang ``new_token_ratio``)."""
+        if self.profile.admission is not AdmissionRule.RESERVE_RATIO:
+            return 0
+        tokens = sum(
+            min(r.spec.max_output_tokens - r.generated_tokens, SGLANG_CLIP_MAX_NEW_TOKENS)
+            for r in self.running.values()
+        )
+        return blocks_for_tokens(int(tokens * self.reserve_ratio), self.block_size_tokens)
+
+    def record_peak(self) -> None:
+        """Fold the current KV use into the peaks."""
+        used = self.used_blocks
+        self.peak_blocks = max(self.peak_blocks, used)
+        self.peak_active_blocks = max(
+            self.peak_active_blocks, used - self.cache.evictable_hbm_blocks
+        )
+        for name, blocks in self.class_blocks.items():
+            if blocks > self.peak_class_blocks.get(name, 0):
+                self.peak_class_blocks[name] = blocks
+
+    # -- prefix hits ----------------------------------------------------------------------------
+
+    def refresh_hit(self, req: SimRequest) -> None:
+        """Recompute a waiting request's prefix-cache hit if the cache changed since."""
+        spec = req.spec
+        if not spec.block_hashes or req.hit_version == self.cache.version:
+            return
+        match = self.cache.match(spec.block_hashes, spec.prompt_tokens)
+        hbm = sum(n.blocks for n in match.nodes if n.location is KVLocation.HBM)
+        if (match.tokens, hbm) != (req.hit_tokens, req.hit_blocks):
+            req.hit_tokens, req.hit_blocks = match.tokens, hbm
+            req.touch()
+        req.hit_version = self.cache.version
 
     def state(self, now_s: float) -> StepState:
         """The policy's view of this replica."""
+        for req in self.waiting.values():
+            self.refresh_hit(req)
         return StepState(
             now_s=now_s,
             step_index=self.step_index,
             waiting=tuple(r.view() for r in self.waiting.values()),
             running=tuple(r.view() for r in self.running.values()),
-            swapped=(),
-            free_hbm_blocks=self.total_blocks - self.used_blocks,
+            swapped=tuple(r.view() for r in self.swapped.values()),
+            free_hbm_blocks=self.free_blocks + self.cache.evictable_hbm_blocks,
             total_hbm_blocks=self.total_blocks,
-            free_cpu_blocks=0,
-            total_cpu_blocks=0,
+            free_cpu_blocks=self.cpu_free_blocks + self.cache.cpu_blocks,
+            total_cpu_blocks=self.cpu_total_blocks,
             block_size_tokens=self.block_size_tokens,
             token_budget=self.token_budget,
             max_num_seqs=self.max_num_seqs,
+            reserved_hbm_blocks=self.reserved_blocks(),
+            admission=self.profile.admission,
             kv_block_bytes=self.kv_block_bytes,
+            link_bytes_per_s=self.link.bytes_per_s if self.cpu_total_blocks else 0.0,
         )
-
-    def set_blocks(self, req: SimRequest, blocks: int) -> None:
-        """Resize ``req``'s KV to ``blocks`` blocks, keeping pool and per-class counts exact."""
-        delta = blocks - req.kv_blocks
-        if delta:
-            self.used_blocks += delta
-            name = req.spec.slo.name
-            self.class_blocks[name] = self.class_blocks.get(name, 0) + delta
-            req.kv_blocks = blocks
-            req.touch()
-
-    def record_peak(self) -> None:
-        """Fold the current KV use into the peaks."""
-        self.peak_blocks = max(self.peak_blocks, self.used_blocks)
-        for name, blocks in self.class_blocks.items():
-            if blocks > self.peak_class_blocks.get(name, 0):
-                self.peak_class_blocks[name] = blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,23 +286,30 @@ class SimResult:
         requests: every request, in workload order, in a terminal state.
         end_s: instant the last event ran, s.
         kv_block_bytes: bytes of one KV block across the replica's GPUs.
-        peak_kv_blocks: per replica, the peak of KV blocks in use.
-        peak_class_kv_blocks: per replica, per SLO class, the peak of blocks held by that class.
+        peak_kv_blocks: per replica, the peak of HBM KV blocks in use (prefix cache included).
+        peak_active_kv_blocks: per replica, the peak of HBM KV blocks requests use (cached
+            prefixes nobody uses excluded).
+        peak_class_kv_blocks: per replica, per SLO class, the peak of own blocks of that class.
         num_steps: engine steps run, all replicas.
         num_schedule_calls: scheduling decisions asked of the policy, all replicas.
         kv_capacity_blocks: KV blocks of one replica.
         timeline: samples ``(replica, time_s, used_hbm_blocks, num_waiting, num_running)``.
+        counters: totals over replicas: ``prefill_tokens``, ``cached_tokens`` (prefill skipped by
+            prefix hits), ``swap_out_bytes``, ``swap_in_bytes``, ``offloaded_blocks``,
+            ``onboarded_blocks``, ``dropped_blocks``.
     """
 
     requests: tuple[SimRequest, ...]
     end_s: float
     kv_block_bytes: float
     peak_kv_blocks: tuple[int, ...]
+    peak_active_kv_blocks: tuple[int, ...]
     peak_class_kv_blocks: tuple[dict[str, int], ...]
     num_steps: int
     num_schedule_calls: int
     kv_capacity_blocks: int
     timeline: tuple[tuple[int, float, int, int, int], ...] = ()
+    counters: dict[str, int] | None = None
 
 
 class Simulator:
@@ -203,35 +317,38 @@ class Simulator:
 
     Args:
         config: engine, model, hardware and cluster size.
-        hook: the plugin manager's hook relay (``PluginManager.hook``); the engine calls
-            ``superinfer_schedule``, ``superinfer_request_arrived``,
+        hook: the plugin manager's hook relay (``PluginManager.hook``). The engine calls
+            ``superinfer_schedule``, ``superinfer_kv_placement``, ``superinfer_request_arrived``,
             ``superinfer_request_finished``, ``superinfer_request_aborted`` and
             ``superinfer_step_finished`` on it.
-        step_time: step-time model; a :class:`RooflineStepTime` for ``config`` by default.
+        step_time: step-time model; the calibrated one for ``config`` by default
+            (``sim.calibrated.default_step_time``).
+
+    Raises:
+        ValueError: unknown router, or the model leaves no KV memory.
     """
 
-    def __init__(
-        self, config: SimConfig, hook: Any, step_time: RooflineStepTime | None = None
-    ) -> None:
+    def __init__(self, config: SimConfig, hook: Any, step_time: StepTimeModel | None = None
+                 ) -> None:  # fmt: skip
+        if config.router not in ROUTERS:
+            raise ValueError(f"unknown router {config.router!r}; known: {', '.join(ROUTERS)}")
         self.config = config
         self.hook = hook
-        self.step_time = step_time or RooflineStepTime(config.model, config.gpu, config.tp)
+        self.step_time = step_time or default_step_time(config.model, config.gpu, config.tp)
         profile = config.profile
         self.num_blocks = config.num_gpu_blocks_override or kv_capacity_blocks(
             profile, config.model, config.gpu, config.tp
         )
+        ratio = profile.cpu_kv_ratio if config.cpu_kv_ratio is None else config.cpu_kv_ratio
+        link = config.host_link_bytes_s or config.gpu.host_link_bytes_s
         budget, max_seqs = profile.limits(config.gpu)
+        block_bytes = int(config.model.kv_bytes_per_token() * profile.block_size_tokens)
         self.replicas = [
-            Replica(
-                i,
-                self.num_blocks,
-                budget,
-                max_seqs,
-                profile.block_size_tokens,
-                int(config.model.kv_bytes_per_token() * profile.block_size_tokens),
-            )
+            Replica(i, profile, self.num_blocks, int(self.num_blocks * ratio), budget, max_seqs,
+                    block_bytes, link * config.tp)
             for i in range(config.replicas)
-        ]
+        ]  # fmt: skip
+        self.placement_enabled = bool(hook.superinfer_kv_placement.get_hookimpls())
         self._events: list[tuple[float, int, int, int, Any]] = []
         self._seq = 0
         self._rr = 0
@@ -239,6 +356,7 @@ class Simulator:
         self.num_schedule_calls = 0
         self.now_s = 0.0
         self.timeline: list[tuple[int, float, int, int, int]] = []
+        self.counters = {"prefill_tokens": 0, "cached_tokens": 0}
 
     # -- event plumbing -------------------------------------------------------------------------
 
@@ -271,47 +389,92 @@ class Simulator:
             if req.status not in (RequestStatus.FINISHED, RequestStatus.REJECTED):
                 reason = "simulation_horizon" if horizon is not None else "stalled"
                 self._end(req, RequestStatus.FAILED, reason)
+        counters = dict(self.counters)
+        for rep in self.replicas:
+            for key in ("offloaded_blocks", "onboarded_blocks", "dropped_blocks"):
+                counters[key] = counters.get(key, 0) + rep.cache.stats[key]
+            counters["swap_out_bytes"] = (
+                counters.get("swap_out_bytes", 0) + rep.link.bytes_moved["d2h"]
+            )
+            counters["swap_in_bytes"] = (
+                counters.get("swap_in_bytes", 0) + rep.link.bytes_moved["h2d"]
+            )
         return SimResult(
             requests=tuple(reqs),
             end_s=self.now_s,
             kv_block_bytes=self.config.model.kv_bytes_per_token()
             * self.config.profile.block_size_tokens,
             peak_kv_blocks=tuple(r.peak_blocks for r in self.replicas),
+            peak_active_kv_blocks=tuple(r.peak_active_blocks for r in self.replicas),
             peak_class_kv_blocks=tuple(dict(r.peak_class_blocks) for r in self.replicas),
             num_steps=self.num_steps,
             num_schedule_calls=self.num_schedule_calls,
             kv_capacity_blocks=self.num_blocks,
             timeline=tuple(self.timeline),
+            counters=counters,
         )
 
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` unless every replica's books balance.
 
-        KV blocks in use equal the blocks the running requests hold and never exceed capacity
-        (per class too); a request is in at most one queue of one replica, in the status that
-        queue implies; the waiting hold no KV. Tests call this after every step.
+        HBM and CPU blocks in use equal what requests, the prefix cache and copies in flight hold,
+        and never exceed capacity; per-class counts add up; every node's lock count equals the
+        requests holding it; a request is in at most one queue of one replica, in the status that
+        queue implies. Tests call this after every step.
         """
         seen: set[str] = set()
         for rep in self.replicas:
-            held = sum(r.kv_blocks for r in rep.running.values())
-            assert rep.used_blocks == held, (rep.index, rep.used_blocks, held)
+            rep.cache.check()
+            in_hbm = [r for r in (*rep.running.values(), *rep.swapped.values())
+                      if r.location is KVLocation.HBM]  # fmt: skip
+            in_cpu = [r for r in rep.swapped.values() if r.location is KVLocation.CPU]
+            assert rep.own_hbm_blocks == sum(r.own_blocks for r in in_hbm), rep.index
+            assert rep.own_cpu_blocks == sum(r.own_blocks for r in in_cpu), rep.index
             assert 0 <= rep.used_blocks <= rep.total_blocks, (rep.index, rep.used_blocks)
-            assert sum(rep.class_blocks.values()) == rep.used_blocks
-            for queue, status in (
-                (rep.waiting, RequestStatus.WAITING),
-                (rep.running, RequestStatus.RUNNING),
-            ):
+            assert rep.cpu_free_blocks >= 0, rep.index
+            assert sum(rep.class_blocks.values()) == rep.own_hbm_blocks
+            refs: dict[int, int] = {}
+            for req in rep.running.values():
+                assert req.shared_blocks == sum(n.blocks for n in req.nodes), req.request_id
+                for node in req.nodes:
+                    refs[node.key] = refs.get(node.key, 0) + 1
+            for key, node in rep.cache.nodes.items():
+                assert node.ref == refs.get(key, 0), (key, node.ref, refs.get(key, 0))
+            queues = ((rep.waiting, RequestStatus.WAITING), (rep.running, RequestStatus.RUNNING),
+                      (rep.swapped, RequestStatus.SWAPPED))  # fmt: skip
+            for queue, status in queues:
                 for rid, req in queue.items():
                     assert rid not in seen, f"{rid} is in two queues"
                     seen.add(rid)
                     assert req.status is status and req.replica == rep.index, rid
             assert all(r.kv_blocks == 0 for r in rep.waiting.values())
 
+    # -- routing --------------------------------------------------------------------------------
+
+    def _route(self, req: SimRequest) -> Replica:
+        reps = self.replicas
+        if self.config.router == "round_robin" or len(reps) == 1:
+            rep = reps[self._rr]
+            self._rr = (self._rr + 1) % len(reps)
+            return rep
+
+        def queued_prefill(rep: Replica) -> int:
+            live = (*rep.waiting.values(), *rep.running.values(), *rep.swapped.values())
+            return sum(r.pending_tokens for r in live if r.pending_tokens > 1)
+
+        def outstanding(rep: Replica) -> int:
+            live = (*rep.waiting.values(), *rep.running.values(), *rep.swapped.values())
+            return sum(r.pending_tokens + r.spec.max_output_tokens - r.generated_tokens
+                       for r in live)  # fmt: skip
+
+        slo_aware = self.config.router == "slo_aware" and req.spec.slo.ttft_ms is not None
+        load = queued_prefill if slo_aware else outstanding
+        return min(reps, key=lambda rep: (load(rep), len(rep.running), rep.index))
+
     # -- handlers -------------------------------------------------------------------------------
 
     def _on_arrival(self, now_s: float, _: int, req: SimRequest) -> None:
-        rep = self.replicas[self._rr]
-        self._rr = (self._rr + 1) % len(self.replicas)
+        rep = self._route(req)
         req.replica = rep.index
         spec = req.spec
         self.hook.superinfer_request_arrived(request=req.view(), now_s=now_s)
@@ -323,6 +486,7 @@ class Simulator:
             self._end(req, RequestStatus.REJECTED, "exceeds_kv_capacity")
             return
         req.status = RequestStatus.WAITING
+        req.touch()
         rep.waiting[req.request_id] = req
         if rep.run is not None:
             self._cut_run(rep, now_s)
@@ -333,15 +497,34 @@ class Simulator:
     def _on_schedule(self, now_s: float, replica: int, _: Any) -> None:
         rep = self.replicas[replica]
         rep.schedule_pending = False
+        rep.release_transits(now_s)
         state = rep.state(now_s)
         decision = self.hook.superinfer_schedule(state=state)
         self.num_schedule_calls += 1
         if decision is None:
             raise PolicyError("no plugin answered superinfer_schedule")
-        check_decision(state, decision)
-        self._apply(rep, decision, now_s)
+        check_decision(state, decision, swap_supported=rep.cpu_total_blocks > 0)
+        not_before = self._apply(rep, decision, now_s)
         if decision.num_tokens:
-            self._start_run(rep, decision, now_s)
+            self._start_run(rep, decision, now_s, not_before)
+        if rep.run is not None:
+            rep.idle_rounds = 0
+            return
+        # Nothing runs. Look again when a copy in flight lands, or at once if the decision
+        # changed the queues (a bounded number of times, so a policy cannot spin in place).
+        copies = [e for e, _ in rep.transits] + [
+            r.ready_s for r in rep.swapped.values() if r.ready_s > now_s
+        ]
+        acted = decision.reject or decision.preempt or decision.resume or decision.admit
+        if copies:
+            wake = min(copies)
+        elif (acted or decision.prefetch) and rep.idle_rounds < MAX_IDLE_ROUNDS:
+            rep.idle_rounds += 1
+            wake = now_s
+        else:
+            return  # idle until the next arrival
+        rep.schedule_pending = True
+        self._push(wake, _SCHEDULE, rep.index)
 
     def _on_step_end(self, now_s: float, replica: int, version: int) -> None:
         rep = self.replicas[replica]
@@ -357,16 +540,24 @@ class Simulator:
                 decode_tokens += k
             else:
                 prefill_tokens += n
+            was_prefilling = req.computed_tokens < req.spec.prompt_tokens
             self._emit(req, run, n, now_s)
-            rep.set_blocks(req, blocks_for_tokens(req.computed_tokens, rep.block_size_tokens))
+            if was_prefilling and req.computed_tokens >= req.spec.prompt_tokens:
+                self._insert_prefix(rep, req, now_s)
+            own = blocks_for_tokens(req.computed_tokens, rep.block_size_tokens) - req.shared_blocks
+            rep.add_own(req, max(own, req.reserve_blocks) - req.own_blocks)
             if req.generated_tokens >= req.spec.output_tokens:
                 finished.append(req)
+        self.counters["prefill_tokens"] += prefill_tokens
         rep.record_peak()
         rep.step_index += k
         self.num_steps += k
+        if rep.profile.admission is AdmissionRule.RESERVE_RATIO and decode_tokens:
+            decayed = rep.reserve_ratio - k * rep.profile.reserve_ratio_decay
+            rep.reserve_ratio = max(rep.profile.reserve_ratio_min, decayed)
         for req in finished:
             del rep.running[req.request_id]
-            rep.set_blocks(req, 0)
+            self._release(rep, req, now_s)
             self._end(req, RequestStatus.FINISHED, "")
         if now_s - rep.last_sample_s >= self.config.timeline_interval_s:
             rep.last_sample_s = now_s
@@ -388,76 +579,296 @@ class Simulator:
                 finished_ids=tuple(r.request_id for r in finished),
             )
         )
-        if rep.waiting or rep.running:
+        if rep.waiting or rep.running or rep.swapped:
             rep.schedule_pending = True
             self._push(now_s, _SCHEDULE, rep.index)
 
-    # -- decisions and steps --------------------------------------------------------------------
+    # -- KV memory ------------------------------------------------------------------------------
 
-    def _apply(self, rep: Replica, decision: ScheduleDecision, now_s: float) -> None:
+    def _allocate(self, rep: Replica, blocks: int, now_s: float) -> float | None:
+        """Make ``blocks`` HBM blocks free for the caller to take.
+
+        Evicts prefix-cache nodes (placement plugin first, then the engine's own order) and, if
+        still short, waits for swap-outs in flight.
+
+        Returns:
+            The instant the blocks are free (``now_s`` or the end of a copy), or ``None`` if they
+            cannot be found.
+        """
+        if blocks <= rep.free_blocks:
+            return now_s
+        self._evict(rep, blocks - rep.free_blocks, now_s)
+        if blocks <= rep.free_blocks:
+            return now_s
+        short = blocks - rep.free_blocks
+        for end, freed in sorted(rep.transits):
+            short -= freed
+            if short <= 0:
+                rep.release_transits(end)  # the caller takes these blocks once the copy ends
+                return end
+        return None
+
+    def _evict(self, rep: Replica, blocks: int, now_s: float) -> None:
+        """Take at least ``blocks`` HBM blocks from unused prefix-cache nodes, if there are any."""
+        cache = rep.cache
+        freed = 0
+        if self.placement_enabled and cache.evictable_hbm_blocks:
+            nodes = {str(n.key): n for n in cache.candidates(PLACEMENT_CANDIDATES)}
+            decision = self.hook.superinfer_kv_placement(
+                nodes=tuple(n.view() for n in nodes.values()), now_s=now_s,
+                free_hbm_blocks=rep.free_blocks, free_cpu_blocks=rep.cpu_free_blocks,
+            )  # fmt: skip
+            for node_id, action in decision.actions.items() if decision else ():
+                node = nodes.get(node_id)
+                if node is None:
+                    continue
+                if action in (Placement.PIN, Placement.KEEP):
+                    cache.set_pinned(node, action is Placement.PIN)
+                elif freed < blocks and node.ref == 0 and node.hbm_children == 0:
+                    freed += self._leave_hbm(rep, node, now_s, offload=action is Placement.OFFLOAD)
+        while freed < blocks:
+            node = cache.pop_victim()
+            if node is None:
+                return
+            freed += self._leave_hbm(rep, node, now_s, offload=True)
+
+    def _leave_hbm(self, rep: Replica, node: Node, now_s: float, *, offload: bool) -> int:
+        """Offload ``node`` to CPU if asked and possible (else drop it); the HBM blocks freed."""
+        cache = rep.cache
+        offload = (
+            offload and rep.cpu_total_blocks > 0 and node.priority >= cache.offload_min_priority
+        )
+        while offload and rep.cpu_free_blocks < node.blocks:
+            victim = cache.pop_cpu_victim()
+            if victim is None:
+                offload = False
+            else:
+                cache.drop_cpu(victim)
+        if offload:
+            rep.link.transfer("d2h", node.blocks * rep.kv_block_bytes, now_s)
+        cache.leave_hbm(node, offload=offload)
+        return node.blocks
+
+    def _insert_prefix(self, rep: Replica, req: SimRequest, now_s: float) -> None:
+        """A request finished its prefill: cache its prompt's hashed blocks (its pages become the
+        cache's; the request keeps them locked)."""
+        spec = req.spec
+        if not spec.block_hashes:
+            return
+        cache = rep.cache
+        parent = req.nodes[-1] if req.nodes else None
+        for index in range(len(req.nodes), len(spec.block_hashes)):
+            key = spec.block_hashes[index]
+            tokens = cache.node_tokens(spec.prompt_tokens, index, spec.hash_block_tokens)
+            if tokens == 0 or key in cache.nodes:
+                break  # a partial page, or another request cached it first: keep ours private
+            node = cache.insert(key, parent, tokens, now_s)
+            req.nodes.append(node)
+            req.shared_blocks += node.blocks
+            rep.add_own(req, -node.blocks)
+            req.reserve_blocks = max(0, req.reserve_blocks - node.blocks)
+            parent = node
+
+    def _release(self, rep: Replica, req: SimRequest, now_s: float) -> None:
+        """Give back ``req``'s HBM KV: unlock its prefix nodes, free its own blocks."""
+        rep.cache.unlock(req.nodes, now_s)
+        req.nodes = []
+        req.shared_blocks = 0
+        req.reserve_blocks = 0
+        rep.add_own(req, -req.own_blocks)
+        req.location = KVLocation.UNALLOCATED
+        req.touch()
+
+    # -- decisions ------------------------------------------------------------------------------
+
+    def _apply(self, rep: Replica, decision: ScheduleDecision, now_s: float) -> float:
+        """Apply everything but the tokens; the earliest instant the step may start."""
+        not_before = now_s
         for rid, reason in decision.reject.items():
-            req = rep.waiting.pop(rid)
+            req = rep.waiting.pop(rid, None) or rep.swapped.pop(rid)
+            if req.location is KVLocation.CPU:
+                rep.own_cpu_blocks -= req.own_blocks
+                req.own_blocks = 0
+            elif req.own_blocks:
+                self._release(rep, req, now_s)
             self._end(req, RequestStatus.REJECTED, reason)
-        for rid in decision.preempt:  # check_decision allows only RECOMPUTE here
+        for rid, mode in decision.preempt.items():
             req = rep.running.pop(rid)
-            rep.set_blocks(req, 0)
-            req.computed_tokens = 0
             req.num_preemptions += 1
-            req.status = RequestStatus.WAITING
+            if mode is PreemptMode.SWAP:
+                self._swap_out(rep, req, now_s)
+            else:
+                self._release(rep, req, now_s)
+                req.computed_tokens = req.cached_tokens = 0
+                req.status = RequestStatus.WAITING
+                req.hit_version = -1
+                rep.waiting = {rid: req, **rep.waiting}  # vLLM prepends preempted requests
             req.touch()
-            rep.waiting = {rid: req, **rep.waiting}  # vLLM prepends preempted requests
-        for rid in decision.admit:
-            req = rep.waiting.pop(rid)
+        if decision.preempt and rep.profile.admission is AdmissionRule.RESERVE_RATIO:
+            rep.reserve_ratio = rep.profile.reserve_ratio_init  # a retraction resets it
+        for rid in decision.prefetch:
+            not_before = max(not_before, self._swap_in(rep, rep.swapped[rid], now_s) or now_s)
+        for rid in decision.resume:
+            req = rep.swapped[rid]
+            if self._swap_in(rep, req, now_s) is None:
+                continue  # no HBM room after all: it stays swapped
+            del rep.swapped[rid]
             req.status = RequestStatus.RUNNING
+            req.touch()
             rep.running[rid] = req
+        for rid in decision.admit:
+            self._admit(rep, rep.waiting[rid], now_s)
         for rid, tier in decision.tiers.items():
-            req = rep.running.get(rid) or rep.waiting[rid]
+            req = rep.running.get(rid) or rep.waiting.get(rid) or rep.swapped[rid]
             req.tier = tier
             req.touch()
+        return not_before
 
-    def _start_run(self, rep: Replica, decision: ScheduleDecision, now_s: float) -> None:
+    def _admit(self, rep: Replica, req: SimRequest, now_s: float) -> None:
+        """Move a waiting request to running: lock its cached prefix (copying CPU nodes back),
+        and, under ``RESERVE_MAX``, reserve its blocks to completion. If the allocator cannot
+        find the blocks it stays waiting."""
+        spec = req.spec
+        match = (
+            rep.cache.match(spec.block_hashes, spec.prompt_tokens) if spec.block_hashes else None
+        )
+        nodes = match.nodes if match else []
+        onboard = [n for n in nodes if n.location is KVLocation.CPU]
+        onboard_blocks = sum(n.blocks for n in onboard)
+        rep.cache.lock([n for n in nodes if n.location is KVLocation.HBM], now_s, hit=True)
+        hit_tokens = match.tokens if match else 0
+        reserve = 0
+        if rep.profile.admission is AdmissionRule.RESERVE_MAX:
+            total = blocks_for_tokens(spec.prompt_tokens + spec.max_output_tokens,
+                                      rep.block_size_tokens)  # fmt: skip
+            reserve = max(0, total - sum(n.blocks for n in nodes))
+        when = self._allocate(rep, onboard_blocks + reserve, now_s)
+        if when is None:
+            rep.cache.unlock([n for n in nodes if n.location is KVLocation.HBM], now_s)
+            return
+        for node in onboard:
+            rep.cache.onboard(node)
+            rep.cache.lock([node], now_s, hit=True)
+            req.ready_s = rep.link.transfer("h2d", node.blocks * rep.kv_block_bytes, when)
+        del rep.waiting[spec.request_id]
+        req.nodes = list(nodes)
+        req.shared_blocks = sum(n.blocks for n in nodes)
+        req.computed_tokens = req.cached_tokens = hit_tokens
+        self.counters["cached_tokens"] += hit_tokens
+        req.reserve_blocks = reserve
+        rep.add_own(req, reserve)
+        req.location = KVLocation.HBM
+        req.status = RequestStatus.RUNNING
+        req.touch()
+        rep.running[spec.request_id] = req
+
+    def _swap_out(self, rep: Replica, req: SimRequest, now_s: float) -> None:
+        """Copy ``req``'s KV to CPU; its HBM pages free when the copy ends."""
+        blocks = blocks_for_tokens(req.computed_tokens, rep.block_size_tokens)
+        end = rep.link.transfer("d2h", blocks * rep.kv_block_bytes, max(now_s, req.ready_s))
+        own = req.own_blocks
+        rep.add_own(req, -own)
+        rep.transits.append((end, own))
+        rep.cache.unlock(req.nodes, now_s)
+        req.nodes = []
+        req.shared_blocks = 0
+        req.reserve_blocks = 0
+        while rep.cpu_free_blocks < blocks:
+            victim = rep.cache.pop_cpu_victim()
+            assert victim is not None, "check_decision guarantees CPU room"
+            rep.cache.drop_cpu(victim)
+        req.own_blocks = blocks
+        rep.own_cpu_blocks += blocks
+        req.location = KVLocation.CPU
+        req.ready_s = end  # its KV is in CPU memory from here on
+        req.status = RequestStatus.SWAPPED
+        rep.swapped[req.request_id] = req
+
+    def _swap_in(self, rep: Replica, req: SimRequest, now_s: float) -> float | None:
+        """Copy a swapped request's KV back to HBM (no-op if already there); when it lands."""
+        if req.location is KVLocation.HBM:
+            return req.ready_s
+        blocks = req.own_blocks
+        when = self._allocate(rep, blocks, now_s)
+        if when is None:
+            return None
+        rep.own_cpu_blocks -= blocks
+        req.own_blocks = 0
+        rep.add_own(req, blocks)
+        req.location = KVLocation.HBM
+        start = max(when, req.ready_s)  # not before its swap-out copy has landed in CPU
+        req.ready_s = rep.link.transfer("h2d", blocks * rep.kv_block_bytes, start)
+        req.touch()
+        return req.ready_s
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def _start_run(self, rep: Replica, decision: ScheduleDecision, now_s: float,
+                   not_before: float) -> None:  # fmt: skip
         bs = rep.block_size_tokens
-        pieces = [(rep.running[rid], n) for rid, n in decision.num_tokens.items()]
-        pairs = 0.0
-        prefill_kv = decode_kv = samples = 0
+        pieces = [(rep.running[rid], n) for rid, n in decision.num_tokens.items()
+                  if rid in rep.running]  # fmt: skip
+        if not pieces:
+            return
+        steps = self._repeat_steps(rep, decision, pieces)
+        start = not_before
+        kept = []
+        for req, n in pieces:
+            need = blocks_for_tokens(req.computed_tokens + max(n, steps), bs) - req.kv_blocks
+            if need > 0:
+                when = self._allocate(rep, need, now_s)
+                if when is None:
+                    # The policy counted cached blocks that admissions in this same decision
+                    # have since locked; this request sits the step out (its next step will fit
+                    # or the policy preempts).
+                    continue
+                start = max(start, when)
+                rep.add_own(req, need)
+            start = max(start, req.ready_s)
+            kept.append((req, n))
+        pieces = kept
+        if not pieces:
+            return
+        pairs = full_pairs = 0.0
+        prefill_kv = decode_kv = samples = prefill_tokens = prefill_seqs = 0
         for req, n in pieces:
             c = req.computed_tokens
             if n == 1:
                 decode_kv += c + 1
             else:
+                prefill_seqs += 1
                 pairs += n * (c + (n + 1) / 2)
+                full_pairs += n * (c + n)
                 prefill_kv += c + n
+                prefill_tokens += n
             samples += req.pending_tokens == n
         shape = BatchShape(
-            sum(n for _, n in pieces), samples, pairs, prefill_kv, decode_kv, len(pieces)
-        )
-        steps = self._repeat_steps(rep, decision, pieces)
+            sum(n for _, n in pieces), samples, pairs, prefill_kv, decode_kv, len(pieces),
+            prefill_tokens, full_pairs, prefill_seqs,
+        )  # fmt: skip
         if steps > 1:
             a, b = self.step_time.decode_coefficients(len(pieces))
-            run = _Run(now_s, pieces, steps, now_s, shape, a, b)
-            run.end_s = now_s + run.elapsed_s(steps)
+            run = _Run(start, pieces, steps, start, shape, a, b)
+            run.end_s = start + run.elapsed_s(steps)
         else:
-            run = _Run(now_s, pieces, 1, now_s + self.step_time.step_time_s(shape), shape)
-        for req, n in pieces:
-            rep.set_blocks(req, blocks_for_tokens(req.computed_tokens + max(n, steps), bs))
+            run = _Run(start, pieces, 1, start + self.step_time.step_time_s(shape), shape)
         rep.run = run
         rep.version += 1
         self._push(run.end_s, _STEP_END, rep.index, rep.version)
 
-    def _repeat_steps(
-        self, rep: Replica, decision: ScheduleDecision, pieces: list[tuple[SimRequest, int]]
-    ) -> int:
+    def _repeat_steps(self, rep: Replica, decision: ScheduleDecision,
+                      pieces: list[tuple[SimRequest, int]]) -> int:  # fmt: skip
         """Steps a decode-only decision may run as one event: bounded by the policy's allowance,
-        the first finish, and the KV blocks free for the sequences' growth."""
+        the first finish, and the KV blocks free (or reclaimable) for the sequences' growth."""
         if decision.max_repeat_steps <= 1 or any(n != 1 for _, n in pieces):
             return 1
-        if any(req.pending_tokens != 1 for req, _ in pieces):
+        if any(req.pending_tokens != 1 or req.ready_s > self.now_s for req, _ in pieces):
             return 1
         k_max = min(
             decision.max_repeat_steps,
             min(r.spec.output_tokens - r.generated_tokens for r, _ in pieces),
         )
-        free = rep.total_blocks - rep.used_blocks
+        free = rep.free_blocks + rep.cache.evictable_hbm_blocks
         bs = rep.block_size_tokens
 
         def fits(k: int) -> bool:
@@ -467,7 +878,9 @@ class Simulator:
             )
             return need <= free
 
-        lo, hi = 1, k_max  # fits(1) holds: check_decision verified the single step
+        if fits(k_max):  # the common case: memory is not the bound
+            return k_max
+        lo, hi = 1, k_max - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if fits(mid):
@@ -522,6 +935,5 @@ class Simulator:
         if status is RequestStatus.FINISHED:
             self.hook.superinfer_request_finished(request=req.view(), now_s=self.now_s)
         else:
-            self.hook.superinfer_request_aborted(
-                request=req.view(), now_s=self.now_s, reason=reason
-            )
+            self.hook.superinfer_request_aborted(request=req.view(), now_s=self.now_s,
+                                                 reason=reason)  # fmt: skip

@@ -13,6 +13,10 @@ Sources:
       H100's fractions (same SM, no H200 data). Memory: the totals ``nvidia-smi`` reports.
     * All-reduce bus bandwidth: Vidur's ``network/{a100,h100}_dgx/all_reduce.csv`` at 64 MiB
       (README §6: A100 DGX TP2/4/8 = 156/167/174 GB/s, H100 DGX 274/317/365 GB/s).
+    * Host link (HBM<->CPU copies, per GPU and direction): PCIe Gen4 x16 (A100) moves 32 GB/s raw,
+      PCIe Gen5 x16 (H100, H200) 64 GB/s raw; we take 80% of raw as achieved for pinned-memory
+      copies (an assumption, stated, not measured here). GH200's NVLink-C2C moves 450 GB/s per
+      direction (NVIDIA GH200 datasheet: 900 GB/s total); again 80% of it.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class GPUSpec:
         memory_efficiency: achieved fraction of ``peak_mem_bw_bytes_s`` streaming weights.
         allreduce_bus_bw_bytes_s: NCCL all-reduce bus bandwidth inside a node, bytes/s.
         allreduce_latency_s: fixed cost of one all-reduce (launch + small-message floor), s.
+        host_link_bytes_s: achieved HBM<->CPU copy bandwidth per direction, bytes/s.
     """
 
     name: str
@@ -89,6 +94,7 @@ class GPUSpec:
     memory_efficiency: float
     allreduce_bus_bw_bytes_s: float
     allreduce_latency_s: float
+    host_link_bytes_s: float
 
 
 _MIB = 1024**2  # memory sizes are nvidia-smi's reported totals, in MiB
@@ -104,13 +110,15 @@ MODELS: dict[str, ModelSpec] = {
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
-        GPUSpec("a100-80gb", 81920 * _MIB, 312e12, 2.039e12, 0.76, 0.79, 167e9, 30e-6),
-        GPUSpec("h100-80gb", 81559 * _MIB, 989e12, 3.35e12, 0.71, 0.90, 317e9, 30e-6),
-        GPUSpec("h200", 143771 * _MIB, 989e12, 4.8e12, 0.71, 0.90, 317e9, 30e-6),
+        GPUSpec("a100-80gb", 81920 * _MIB, 312e12, 2.039e12, 0.76, 0.79, 167e9, 30e-6, 0.8 * 32e9),
+        GPUSpec("h100-80gb", 81559 * _MIB, 989e12, 3.35e12, 0.71, 0.90, 317e9, 30e-6, 0.8 * 64e9),
+        GPUSpec("h200", 143771 * _MIB, 989e12, 4.8e12, 0.71, 0.90, 317e9, 30e-6, 0.8 * 64e9),
+        # GH200 (96 GB HBM3, 4 TB/s; nominal capacity): H100 SM, NVLink-C2C to the Grace CPU.
+        GPUSpec("gh200", 96 * 1024 * _MIB, 989e12, 4.0e12, 0.71, 0.90, 317e9, 30e-6, 0.8 * 450e9),
     )
 }
 
-_ALIASES = {"a100": "a100-80gb", "h100": "h100-80gb", "h200-141gb": "h200"}
+_ALIASES = {"a100": "a100-80gb", "h100": "h100-80gb", "h200-141gb": "h200", "gh200-96gb": "gh200"}
 
 
 def get_model(name: str) -> ModelSpec:

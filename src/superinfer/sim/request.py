@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from superinfer.policy_core.types import SLO, KVLocation, KVPrecision, RequestView
+
+if TYPE_CHECKING:
+    from superinfer.sim.kv import Node
 
 __all__ = ["RequestSpec", "RequestStatus", "SimRequest"]
 
@@ -45,6 +49,7 @@ class RequestStatus(str, enum.Enum):
     PENDING = "pending"  # not arrived yet
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPED = "swapped"
     FINISHED = "finished"
     REJECTED = "rejected"
     FAILED = "failed"
@@ -53,26 +58,18 @@ class RequestStatus(str, enum.Enum):
 class SimRequest:
     """Mutable progress of one request; the engine's own record, never shown to a policy.
 
-    Policies see :meth:`view`, a frozen :class:`RequestView` cached until the request changes
-    (waiting requests do not change, so long queues cost nothing per scheduling point).
+    KV it holds: ``own_blocks`` only it uses (in HBM, or in CPU memory when ``location`` is CPU),
+    plus the prefix-cache ``nodes`` it has locked (``shared_blocks`` in all). Policies see
+    :meth:`view`, a frozen :class:`RequestView` cached until the request changes (waiting requests
+    rarely change, so long queues cost little per scheduling point).
     """
 
     __slots__ = (
-        "spec",
-        "computed_tokens",
-        "generated_tokens",
-        "first_token_s",
-        "last_token_s",
-        "finish_s",
-        "num_preemptions",
-        "tier",
-        "kv_blocks",
-        "status",
-        "reason",
-        "replica",
-        "max_itl_s",
-        "_view",
-    )
+        "spec", "computed_tokens", "generated_tokens", "first_token_s", "last_token_s",
+        "finish_s", "num_preemptions", "tier", "own_blocks", "shared_blocks", "reserve_blocks",
+        "nodes", "location", "ready_s", "cached_tokens", "status", "reason", "replica",
+        "max_itl_s", "hit_tokens", "hit_blocks", "hit_version", "_view",
+    )  # fmt: skip
 
     def __init__(self, spec: RequestSpec) -> None:
         self.spec = spec
@@ -83,16 +80,30 @@ class SimRequest:
         self.finish_s: float | None = None
         self.num_preemptions = 0
         self.tier = 0
-        self.kv_blocks = 0
+        self.own_blocks = 0
+        self.shared_blocks = 0
+        self.reserve_blocks = 0  # own blocks held back to completion (GUARANTEED_NO_EVICT)
+        self.nodes: list[Node] = []
+        self.location = KVLocation.UNALLOCATED
+        self.ready_s = 0.0  # its KV is in HBM from this instant (after a copy from CPU)
+        self.cached_tokens = 0
         self.status = RequestStatus.PENDING
         self.reason = ""
         self.replica = -1
         self.max_itl_s = 0.0
+        self.hit_tokens = 0  # while waiting: prompt tokens the prefix cache holds now
+        self.hit_blocks = 0
+        self.hit_version = -1
         self._view: RequestView | None = None
 
     @property
     def request_id(self) -> str:
         return self.spec.request_id
+
+    @property
+    def kv_blocks(self) -> int:
+        """Blocks in its block table: its own plus the shared prefix blocks."""
+        return self.own_blocks + self.shared_blocks
 
     @property
     def pending_tokens(self) -> int:
@@ -104,23 +115,30 @@ class SimRequest:
         self._view = None
 
     def view(self) -> RequestView:
-        """The policy-facing view of this request (cached until :meth:`touch`)."""
+        """The policy-facing view (cached until :meth:`touch`).
+
+        A waiting request is shown as it would be admitted now: its prefix-cache hit counts as
+        computed and as shared blocks (vLLM v1 counts cached tokens as computed the same way).
+        """
         if self._view is None:
             s = self.spec
+            waiting = self.status is RequestStatus.WAITING
             self._view = RequestView(
                 request_id=s.request_id,
                 arrival_s=s.arrival_s,
                 prompt_tokens=s.prompt_tokens,
                 max_output_tokens=s.max_output_tokens,
                 slo=s.slo,
-                computed_tokens=self.computed_tokens,
-                cached_tokens=0,
+                computed_tokens=self.hit_tokens if waiting else self.computed_tokens,
+                cached_tokens=self.hit_tokens if waiting else self.cached_tokens,
+                prefix_hit_tokens=self.hit_tokens if waiting else self.cached_tokens,
                 generated_tokens=self.generated_tokens,
                 first_token_s=self.first_token_s,
                 num_preemptions=self.num_preemptions,
                 tier=self.tier,
                 kv_precision=KVPrecision.FP16,
-                kv_location=KVLocation.HBM if self.kv_blocks else KVLocation.UNALLOCATED,
-                kv_blocks=self.kv_blocks,
+                kv_location=KVLocation.HBM if waiting and self.hit_blocks else self.location,
+                kv_blocks=self.hit_blocks if waiting else self.kv_blocks,
+                shared_kv_blocks=self.hit_blocks if waiting else self.shared_blocks,
             )
         return self._view

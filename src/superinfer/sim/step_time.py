@@ -50,6 +50,10 @@ class BatchShape:
         prefill_kv_tokens: ``sum over prefill chunks of (c_i + n_i)``, KV tokens they read.
         decode_kv_tokens: ``sum over decodes of (c_i + 1)``, KV tokens they read.
         num_seqs: requests in the step.
+        prefill_tokens: ``sum over prefill chunks of n_i``.
+        prefill_full_pairs: ``sum over prefill chunks of n_i * (c_i + n_i)``, the query-key pairs
+            of a kernel that does not skip the causal mask's empty half.
+        num_prefill_seqs: requests in the step running a prefill chunk.
     """
 
     num_tokens: int
@@ -58,6 +62,9 @@ class BatchShape:
     prefill_kv_tokens: int
     decode_kv_tokens: int
     num_seqs: int
+    prefill_tokens: int = 0
+    prefill_full_pairs: float = 0.0
+    num_prefill_seqs: int = 0
 
 
 class RooflineStepTime:

@@ -1,0 +1,1 @@
+"""Double of ``tensorrt_llm._torch.pyexecutor``."""
