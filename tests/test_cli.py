@@ -64,3 +64,49 @@ def test_user_mistakes_are_one_line_errors(tmp_path: Path) -> None:
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.strip() == proc.stderr.strip().splitlines()[0], proc.stderr
         assert proc.stderr.startswith(expected), proc.stderr
+
+
+def test_bench_a_workload_spec_then_rebuild_its_report(tmp_path: Path) -> None:
+    out = tmp_path / "sg"
+    args = ["--workload", "sharegpt-poisson", "--duration-s", "30", "--replicas", "1"]
+    proc = run("bench", *args, "--policies", "fcfs", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((out / "manifest.json").read_text())
+    assert meta["workload"]["name"] == "sharegpt-poisson"
+    assert meta["workload"]["details"]["sources"][0]["arrivals"] == "poisson"
+    summary = pd.read_csv(out / "summary.csv")
+    assert summary["slo_class"].tolist() == ["chat", "all"]
+    assert summary.loc[0, "n_requests"] == 123  # Poisson at 4 req/s for 30 s, seed 0
+    assert (out / "metrics.csv").is_file() and (out / "ttft_cdf.png").is_file()
+    (out / "report.md").unlink()
+    proc = run("report", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "![attainment.png](attainment.png)" in (out / "report.md").read_text()
+
+
+def test_workload_mistakes_are_one_line_errors(tmp_path: Path) -> None:
+    spec = tmp_path / "w.toml"
+    spec.write_text('[[source]]\nname = "a"\nformat = "azure"\nslo = "chat"\n')
+    cases = [
+        (["bench", "--workload", str(spec)], f"error: {spec}:1: field 'source[0].file': missing"),
+        (["bench", "--workload", "nope"], "error: unknown workload 'nope'; use a built-in"),
+        (
+            ["bench", "--workload", "azure-mixed", "--trace", "azure"],
+            "error: give --workload or --trace, not both",
+        ),
+        (["report", str(tmp_path / "none")], f"error: {tmp_path / 'none'}: not a run directory"),
+    ]
+    for args, expected in cases:
+        proc = run(*args)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(expected), proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_workloads_lists_the_builtins() -> None:
+    proc = run("workloads")
+    assert [line.split()[0] for line in proc.stdout.splitlines()] == [
+        "azure-mixed",
+        "mooncake-chat",
+        "sharegpt-poisson",
+    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -32,11 +32,18 @@ def cli() -> None:
 
 @cli.command()
 @click.option(
+    "--workload",
+    default=None,
+    help="Workload spec: a built-in name (azure-mixed, mooncake-chat, sharegpt-poisson; "
+    "`superinfer workloads` lists them) or a path to a TOML spec (docs/workloads.md). A spec's "
+    "[bench] table sets defaults for --model/--gpu/--tp/--replicas/--engines/--policies; options "
+    "given here win.  [default: azure-mixed]",
+)
+@click.option(
     "--trace",
-    default="azure",
-    show_default=True,
-    help="Workload: azure (conv=chat + code=batch), azure-conv, azure-code, or a path "
-    "to a CSV in the Azure trace format.",
+    default=None,
+    help="Instead of --workload: azure (conv=chat + code=batch; the same requests as "
+    "azure-mixed), azure-conv, azure-code, or a path to a CSV in the Azure trace format.",
 )
 @click.option(
     "--engines",
@@ -109,8 +116,11 @@ def cli() -> None:
     type=click.Path(),
     help="Run directory to write.",
 )
+@click.pass_context
 def bench(
-    trace: str,
+    ctx: click.Context,
+    workload: str | None,
+    trace: str | None,
     engines: str,
     model: str,
     gpu: str,
@@ -126,40 +136,80 @@ def bench(
 ) -> None:
     """Run a workload on an engine under each policy; write the run directory and print the table.
 
-    With no options: the Azure 2023 conv (chat) + code (batch) hour on a simulated
-    Llama-3.1-70B, A100-80GB, TP4, 4 replicas, for every registered policy -> results/default/.
+    With no options: the azure-mixed workload (Azure 2023 conv as chat + code as batch, one
+    hour) on a simulated Llama-3.1-70B, A100-80GB, TP4, 4 replicas, for every registered
+    policy -> results/default/ (tables, report.md and PNG plots).
     """
     from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from superinfer.harness.report import render_markdown
+    from superinfer.harness.report import as_written, render_markdown, write_plots
     from superinfer.harness.results import manifest, write_run
-    from superinfer.harness.runner import BenchConfig, run_bench
+    from superinfer.harness.runner import BenchConfig, build_bench_workload, run_bench
+    from superinfer.harness.specs import load_spec
 
-    console = Console(stderr=True)
+    if workload is not None and trace is not None:
+        raise UserError("give --workload or --trace, not both")
+    if trace is None and workload is None:
+        workload = "azure-mixed"
+    options: dict[str, Any] = {
+        "model": model,
+        "gpu": gpu,
+        "tp": tp,
+        "replicas": replicas,
+        "router": router,
+        "engines": engines,
+        "policies": policies,
+    }
+    if workload is not None:
+        for key, value in load_spec(workload).bench.items():
+            if ctx.get_parameter_source(key) == click.core.ParameterSource.DEFAULT:
+                options[key] = value
     config = BenchConfig(
-        trace=trace,
-        engines=_split(engines),
-        model=model,
-        gpu=gpu,
-        tp=tp,
-        replicas=replicas,
-        router=router,
+        trace=trace or "azure",
+        engines=_split(options["engines"]),
+        model=options["model"],
+        gpu=options["gpu"],
+        tp=options["tp"],
+        replicas=options["replicas"],
+        router=options["router"],
         cpu_kv_ratio=cpu_kv_ratio,
-        policies=_split(policies),
+        policies=_split(options["policies"]),
         rate_scale=rate_scale,
         duration_s=duration_s,
         seed=seed,
+        workload=workload,
     )
-    with console.status("running") as status:
-        result = run_bench(config, progress=lambda msg: status.update(msg))
+    console = Console(stderr=True)
+    with console.status(f"loading workload {workload or trace}"):
+        wl = build_bench_workload(config)
+    if console.is_terminal:
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} runs"),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task("simulating", total=None)
+
+            def on_cell(done: int, total: int, label: str) -> None:
+                text = f"{label}: {len(wl.requests)} requests"
+                bar.update(task, completed=done, total=total, description=text)
+
+            result = run_bench(config, workload=wl, on_cell=on_cell)
+    else:  # piped or captured: no bars, nothing to clean up
+        result = run_bench(config, workload=wl)
     meta = manifest(result.info)
     out_dir = Path(out)
-    report = render_markdown(result.summary, meta)
+    with console.status("drawing plots"):
+        plots = write_plots(out_dir, result.summary, result.requests, result.timeline, meta)
+    report = render_markdown(as_written(result.summary), meta, plots)
     write_run(out_dir, result.summary, result.requests, meta, report, result.timeline)
-    _print_table(result.summary)
+    _print_table(as_written(result.summary))
     console.print(
-        f"wrote {out_dir}/ (summary.csv, requests.parquet, timeline.parquet, "
-        "manifest.json, report.md)"
+        f"wrote {out_dir}/ (summary.csv, metrics.csv, requests.parquet, timeline.parquet, "
+        f"manifest.json, report.md, {len(plots)} plots)"
     )
 
 
@@ -271,6 +321,44 @@ def serve(
         exec_server(argv, env)
     except (ConfigError, ServeError) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+@cli.command("report")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Where to write [default: the run directory itself for one run, results/compare "
+    "for several].",
+)
+@click.option(
+    "--sweep",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="A load-sweep CSV (rate_scale, engine, policy, slo_class, slo_attainment) to plot "
+    "[default: RUN_DIR/sweep.csv when present].",
+)
+def report_cmd(run_dirs: tuple[Path, ...], out: Path | None, sweep: Path | None) -> None:
+    """Rebuild one run's report.md and plots, or compare several runs side by side."""
+    from superinfer.harness.report import compare_runs, rebuild_report
+
+    if len(run_dirs) == 1:
+        written = rebuild_report(run_dirs[0], out_dir=out, sweep=sweep)
+    else:
+        written = compare_runs(list(run_dirs), out or Path("results/compare"), sweep=sweep)
+    click.echo(f"wrote {written}")
+
+
+@cli.command("workloads")
+def list_workloads() -> None:
+    """List the built-in workload specs."""
+    from superinfer.harness.specs import builtin_specs, parse_spec
+
+    for name, text in builtin_specs().items():
+        spec = parse_spec(text, path=f"<built-in {name}>")
+        first = spec.description.split(". ")[0].rstrip(".")
+        click.echo(f"{name:18s} {first}")
 
 
 @cli.command("policies")

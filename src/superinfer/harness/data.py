@@ -24,6 +24,8 @@ __all__ = ["TRACE_FILES", "TraceFile", "data_dir", "trace_path"]
 
 _AZURE = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/b469a113cedca53ddc3bdea71a143dc4b7d8700c/data/"
 _MOONCAKE = "https://raw.githubusercontent.com/kvcache-ai/Mooncake/3b5a594133958449a1feaf1c9e0fc1b553e34a28/FAST25-release/traces/"
+_SARATHI = "https://raw.githubusercontent.com/microsoft/sarathi-serve/72339db5b120614033b317880ad3a05a5e4c9415/data/processed_traces/"
+_MLENERGY = "https://raw.githubusercontent.com/ml-energy/leaderboard-v2/c3af7f31e231a2a7021c5f8e2a54dd712d02e6e2/benchmark/llm_text_generation/chat/sharegpt/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,16 @@ TRACE_FILES: dict[str, TraceFile] = {
             "conversation_trace.jsonl",
             _MOONCAKE + "conversation_trace.jsonl",
             "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df",
+        ),
+        TraceFile(
+            "sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
+            _SARATHI + "sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
+            "6d6c296302a853e2669a674a96f269283e60c57e60363bd450588a1066919f9f",
+        ),
+        TraceFile(
+            "ShareGPT_V3_filtered_500.json",
+            _MLENERGY + "ShareGPT_V3_filtered_500.json",
+            "1dfcb9e6a6b794145128a3d2dd2f3c83aff8f11c806654e77aede2b0cda30e0e",
         ),
     )
 }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DataError", "TraceFormatError", "UserError"]
+__all__ = ["DataError", "SpecError", "TraceFormatError", "UserError"]
 
 
 class UserError(Exception):
@@ -11,6 +11,12 @@ class UserError(Exception):
 
 class DataError(UserError):
     """A data file is missing, unreadable or fails its checksum."""
+
+
+def _located(path: object, line: int | None, field: str | None, problem: str) -> str:
+    where = f"{path}:{line}" if line is not None else f"{path}"
+    what = f" field {field!r}:" if field else ""
+    return f"{where}:{what} {problem}"
 
 
 class TraceFormatError(DataError):
@@ -23,7 +29,23 @@ class TraceFormatError(DataError):
     """
 
     def __init__(self, path: object, line: int | None, field: str | None, problem: str) -> None:
-        where = f"{path}:{line}" if line is not None else f"{path}"
-        what = f" field {field!r}:" if field else ""
-        super().__init__(f"{where}:{what} {problem}")
+        super().__init__(_located(path, line, field, problem))
+        self.path, self.line, self.field = path, line, field
+
+
+class SpecError(UserError):
+    """A workload spec file (TOML) is malformed or asks for something impossible.
+
+    The message has the same form as :class:`TraceFormatError`'s: ``FILE:LINE: field 'KEY':
+    problem``, where ``KEY`` is the dotted path of the offending key
+    (``source[2].arrivals.rate_rps``).
+
+    Attributes:
+        path: the spec file (or ``<built-in NAME>``).
+        line: 1-based line of the key, or ``None`` when it cannot be located.
+        field: dotted key path, or ``None``.
+    """
+
+    def __init__(self, path: object, line: int | None, field: str | None, problem: str) -> None:
+        super().__init__(_located(path, line, field, problem))
         self.path, self.line, self.field = path, line, field

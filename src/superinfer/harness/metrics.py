@@ -11,7 +11,15 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-__all__ = ["REQUEST_COLUMNS", "SUMMARY_COLUMNS", "add_latency_columns", "summarize"]
+__all__ = [
+    "METRIC_COLUMNS",
+    "METRIC_UNITS",
+    "REQUEST_COLUMNS",
+    "SUMMARY_COLUMNS",
+    "add_latency_columns",
+    "metrics_long",
+    "summarize",
+]
 
 #: Columns of ``requests.parquet`` (one row per request). Times are seconds on the run's clock.
 REQUEST_COLUMNS = (
@@ -159,3 +167,61 @@ def summarize(
             }
         )
     return rows
+
+
+#: Columns of ``metrics.csv``: the summary in long format, one row per metric and row key.
+METRIC_COLUMNS = ("metric", "unit", "value", "engine", "policy", "slo_class")
+
+#: Unit of every numeric ``summary.csv`` column, and of the extra percentiles in ``metrics.csv``.
+METRIC_UNITS = {
+    "n_requests": "count",
+    "n_finished": "count",
+    "n_rejected": "count",
+    "ttft_p50_ms": "ms",
+    "ttft_p90_ms": "ms",
+    "ttft_p99_ms": "ms",
+    "tpot_p50_ms": "ms",
+    "tpot_p90_ms": "ms",
+    "tpot_p99_ms": "ms",
+    "e2e_p50_ms": "ms",
+    "e2e_p90_ms": "ms",
+    "e2e_p99_ms": "ms",
+    "slo_attainment": "fraction",
+    "goodput_rps": "req/s",
+    "throughput_rps": "req/s",
+    "output_tok_s": "tok/s",
+    "kv_peak_gb": "GB",
+    "preemptions": "count",
+    "n_failed": "count",
+    "window_s": "s",
+}
+
+_KEYS = ("engine", "policy", "slo_class")
+
+
+def metrics_long(summary: pd.DataFrame, requests: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``metrics.csv``: every number of ``summary.csv`` as one row
+    ``(metric, unit, value, engine, policy, slo_class)``, the metric named as its summary column.
+
+    With ``requests``, the p90 of TTFT, TPOT and E2E (``ttft_p90_ms``, ``tpot_p90_ms``,
+    ``e2e_p90_ms``; over finished requests, as the summary's p50 and p99) are added for each
+    row key. Rows come in summary order, metrics in :data:`METRIC_UNITS` order within a key.
+    """
+    extra: dict[tuple[str, str, str], dict[str, float]] = {}
+    if requests is not None and not requests.empty:
+        done = requests[requests["status"] == "finished"]
+        for (engine, policy), part in done.groupby(["engine", "policy"], sort=False):
+            groups = [(c, part[part["slo_class"] == c]) for c in part["slo_class"].unique()]
+            for cls, rows in [*groups, ("all", part)]:
+                extra[(str(engine), str(policy), str(cls))] = {
+                    f"{col}_p90_ms": _pct(rows[f"{col}_ms"], 90) for col in ("ttft", "tpot", "e2e")
+                }
+    out = []
+    for _, row in summary.iterrows():
+        key = tuple(str(row[k]) for k in _KEYS)
+        values = {c: row[c] for c in summary.columns if c in METRIC_UNITS}
+        values.update(extra.get(key, {}))  # type: ignore[arg-type]
+        for metric, unit in METRIC_UNITS.items():
+            if metric in values:
+                out.append((metric, unit, float(values[metric]), *key))
+    return pd.DataFrame(out, columns=list(METRIC_COLUMNS))

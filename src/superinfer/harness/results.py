@@ -1,4 +1,5 @@
-"""The run directory: ``summary.csv``, ``requests.parquet``, ``manifest.json``, ``report.md``.
+"""The run directory: ``summary.csv``, ``metrics.csv``, ``requests.parquet``,
+``timeline.parquet``, ``manifest.json``, ``report.md`` (and the report's PNG plots).
 
 Every file is written to a temporary name in the same directory and renamed into place, so a
 reader never sees a half-written file and an interrupted run leaves the previous files intact.
@@ -20,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from superinfer.harness.metrics import SUMMARY_COLUMNS
+from superinfer.harness.metrics import SUMMARY_COLUMNS, metrics_long
 
 __all__ = ["git_sha", "manifest", "write_atomic", "write_run"]
 
@@ -42,7 +43,8 @@ def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
 
 
 def git_sha() -> str:
-    """Commit of the source tree this package runs from, with ``-dirty`` if modified."""
+    """Commit of the source tree this package runs from, with ``-dirty`` if a tracked file
+    outside ``results/`` is modified."""
     root = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(
@@ -53,8 +55,17 @@ def git_sha() -> str:
             check=True,
             timeout=10,
         ).stdout.strip()
+        # Reference results are written by the very runs this sha labels: they do not count.
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ":/",
+                ":(top,exclude)results",
+            ],
             cwd=root,
             capture_output=True,
             text=True,
@@ -105,12 +116,19 @@ def write_run(
     report_md: str,
     timeline: pd.DataFrame | None = None,
 ) -> None:
-    """Write the files of a run directory (atomically, each): ``summary.csv``,
-    ``requests.parquet``, ``manifest.json``, ``report.md`` and, when given, ``timeline.parquet``."""
+    """Write the files of a run directory (atomically, each): ``summary.csv``, ``metrics.csv``
+    (the summary in long format, :func:`~superinfer.harness.metrics.metrics_long`),
+    ``requests.parquet``, ``manifest.json``, ``report.md`` and, when given, ``timeline.parquet``.
+    """
     summary = summary[[*SUMMARY_COLUMNS, *[c for c in summary if c not in SUMMARY_COLUMNS]]]
     write_atomic(
         out_dir / "summary.csv",
         lambda p: summary.to_csv(p, index=False, float_format=CSV_FLOAT_FORMAT),
+    )
+    metrics = metrics_long(summary, requests)
+    write_atomic(
+        out_dir / "metrics.csv",
+        lambda p: metrics.to_csv(p, index=False, float_format=CSV_FLOAT_FORMAT),
     )
     write_atomic(
         out_dir / "requests.parquet",

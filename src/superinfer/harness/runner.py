@@ -12,6 +12,7 @@ import pandas as pd
 from superinfer.adapters.manager import available_policies, build_plugin_manager
 from superinfer.harness.errors import UserError
 from superinfer.harness.metrics import REQUEST_COLUMNS, add_latency_columns, summarize
+from superinfer.harness.specs import build_from_spec, load_spec
 from superinfer.harness.workload import Workload, build_workload
 from superinfer.sim.engine import SimConfig, SimResult, Simulator
 from superinfer.sim.hardware import get_gpu, get_model
@@ -23,6 +24,7 @@ __all__ = [
     "BenchConfig",
     "BenchResult",
     "CellResult",
+    "build_bench_workload",
     "run_bench",
     "run_sim_cell",
     "sim_requests_frame",
@@ -34,7 +36,8 @@ class BenchConfig:
     """One benchmark: a workload on engines, under several policies.
 
     Attributes:
-        trace: ``--trace`` name or path (see ``harness.workload.TRACES``).
+        trace: ``--trace`` name or path (see ``harness.workload.TRACES``); ignored when
+            ``workload`` is set.
         engines: engine ids (``sim:vllm``); each runs every policy.
         model: model name.
         gpu: GPU name.
@@ -47,7 +50,10 @@ class BenchConfig:
         policy_options: per policy name, constructor options.
         rate_scale: arrival-rate multiplier.
         duration_s: workload window in scaled seconds (``None``: the whole trace).
-        seed: seed of every random choice (recorded; the trace replay itself draws none).
+        seed: seed of every random choice (synthetic arrivals, sampling, timestamp spreading
+            of spec workloads; a plain trace replay draws none).
+        workload: workload spec, a built-in name or a TOML path (``harness.specs``); ``None``
+            uses ``trace``.
     """
 
     trace: str = "azure"
@@ -63,6 +69,7 @@ class BenchConfig:
     rate_scale: float = 1.0
     duration_s: float | None = None
     seed: int = 0
+    workload: str | None = None
 
 
 @dataclass(frozen=True)
@@ -223,13 +230,38 @@ def _resolve_policies(names: Sequence[str]) -> list[str]:
     return list(names)
 
 
+def build_bench_workload(config: BenchConfig) -> Workload:
+    """The workload ``config`` names: its spec (``workload``) or its trace (``trace``).
+
+    Raises:
+        UserError: unknown name, bad scale or window, or an invalid spec.
+        TraceFormatError: a malformed trace file.
+    """
+    if config.workload is not None:
+        return build_from_spec(
+            load_spec(config.workload),
+            seed=config.seed,
+            rate_scale=config.rate_scale,
+            duration_s=config.duration_s,
+        )
+    return build_workload(config.trace, rate_scale=config.rate_scale, duration_s=config.duration_s)
+
+
 def run_bench(
     config: BenchConfig,
     *,
     progress: Callable[[str], None] | None = None,
     workload: Workload | None = None,
+    on_cell: Callable[[int, int, str], None] | None = None,
 ) -> BenchResult:
     """Run ``config``: the workload once per engine x policy.
+
+    Args:
+        config: what to run.
+        progress: called with a message before each engine x policy cell.
+        workload: the workload, if already built (else :func:`build_bench_workload`).
+        on_cell: called as ``on_cell(done, total, label)`` before each cell (``done`` cells
+            finished so far) and once more after the last, for progress bars.
 
     Raises:
         UserError: unknown engine, model, GPU or policy, or a bad option.
@@ -238,9 +270,8 @@ def run_bench(
         if engine.split(":")[0] not in RUNNERS:
             raise UserError(f"unknown engine {engine!r}; engine families: {', '.join(RUNNERS)}")
     policies = _resolve_policies(config.policies)
-    wl = workload or build_workload(
-        config.trace, rate_scale=config.rate_scale, duration_s=config.duration_s
-    )
+    wl = workload or build_bench_workload(config)
+    total = len(config.engines) * len(policies)
     summaries: list[dict[str, object]] = []
     frames, timelines = [], []
     cells: dict[str, dict[str, Any]] = {}
@@ -249,6 +280,8 @@ def run_bench(
         for name in policies:
             if progress:
                 progress(f"{engine} x {name}: {len(wl.requests)} requests")
+            if on_cell:
+                on_cell(len(cells), total, f"{engine} × {name}")
             cell = runner(config, engine, name, wl)
             summaries.extend(
                 summarize(
@@ -258,9 +291,12 @@ def run_bench(
             frames.append(cell.requests)
             timelines.append(cell.timeline)
             cells[f"{engine}/{name}"] = cell.info
+    if on_cell:
+        on_cell(len(cells), total, "done")
     info: dict[str, Any] = {
         "config": {**asdict(config), "policies": policies},
         "workload": {
+            "name": wl.name,
             "trace": wl.name,
             "sources": [
                 {
@@ -274,6 +310,7 @@ def run_bench(
             "rate_scale": wl.rate_scale,
             "duration_s": wl.duration_s,
             "n_requests": len(wl.requests),
+            "details": dict(wl.details),
         },
         "cells": cells,
     }

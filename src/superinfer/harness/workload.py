@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from superinfer.harness.data import trace_path
 from superinfer.harness.errors import UserError
@@ -67,6 +69,10 @@ class Workload:
         sources: the sources mixed.
         rate_scale: arrival-rate multiplier applied (2.0 = twice as many requests per second).
         duration_s: window kept, in scaled seconds from the first arrival (``None``: all).
+        prompts: prompt text by request id, for requests whose source has text (real engines
+            send it; the simulator needs only the token counts).
+        details: how the workload was made (spec file, formats, arrival processes, seed), for
+            the manifest and the report; empty for ``--trace`` workloads.
     """
 
     name: str
@@ -74,6 +80,8 @@ class Workload:
     sources: tuple[Source, ...]
     rate_scale: float
     duration_s: float | None
+    prompts: Mapping[str, str] = field(default_factory=dict)
+    details: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _load(source: Source) -> list[TraceRow]:
