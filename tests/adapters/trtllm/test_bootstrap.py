@@ -66,8 +66,11 @@ def test_without_the_variable_nothing_is_armed(tmp_path: Path) -> None:
     assert bootstrap.install_from_env({}) is False
     assert sys.meta_path == before
     bootstrap.install_pth(str(tmp_path))
+    # Another package's .pth (the SGLang CPU shim) may import superinfer itself; what must not
+    # load is the TensorRT-LLM adapter.
     code = (
-        f"import site, sys; site.addsitedir({str(tmp_path)!r}); print('superinfer.adapters.trtllm' in sys.modules)"
+        f"import site, sys; site.addsitedir({str(tmp_path)!r}); "
+        "print('superinfer.adapters.trtllm' in sys.modules)"
     )
     env = {k: v for k, v in os.environ.items() if k != bootstrap.CONFIG_ENV}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
