@@ -32,9 +32,12 @@ def _dequantize_key_kernel(
     scale_ptr,  # [T / G, H, D] fp16
     zero_ptr,  # [T / G, H, D] fp16
     out_ptr,  # [T, H, D] float output
-    stride_ct, stride_ch,  # codes strides (byte stride is 1)
-    stride_sg, stride_sh,  # scale / zero strides (channel stride is 1)
-    stride_ot, stride_oh,  # out strides (channel stride is 1)
+    stride_ct,  # codes: token stride
+    stride_ch,  # codes: head stride
+    stride_sg,  # scale / zero: group stride
+    stride_sh,  # scale / zero: head stride
+    stride_ot,  # out: token stride
+    stride_oh,  # out: head stride
     HALF_D: tl.constexpr,  # D / 2: channel pairs per head
     BLOCK_HALF_D: tl.constexpr,  # next power of two >= HALF_D
     GROUP: tl.constexpr,  # G: tokens per key group
@@ -73,9 +76,12 @@ def _dequantize_value_kernel(
     zero_ptr,  # [T, H, D / G] fp16
     out_ptr,  # [T, H, D] float output
     num_tokens,  # T
-    stride_ct, stride_ch,  # codes strides (byte stride is 1)
-    stride_st, stride_sh,  # scale / zero strides (group stride is 1)
-    stride_ot, stride_oh,  # out strides (channel stride is 1)
+    stride_ct,  # codes: token stride
+    stride_ch,  # codes: head stride
+    stride_st,  # scale / zero: token stride
+    stride_sh,  # scale / zero: head stride
+    stride_ot,  # out: token stride
+    stride_oh,  # out: head stride
     GROUP: tl.constexpr,  # G: channels per value group
     BITS: tl.constexpr,  # 8 or 4
     BLOCK_T: tl.constexpr,  # tokens per program

@@ -7,8 +7,8 @@ installed, or a CPU tensor meets a compiled kernel), and a ``RuntimeWarning`` sa
 reason. ``backend="ref"`` or ``"triton"`` forces a choice (tests, benchmarks).
 """
 
-from typing import Any, Literal
 import warnings
+from typing import Any, Literal
 
 import torch
 
@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover - exercised only where Triton is missing
         def jit(fn: Any = None, **_: Any) -> Any:
             return fn if fn is not None else (lambda f: f)
 
-    triton = tl = _NoTriton()  # type: ignore[assignment]
+    triton = tl = _NoTriton()
     HAS_TRITON = False
 
 __all__ = ["HAS_TRITON", "Backend", "is_interpreted", "select_backend", "tl", "triton"]
@@ -51,7 +51,9 @@ def is_interpreted(kernel: object) -> bool:
 def _fall_back(reason: str) -> Backend:
     if reason not in _warned:
         _warned.add(reason)
-        warnings.warn(f"{reason}: using the pure-torch reference kernels", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"{reason}: using the pure-torch reference kernels", RuntimeWarning, stacklevel=3
+        )
     return "ref"
 
 

@@ -5,7 +5,8 @@ groups **keys per channel** across ``group_size`` consecutive tokens (key outlie
 channels) and **values per token** across ``group_size`` consecutive channels. Each group stores
 ``bits``-bit unsigned codes and an fp16 ``scale`` and ``zero_point``; a value is recovered as::
 
-    x_hat = code * scale + zero_point        zero_point = min(group), scale = (max - min) / (2**bits - 1)
+    x_hat = code * scale + zero_point     zero_point = min(group)
+                                          scale = (max - min) / (2**bits - 1)
 
 Codes of one token, head and channel row are bytes: int8 keeps one code per byte, int4 packs two
 (channel ``2j`` in the low nibble of byte ``j``, channel ``2j + 1`` in the high nibble).
@@ -18,6 +19,8 @@ Shapes for ``T`` tokens, ``H`` KV heads, ``D`` channels per head, group size ``G
     value scale, zero_pt   [T, H, D / G]        fp16   (one per token per channel group)
 
 A page of ``P`` tokens of a paged cache is the same layout with ``T = P`` (``P % G == 0``).
+Tensors are contiguous (the wrappers check it), so kernels take the strides of every dim but the
+last, whose stride is 1.
 """
 
 from __future__ import annotations
@@ -90,7 +93,9 @@ def codes_width(head_dim: int, bits: int) -> int:
     return head_dim * bits // 8
 
 
-def scale_shape(kind: KVKind, num_tokens: int, num_heads: int, head_dim: int, group_size: int) -> tuple[int, int, int]:
+def scale_shape(
+    kind: KVKind, num_tokens: int, num_heads: int, head_dim: int, group_size: int
+) -> tuple[int, int, int]:
     """Shape of the scale (and zero point) tensor of ``num_tokens`` tokens."""
     if kind is KVKind.KEY:
         return (num_tokens // group_size, num_heads, head_dim)
@@ -244,7 +249,9 @@ class KVPages:
             raise ValueError("a 16-bit pool has no codes")
         key = kind is KVKind.KEY
         codes, scale, zero = (
-            (self.k, self.k_scale, self.k_zero_point) if key else (self.v, self.v_scale, self.v_zero_point)
+            (self.k, self.k_scale, self.k_zero_point)
+            if key
+            else (self.v, self.v_scale, self.v_zero_point)
         )
         assert scale is not None and zero is not None
         return QuantizedKV(

@@ -43,8 +43,12 @@ def _load_tile(
     tok,  # [PAGE] token offsets inside the page
     chan,  # [BLOCK_D] channels
     mask,  # [PAGE, BLOCK_D] valid elements
-    stride_dp, stride_dt, stride_dh,  # data strides (last dim stride 1)
-    stride_sp, stride_st, stride_sh,  # scale / zero strides (last dim stride 1)
+    stride_dp,  # pool data: page stride
+    stride_dt,  # pool data: token stride
+    stride_dh,  # pool data: head stride
+    stride_sp,  # scale / zero: page stride
+    stride_st,  # scale / zero: token stride
+    stride_sh,  # scale / zero: head stride
     IS_KEY: tl.constexpr,  # keys: per-channel groups of GROUP tokens; values: per-token groups
     BITS: tl.constexpr,  # 16, 8 or 4
     GROUP: tl.constexpr,  # G
@@ -72,17 +76,37 @@ def _load_tile(
 
 @triton.jit
 def _attend_page(
-    q, m, l, acc,  # query tile [BLOCK_H, BLOCK_D] (dot dtype), running max/sum [BLOCK_H], acc
-    k_ptr, ks_ptr, kz_ptr, v_ptr, vs_ptr, vz_ptr,  # pool pointers (see _load_tile)
-    page, head, tok, chan, valid, dmask,  # page, KV head, offsets, valid tokens [PAGE], channels
-    stride_dp, stride_dt, stride_dh,  # data strides, shared by keys and values
-    stride_ksp, stride_kst, stride_ksh,  # key scale / zero strides
-    stride_vsp, stride_vst, stride_vsh,  # value scale / zero strides
+    q,  # [BLOCK_H, BLOCK_D] query tile (in the dot dtype)
+    m,  # [BLOCK_H] running max of the scores (base 2)
+    l_sum,  # [BLOCK_H] running sum of exp2(score - m)
+    acc,  # [BLOCK_H, BLOCK_D] running unnormalized output
+    k_ptr,  # keys or key codes of the pool (see _load_tile)
+    ks_ptr,  # key scales
+    kz_ptr,  # key zero points
+    v_ptr,  # values or value codes
+    vs_ptr,  # value scales
+    vz_ptr,  # value zero points
+    page,  # page index in the pool
+    head,  # KV head
+    tok,  # [PAGE] token offsets inside the page
+    chan,  # [BLOCK_D] channels
+    valid,  # [PAGE] tokens of this page that hold KV
+    dmask,  # [BLOCK_D] channels < HEAD_DIM
+    stride_dp,  # pool data: page stride
+    stride_dt,  # pool data: token stride
+    stride_dh,  # pool data: head stride
+    stride_ksp,  # key scale / zero: page stride
+    stride_kst,  # key scale / zero: token stride
+    stride_ksh,  # key scale / zero: head stride
+    stride_vsp,  # value scale / zero: page stride
+    stride_vst,  # value scale / zero: token stride
+    stride_vsh,  # value scale / zero: head stride
     sm_scale_log2,  # softmax scale * log2(e)
-    BITS: tl.constexpr, GROUP: tl.constexpr,  # page precision and group size
+    BITS: tl.constexpr,  # page precision: 16, 8 or 4
+    GROUP: tl.constexpr,  # G of the pool (1 for 16-bit)
     IEEE: tl.constexpr,  # fp32 dot without TF32
 ):
-    # Online-softmax update of (m, l, acc) with one page (FlashAttention-2, in base 2).
+    # Online-softmax update of (m, l_sum, acc) with one page (FlashAttention-2, in base 2).
     mask = valid[:, None] & dmask[None, :]
     k = _load_tile(k_ptr, ks_ptr, kz_ptr, page, head, tok, chan, mask,
                    stride_dp, stride_dt, stride_dh, stride_ksp, stride_kst, stride_ksh,
@@ -102,29 +126,48 @@ def _attend_page(
         pv = tl.dot(p, v, input_precision="ieee")
     else:
         pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
-    return m_new, l * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + pv
+    return m_new, l_sum * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + pv
 
 
 @triton.jit
 def _paged_decode_kernel(
     q_ptr,  # [B, Hq, D] queries
-    k_ptr, ks_ptr, kz_ptr, v_ptr, vs_ptr, vz_ptr,  # this launch's pool (BITS), see _load_tile
-    rk_ptr, rv_ptr,  # 16-bit pool [N16, P, H, D] holding the residual pages
+    k_ptr,  # this launch's pool (BITS): keys or key codes, see _load_tile
+    ks_ptr,  # key scales
+    kz_ptr,  # key zero points
+    v_ptr,  # values or value codes
+    vs_ptr,  # value scales
+    vz_ptr,  # value zero points
+    rk_ptr,  # [N16, P, H, D] keys of the 16-bit pool, holding the residual pages
+    rv_ptr,  # [N16, P, H, D] values of the 16-bit pool
     block_tables_ptr,  # [B, max_pages] int32 page indices into this launch's pool
     seq_lens_ptr,  # [B] int32 tokens per sequence
     residual_pages_ptr,  # [B] int32 residual page (16-bit pool) of a quantized sequence
     seq_ids_ptr,  # [num programs along axis 0] int32 batch rows of this precision
-    part_m_ptr, part_l_ptr,  # [B, Hq, S] fp32 partial max (base 2) and sum
+    part_m_ptr,  # [B, Hq, S] fp32 partial max (base 2)
+    part_l_ptr,  # [B, Hq, S] fp32 partial sum
     part_acc_ptr,  # [B, Hq, S, D] fp32 partial (unnormalized) outputs
     sm_scale_log2,  # softmax scale * log2(e)
-    stride_qb, stride_qh,  # q strides (channel stride 1)
-    stride_dp, stride_dt, stride_dh,  # this pool's data strides
-    stride_ksp, stride_kst, stride_ksh,  # key scale / zero strides
-    stride_vsp, stride_vst, stride_vsh,  # value scale / zero strides
-    stride_rp, stride_rt, stride_rh,  # 16-bit (residual) pool strides
+    stride_qb,  # q: sequence stride
+    stride_qh,  # q: head stride
+    stride_dp,  # pool data: page stride
+    stride_dt,  # pool data: token stride
+    stride_dh,  # pool data: head stride
+    stride_ksp,  # key scale / zero: page stride
+    stride_kst,  # key scale / zero: token stride
+    stride_ksh,  # key scale / zero: head stride
+    stride_vsp,  # value scale / zero: page stride
+    stride_vst,  # value scale / zero: token stride
+    stride_vsh,  # value scale / zero: head stride
+    stride_rp,  # residual pool: page stride
+    stride_rt,  # residual pool: token stride
+    stride_rh,  # residual pool: head stride
     stride_bt,  # block_tables row stride
-    stride_pb, stride_ph,  # partial m / l strides (split stride 1)
-    stride_ab, stride_ah, stride_as,  # partial acc strides (channel stride 1)
+    stride_pb,  # partial m / l_sum: sequence stride
+    stride_ph,  # partial m / l_sum: head stride
+    stride_ab,  # partial acc: sequence stride
+    stride_ah,  # partial acc: head stride
+    stride_as,  # partial acc: split stride
     GQA: tl.constexpr,  # query heads per KV head
     BLOCK_H: tl.constexpr,  # max(16, next power of two >= GQA): tl.dot needs M >= 16
     HEAD_DIM: tl.constexpr,  # D
@@ -156,15 +199,15 @@ def _paged_decode_kernel(
     if IEEE:
         q = q.to(tl.float32)
     m = tl.full([BLOCK_H], -1.0e30, tl.float32)
-    l = tl.zeros([BLOCK_H], tl.float32)
+    l_sum = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     tok = tl.arange(0, PAGE)
     first = split * PAGES_PER_SPLIT
     last = tl.minimum(first + PAGES_PER_SPLIT, tl.cdiv(n_paged, PAGE))
     for i in range(first, last):
         page = tl.load(block_tables_ptr + b * stride_bt + i)
-        m, l, acc = _attend_page(
-            q, m, l, acc, k_ptr, ks_ptr, kz_ptr, v_ptr, vs_ptr, vz_ptr,
+        m, l_sum, acc = _attend_page(
+            q, m, l_sum, acc, k_ptr, ks_ptr, kz_ptr, v_ptr, vs_ptr, vz_ptr,
             page, head, tok, chan, i * PAGE + tok < n_paged, dmask,
             stride_dp, stride_dt, stride_dh, stride_ksp, stride_kst, stride_ksh,
             stride_vsp, stride_vst, stride_vsh, sm_scale_log2, BITS, GROUP, IEEE,
@@ -172,28 +215,33 @@ def _paged_decode_kernel(
     if BITS != 16:
         if split == tl.num_programs(2) - 1:
             page = tl.load(residual_pages_ptr + b)
-            m, l, acc = _attend_page(
-                q, m, l, acc, rk_ptr, rk_ptr, rk_ptr, rv_ptr, rv_ptr, rv_ptr,
+            m, l_sum, acc = _attend_page(
+                q, m, l_sum, acc, rk_ptr, rk_ptr, rk_ptr, rv_ptr, rv_ptr, rv_ptr,
                 page, head, tok, chan, tok < n - n_paged, dmask,
                 stride_rp, stride_rt, stride_rh, 0, 0, 0, 0, 0, 0, sm_scale_log2, 16, 1, IEEE,
             )  # fmt: skip
     heads = head * GQA + hq
     pm = b * stride_pb + heads * stride_ph + split
     tl.store(part_m_ptr + pm, m, mask=hmask)
-    tl.store(part_l_ptr + pm, l, mask=hmask)
+    tl.store(part_l_ptr + pm, l_sum, mask=hmask)
     pa = b * stride_ab + heads[:, None] * stride_ah + split * stride_as + chan[None, :]
     tl.store(part_acc_ptr + pa, acc, mask=hmask[:, None] & dmask[None, :])
 
 
 @triton.jit
 def _merge_splits_kernel(
-    part_m_ptr, part_l_ptr,  # [B, Hq, S] fp32
+    part_m_ptr,  # [B, Hq, S] fp32 partial max (base 2)
+    part_l_ptr,  # [B, Hq, S] fp32 partial sum
     part_acc_ptr,  # [B, Hq, S, D] fp32
     out_ptr,  # [B, Hq, D] output (the query dtype)
     num_splits,  # S
-    stride_pb, stride_ph,  # partial m / l strides (split stride 1)
-    stride_ab, stride_ah, stride_as,  # partial acc strides (channel stride 1)
-    stride_ob, stride_oh,  # out strides (channel stride 1)
+    stride_pb,  # partial m / l_sum: sequence stride
+    stride_ph,  # partial m / l_sum: head stride
+    stride_ab,  # partial acc: sequence stride
+    stride_ah,  # partial acc: head stride
+    stride_as,  # partial acc: split stride
+    stride_ob,  # out: sequence stride
+    stride_oh,  # out: head stride
     HEAD_DIM: tl.constexpr,  # D
     BLOCK_D: tl.constexpr,  # next power of two >= D
     BLOCK_S: tl.constexpr,  # next power of two >= S
@@ -205,17 +253,21 @@ def _merge_splits_kernel(
     chan = tl.arange(0, BLOCK_D)
     smask = sp < num_splits
     m = tl.load(part_m_ptr + b * stride_pb + h * stride_ph + sp, mask=smask, other=float("-inf"))
-    l = tl.load(part_l_ptr + b * stride_pb + h * stride_ph + sp, mask=smask, other=0.0)
+    l_sum = tl.load(part_l_ptr + b * stride_pb + h * stride_ph + sp, mask=smask, other=0.0)
     w = tl.exp2(m - tl.max(m, axis=0))
     pa = b * stride_ab + h * stride_ah + sp[:, None] * stride_as + chan[None, :]
     acc = tl.load(part_acc_ptr + pa, mask=smask[:, None] & (chan < HEAD_DIM)[None, :], other=0.0)
-    o = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+    o = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l_sum, axis=0)
     dst = out_ptr + b * stride_ob + h * stride_oh + chan
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=chan < HEAD_DIM)
 
 
 def _sequence_kv(
-    b: int, bits: int, n: int, block_tables: torch.Tensor, pools: Mapping[int, KVPages],
+    b: int,
+    bits: int,
+    n: int,
+    block_tables: torch.Tensor,
+    pools: Mapping[int, KVPages],
     residual_pages: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     pool = pools[bits]
@@ -248,7 +300,7 @@ def paged_decode_attention_ref(
     *,
     sm_scale: float | None = None,
 ) -> torch.Tensor:
-    """Pure-torch reference of :func:`paged_decode_attention`: gather, dequantize, softmax in fp32."""
+    """Pure-torch reference of :func:`paged_decode_attention` (gather, dequantize, fp32 softmax)."""
     num_seqs, num_q_heads, head_dim = q.shape
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
     out = torch.empty_like(q)
@@ -274,7 +326,11 @@ def _check(
     check_kv_tensor("block_tables", block_tables, 2, (torch.int32,))
     check_kv_tensor("seq_lens", seq_lens, 1, (torch.int32,))
     num_seqs = q.shape[0]
-    if len(kv_bits) != num_seqs or block_tables.shape[0] != num_seqs or seq_lens.shape[0] != num_seqs:
+    if (
+        len(kv_bits) != num_seqs
+        or block_tables.shape[0] != num_seqs
+        or seq_lens.shape[0] != num_seqs
+    ):
         raise ValueError(
             f"q has {num_seqs} sequences but kv_bits has {len(kv_bits)}, block_tables "
             f"{block_tables.shape[0]}, seq_lens {seq_lens.shape[0]}"
@@ -392,7 +448,10 @@ def paged_decode_attention(
     res_pages = residual_pages if residual_pages is not None else seq_lens
     for bits in sorted(set(kv_bits), reverse=True):
         rows = [b for b in range(num_seqs) if kv_bits[b] == bits]
-        seq_ids = torch.tensor(rows, dtype=torch.int32, device=device)
+        if len(rows) == num_seqs:  # one precision: no host-to-device copy of the row list
+            seq_ids = torch.arange(num_seqs, dtype=torch.int32, device=device)
+        else:
+            seq_ids = torch.tensor(rows, dtype=torch.int32, device=device)
         pool = pools[bits]
         ks = pool.k_scale if pool.k_scale is not None else pool.k
         kz = pool.k_zero_point if pool.k_zero_point is not None else pool.k

@@ -84,7 +84,7 @@ def pack_paged_kv(
         return torch.randperm(count, generator=gen) if gen is not None else torch.arange(count)
 
     # Pages per pool: whole pages of each sequence, plus one residual page per quantized one.
-    pages_needed = {bits: 0 for bits in per_bits}
+    pages_needed = dict.fromkeys(per_bits, 0)
     for (paged, _), bits in zip(tails, kv_bits, strict=True):
         pages_needed[bits] += -(-paged // page_size)
         if bits != 16:
@@ -105,7 +105,9 @@ def pack_paged_kv(
         n_pages = pages_needed[bits]
         rows = [b for b, kb in enumerate(kv_bits) if kb == bits]
         if bits == 16:
-            k_pool = torch.zeros((n_pages, page_size, num_heads, head_dim), dtype=dtype, device=device)
+            k_pool = torch.zeros(
+                (n_pages, page_size, num_heads, head_dim), dtype=dtype, device=device
+            )
             v_pool = torch.zeros_like(k_pool)
             for b, (paged, rest) in enumerate(tails):
                 slots = tables[b] if kv_bits[b] == 16 else [residual[b]]
@@ -113,9 +115,9 @@ def pack_paged_kv(
                 count = paged if kv_bits[b] == 16 else rest
                 if not count:
                     continue
-                for src, name in ((keys[b], k_pool), (values[b], v_pool)):
+                for src, dst in ((keys[b], k_pool), (values[b], v_pool)):
                     chunk = padded(src[start : start + count].to(dtype), count)
-                    name[slots] = chunk.view(-1, page_size, num_heads, head_dim)
+                    dst[slots] = chunk.view(-1, page_size, num_heads, head_dim)
             pools[16] = KVPages(k=k_pool, v=v_pool)
             continue
         # Quantize each sequence's whole groups (pages padded with zero tokens, then scattered).
@@ -127,8 +129,16 @@ def pack_paged_kv(
             paged = tails[b][0]
             if not paged:
                 continue
-            kq = quantize_kv(padded(keys[b], paged).contiguous(), KVKind.KEY, bits, group_size, backend=backend)
-            vq = quantize_kv(padded(values[b], paged).contiguous(), KVKind.VALUE, bits, group_size, backend=backend)
+            kq = quantize_kv(
+                padded(keys[b], paged).contiguous(), KVKind.KEY, bits, group_size, backend=backend
+            )
+            vq = quantize_kv(
+                padded(values[b], paged).contiguous(),
+                KVKind.VALUE,
+                bits,
+                group_size,
+                backend=backend,
+            )
             seq_pool = KVPages.from_quantized(kq, vq, page_size)
             idx = torch.tensor(tables[b], dtype=torch.long, device=device)
             for name in ("k", "v", "k_scale", "k_zero_point", "v_scale", "v_zero_point"):

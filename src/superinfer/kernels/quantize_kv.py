@@ -33,9 +33,12 @@ def _quantize_key_kernel(
     codes_ptr,  # [T, H, D * BITS / 8] uint8 output
     scale_ptr,  # [T / G, H, D] fp16 output
     zero_ptr,  # [T / G, H, D] fp16 output
-    stride_xt, stride_xh,  # x strides (channel stride is 1)
-    stride_ct, stride_ch,  # codes strides (byte stride is 1)
-    stride_sg, stride_sh,  # scale / zero strides (channel stride is 1)
+    stride_xt,  # x: token stride
+    stride_xh,  # x: head stride
+    stride_ct,  # codes: token stride
+    stride_ch,  # codes: head stride
+    stride_sg,  # scale / zero: group stride
+    stride_sh,  # scale / zero: head stride
     HALF_D: tl.constexpr,  # D / 2: channel pairs per head
     BLOCK_HALF_D: tl.constexpr,  # next power of two >= HALF_D
     GROUP: tl.constexpr,  # G: tokens per key group
@@ -81,9 +84,12 @@ def _quantize_value_kernel(
     scale_ptr,  # [T, H, D / G] fp16 output
     zero_ptr,  # [T, H, D / G] fp16 output
     num_tokens,  # T
-    stride_xt, stride_xh,  # x strides (channel stride is 1)
-    stride_ct, stride_ch,  # codes strides (byte stride is 1)
-    stride_st, stride_sh,  # scale / zero strides (group stride is 1)
+    stride_xt,  # x: token stride
+    stride_xh,  # x: head stride
+    stride_ct,  # codes: token stride
+    stride_ch,  # codes: head stride
+    stride_st,  # scale / zero: token stride
+    stride_sh,  # scale / zero: head stride
     GROUP: tl.constexpr,  # G: channels per value group
     BITS: tl.constexpr,  # 8 or 4
     BLOCK_T: tl.constexpr,  # tokens per program
