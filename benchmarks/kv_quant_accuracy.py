@@ -28,6 +28,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -132,6 +133,8 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    # transformers >= 5.24 renames `past_key_values` to `cache`; the old name works on all 5.x.
+    warnings.filterwarnings("ignore", message="`past_key_values` is deprecated")
     folder = gguf_dir()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE).eval()

@@ -6,10 +6,11 @@ threshold and down only ``hysteresis`` below it, so a pool hovering at a thresho
 precision on every admission. A request keeps the precision it was admitted with.
 
 Default floors come from ``results/kv_quant_accuracy.csv`` (SmolLM2-135M-Instruct, 32 ShareGPT
-prompts, 4,064 scored reply tokens; docs/kv_quant.md): INT8 with KIVI groups agrees with the
-unquantized model on >= 99.6% of next tokens with perplexity within 0.13%, while INT4 drops to
-93-96% agreement and +0.9% to +6.9% perplexity. So ``chat`` (interactive, strict SLO) stops at
-INT8 and every other class may go to INT4.
+prompts, 3,503 scored reply tokens; definitions in docs/kv_quant.md): INT8 with KIVI groups agrees
+with the unquantized model on 99.7-99.8% of next tokens at +0.02% perplexity, INT4 on 96.7-97.5%
+at +0.6% to +1.2% (95% bootstrap intervals over prompts do not overlap). So ``chat``
+(interactive, strict SLO) stops at INT8 and every other class may go to INT4. The pressure
+thresholds are starting values, not measured optima: the simulator is where to sweep them.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ from superinfer.kernels import KVKind, dequantize_kv_ref, quantize_kv_ref  # noq
 from superinfer.policy_core.kv_bytes import kv_sequence_bytes  # noqa: E402
 from superinfer.policy_core.types import KVPrecision  # noqa: E402
 
+# transformers >= 5.24 renames the forward argument to `cache`; `past_key_values` works on all 5.x.
+pytestmark = pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
+
 GROUP = 8
 FORMATS = [
     KVFormat(None),
