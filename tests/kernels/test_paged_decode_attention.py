@@ -45,17 +45,17 @@ def _batch(
     return keys, values
 
 
-# (dtype, page_size, group_size, kv_heads, gqa, head_dim, pages_per_split)
+# (dtype, page_size, group_size, kv_heads, gqa, head_dim, pages_per_split, tile_tokens)
 CASES = [
-    (torch.float32, 16, 16, 2, 3, 64, 1),
-    (torch.float32, 32, 16, 1, 4, 48, None),
-    (torch.float16, 32, 32, 2, 2, 64, 2),
-    (torch.bfloat16, 16, 16, 2, 1, 32, 1),
+    (torch.float32, 16, 16, 2, 3, 64, 1, None),
+    (torch.float32, 32, 16, 1, 4, 48, None, 16),  # two tiles per page
+    (torch.float16, 32, 32, 2, 2, 64, 2, 32),
+    (torch.bfloat16, 16, 16, 2, 1, 32, 1, None),
 ]
 
 
 @pytest.mark.parametrize(
-    ("dtype", "page", "group", "heads", "gqa", "head_dim", "per_split"), CASES, ids=str
+    ("dtype", "page", "group", "heads", "gqa", "head_dim", "per_split", "tile"), CASES, ids=str
 )
 def test_kernel_matches_reference_on_a_mixed_batch(
     dtype: torch.dtype,
@@ -65,6 +65,7 @@ def test_kernel_matches_reference_on_a_mixed_batch(
     gqa: int,
     head_dim: int,
     per_split: int | None,
+    tile: int | None,
 ) -> None:
     lengths = _lengths(page, group)
     bits = [(16, 8, 4)[i % 3] for i in range(len(lengths))] + [4, 16, 8]
@@ -76,7 +77,9 @@ def test_kernel_matches_reference_on_a_mixed_batch(
     gen = torch.Generator().manual_seed(1)
     q = torch.randn(len(lengths), heads * gqa, head_dim, generator=gen).to(dtype).to(DEVICE)
     args = (q, cache.kv_bits, cache.block_tables, cache.seq_lens, cache.pools, cache.residual_pages)
-    got = paged_decode_attention(*args, pages_per_split=per_split, backend="triton")
+    got = paged_decode_attention(
+        *args, pages_per_split=per_split, tile_tokens=tile, backend="triton"
+    )
     want = paged_decode_attention_ref(*args)
     assert got.dtype == dtype and got.shape == q.shape
     tol = TOLERANCE[dtype]
@@ -148,6 +151,8 @@ def test_bad_batches_raise_one_clear_error() -> None:
         paged_decode_attention(**{**base, "kv_bits": (16,)})
     with pytest.raises(ValueError, match="seq_lens must be one of"):
         paged_decode_attention(**{**base, "seq_lens": cache.seq_lens.long()})
+    with pytest.raises(ValueError, match="tile_tokens must be a power of two >= 16"):
+        paged_decode_attention(**base, tile_tokens=8)
     with pytest.raises(ValueError, match="does not fit pools"):
         paged_decode_attention(**{**base, "q": torch.randn(2, 1, 64)})
 

@@ -24,11 +24,22 @@ from superinfer.kernels.dequantize_kv import dequantize_kv_ref
 from superinfer.kernels.dispatch import Backend, is_interpreted, select_backend, tl, triton
 from superinfer.kernels.layout import FLOAT_DTYPES, META_DTYPE, KVPages, check_kv_tensor
 
-__all__ = ["PARTITION_TOKENS", "paged_decode_attention", "paged_decode_attention_ref"]
+__all__ = [
+    "PARTITION_TOKENS",
+    "TILE_TOKENS",
+    "paged_decode_attention",
+    "paged_decode_attention_ref",
+]
 
 # Tokens per split-K partition: vLLM's paged attention v2 uses 512
 # (vllm/attention/ops/paged_attn.py, _PARTITION_SIZE). Not re-tuned here: no GPU measurement yet.
 PARTITION_TOKENS = 512
+# Tokens per inner tile (a page is read in tiles of this many tokens). Compiled for sm_90 (head_dim
+# 128, 4 warps; results/benchmarks/kernels_aot.csv) 16-token tiles take 93 / 154 / 127 registers
+# per thread at fp16 / int8 / int4, 32-token tiles 168-241 and 64-token tiles 255 (the cap), none
+# spilling. 16 keeps occupancy highest; whether that is fastest needs a GPU run of
+# benchmarks/kernels.py, which sweeps 16 / 32 / 64.
+TILE_TOKENS = 16
 _NEG_INF = -1.0e30  # finite "minus infinity" for the running max: an empty tile leaves no NaN
 _LOG2E = 1.4426950408889634
 
@@ -40,9 +51,9 @@ def _load_tile(
     zero_ptr,  # same shape as scale
     page,  # page index in the pool
     head,  # KV head
-    tok,  # [PAGE] token offsets inside the page
+    tok,  # [TILE] token offsets inside the page
     chan,  # [BLOCK_D] channels
-    mask,  # [PAGE, BLOCK_D] valid elements
+    mask,  # [TILE, BLOCK_D] valid elements
     stride_dp,  # pool data: page stride
     stride_dt,  # pool data: token stride
     stride_dh,  # pool data: head stride
@@ -53,7 +64,7 @@ def _load_tile(
     BITS: tl.constexpr,  # 16, 8 or 4
     GROUP: tl.constexpr,  # G
 ):
-    # One page tile [PAGE, BLOCK_D] of keys or values, dequantized to fp32.
+    # One tile [TILE, BLOCK_D] of a page's keys or values, dequantized to fp32.
     base = data_ptr + page * stride_dp + tok[:, None] * stride_dt + head * stride_dh
     if BITS == 16:
         x = tl.load(base + chan[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -88,9 +99,9 @@ def _attend_page(
     vz_ptr,  # value zero points
     page,  # page index in the pool
     head,  # KV head
-    tok,  # [PAGE] token offsets inside the page
+    tok,  # [TILE] token offsets inside the page
     chan,  # [BLOCK_D] channels
-    valid,  # [PAGE] tokens of this page that hold KV
+    valid,  # [TILE] tokens of this tile that hold KV
     dmask,  # [BLOCK_D] channels < HEAD_DIM
     stride_dp,  # pool data: page stride
     stride_dt,  # pool data: token stride
@@ -173,6 +184,7 @@ def _paged_decode_kernel(
     HEAD_DIM: tl.constexpr,  # D
     BLOCK_D: tl.constexpr,  # next power of two >= D
     PAGE: tl.constexpr,  # P, tokens per page
+    TILE: tl.constexpr,  # tokens per inner tile (divides PAGE, >= 16 for tl.dot)
     GROUP: tl.constexpr,  # G of this pool (1 for 16-bit)
     BITS: tl.constexpr,  # 16, 8 or 4
     PAGES_PER_SPLIT: tl.constexpr,  # pages per split-K partition
@@ -201,25 +213,31 @@ def _paged_decode_kernel(
     m = tl.full([BLOCK_H], -1.0e30, tl.float32)
     l_sum = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    tok = tl.arange(0, PAGE)
-    first = split * PAGES_PER_SPLIT
-    last = tl.minimum(first + PAGES_PER_SPLIT, tl.cdiv(n_paged, PAGE))
+    # Tiles of TILE tokens: page i // TILES_PER_PAGE, tokens from (i % TILES_PER_PAGE) * TILE.
+    tiles_per_page: tl.constexpr = PAGE // TILE
+    offs = tl.arange(0, TILE)
+    first = split * PAGES_PER_SPLIT * tiles_per_page
+    last = tl.minimum(first + PAGES_PER_SPLIT * tiles_per_page, tl.cdiv(n_paged, TILE))
     for i in range(first, last):
-        page = tl.load(block_tables_ptr + b * stride_bt + i)
+        page = tl.load(block_tables_ptr + b * stride_bt + i // tiles_per_page)
+        tok = (i % tiles_per_page) * TILE + offs
         m, l_sum, acc = _attend_page(
             q, m, l_sum, acc, k_ptr, ks_ptr, kz_ptr, v_ptr, vs_ptr, vz_ptr,
-            page, head, tok, chan, i * PAGE + tok < n_paged, dmask,
+            page, head, tok, chan, i * TILE + offs < n_paged, dmask,
             stride_dp, stride_dt, stride_dh, stride_ksp, stride_kst, stride_ksh,
             stride_vsp, stride_vst, stride_vsh, sm_scale_log2, BITS, GROUP, IEEE,
         )  # fmt: skip
     if BITS != 16:
         if split == tl.num_programs(2) - 1:
             page = tl.load(residual_pages_ptr + b)
-            m, l_sum, acc = _attend_page(
-                q, m, l_sum, acc, rk_ptr, rk_ptr, rk_ptr, rv_ptr, rv_ptr, rv_ptr,
-                page, head, tok, chan, tok < n - n_paged, dmask,
-                stride_rp, stride_rt, stride_rh, 0, 0, 0, 0, 0, 0, sm_scale_log2, 16, 1, IEEE,
-            )  # fmt: skip
+            for j in range(0, tl.cdiv(n - n_paged, TILE)):
+                tok = j * TILE + offs
+                m, l_sum, acc = _attend_page(
+                    q, m, l_sum, acc, rk_ptr, rk_ptr, rk_ptr, rv_ptr, rv_ptr, rv_ptr,
+                    page, head, tok, chan, tok < n - n_paged, dmask,
+                    stride_rp, stride_rt, stride_rh, 0, 0, 0, 0, 0, 0, sm_scale_log2, 16, 1,
+                    IEEE,
+                )  # fmt: skip
     heads = head * GQA + hq
     pm = b * stride_pb + heads * stride_ph + split
     tl.store(part_m_ptr + pm, m, mask=hmask)
@@ -386,6 +404,7 @@ def paged_decode_attention(
     sm_scale: float | None = None,
     max_seq_len: int | None = None,
     pages_per_split: int | None = None,
+    tile_tokens: int | None = None,
     backend: Backend | None = None,
 ) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged, per-sequence-precision KV.
@@ -407,6 +426,8 @@ def paged_decode_attention(
         max_seq_len: longest sequence, to size the split-K partitions without reading
             ``seq_lens`` back from the device; computed from ``seq_lens`` when ``None``.
         pages_per_split: pages per partition; ``PARTITION_TOKENS / page_size`` by default.
+        tile_tokens: tokens per inner tile, a power of two >= 16 dividing the page size;
+            ``TILE_TOKENS`` (or the page size, if smaller) by default.
         backend: force ``"triton"`` or ``"ref"``; ``None`` chooses (see ``dispatch``).
 
     Returns:
@@ -432,6 +453,9 @@ def paged_decode_attention(
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max()) if num_seqs else 0
     per_split = pages_per_split or max(1, PARTITION_TOKENS // page_size)
+    tile = min(tile_tokens or TILE_TOKENS, page_size)
+    if tile < 16 or page_size % tile or tile & (tile - 1):
+        raise ValueError(f"tile_tokens must be a power of two >= 16 dividing page_size, got {tile}")
     num_splits = max(1, triton.cdiv(triton.cdiv(max_seq_len, page_size), per_split))
     part_m = torch.empty((num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=device)
     part_l = torch.empty_like(part_m)
@@ -476,6 +500,7 @@ def paged_decode_attention(
             HEAD_DIM=head_dim,
             BLOCK_D=triton.next_power_of_2(head_dim),
             PAGE=page_size,
+            TILE=tile,
             GROUP=pool.group_size or 1,
             BITS=bits,
             PAGES_PER_SPLIT=per_split,

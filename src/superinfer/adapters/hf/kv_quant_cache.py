@@ -7,8 +7,10 @@ tokens in whole key groups are quantized, the last ``n % G`` tokens stay in full
 (KIVI's residual, Liu et al. ICML 2024), and a step's own new tokens are attended in full
 precision (what a prefill kernel does before the cache write).
 
-Dequantized values are kept next to the codes, so a decode step does not dequantize the whole
-cache again; they equal ``dequantize_kv(quantize_kv(x))`` exactly.
+A group is quantized once, when it completes; the layer keeps its dequantized values (exactly
+``dequantize_kv(quantize_kv(x))``) and the byte count of its codes, scales and zero points, so a
+decode step does not dequantize the whole cache again. This is a measurement cache (accuracy of
+a storage format), not a memory-saving one.
 """
 
 from __future__ import annotations
