@@ -98,7 +98,7 @@ def score_prompt(model, tokenizer, text: str, formats: list[KVFormat], args) -> 
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
     ids = ids["input_ids"] if not torch.is_tensor(ids) else ids
     rows = [KVFormat(None)] + formats
-    cache = make_kivi_cache(model.config.num_hidden_layers, rows)
+    cache = make_kivi_cache(model.config.num_hidden_layers, rows, backend=args.backend)
     out = model(input_ids=ids, past_key_values=cache, use_cache=True)
     token = out.logits[0, -1].argmax()
     agree = torch.zeros(len(rows))
@@ -123,6 +123,14 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--formats", default="fp16,int8:32,int8:64,int4:16,int4:32,int4:64")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument(
+        "--backend",
+        choices=["ref", "triton"],
+        default="ref",
+        help="quantize/dequantize implementation: the pure-torch reference (bit-identical to the "
+        "kernels under the interpreter, see tests/kernels) or the Triton kernels (on CPU only "
+        "with TRITON_INTERPRET=1, hours slower)",
+    )
     parser.add_argument("--out", type=Path, default=Path("results/kv_quant_accuracy.csv"))
     args = parser.parse_args()
     formats = parse_formats(args.formats)
