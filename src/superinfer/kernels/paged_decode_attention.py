@@ -40,7 +40,6 @@ PARTITION_TOKENS = 512
 # spilling. 16 keeps occupancy highest; whether that is fastest needs a GPU run of
 # benchmarks/kernels.py, which sweeps 16 / 32 / 64.
 TILE_TOKENS = 16
-_NEG_INF = -1.0e30  # finite "minus infinity" for the running max: an empty tile leaves no NaN
 _LOG2E = 1.4426950408889634
 
 
@@ -210,7 +209,7 @@ def _paged_decode_kernel(
     )
     if IEEE:
         q = q.to(tl.float32)
-    m = tl.full([BLOCK_H], -1.0e30, tl.float32)
+    m = tl.full([BLOCK_H], -1.0e30, tl.float32)  # finite: a split with no token leaves no NaN
     l_sum = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     # Tiles of TILE tokens: page i // TILES_PER_PAGE, tokens from (i % TILES_PER_PAGE) * TILE.
