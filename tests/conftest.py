@@ -1,6 +1,13 @@
-"""pytest configuration: GPU tests skip themselves where no CUDA device is present."""
+"""pytest configuration: GPU tests skip themselves where no CUDA device is present.
+
+Without a CUDA device, Triton kernels run in Triton's interpreter: ``TRITON_INTERPRET=1`` must be
+set before ``superinfer.kernels`` is first imported (kernels are built at import), so it is set
+here, before any test module is collected. An explicit ``TRITON_INTERPRET`` is left alone.
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -11,6 +18,10 @@ def _has_cuda() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
+
+
+if not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -55,3 +55,11 @@ def test_only_the_cli_imports_the_harness() -> None:
         if path.name == "cli.py" or "harness" in path.relative_to(SRC).parts:
             continue
         assert not any(n.startswith("superinfer.harness") for n in _imports(path)), path
+
+
+@pytest.mark.parametrize("path", _modules("kernels"), ids=lambda p: p.name)
+def test_kernels_import_torch_triton_and_themselves_only(path: Path) -> None:
+    for name in _imports(path):
+        if name.startswith("superinfer."):
+            assert name.startswith("superinfer.kernels"), f"{path.name} imports {name}"
+        assert name.split(".")[0] not in ("pluggy", "pandas", "transformers"), path.name
