@@ -91,6 +91,13 @@ def cli() -> None:
     "0 disables swap and prefix offload].",
 )
 @click.option(
+    "--kv-quant/--no-kv-quant",
+    default=False,
+    show_default=True,
+    help="Per-request KV precision from the quantization planner (fp16 -> int8 -> int4 under "
+    "memory pressure, chat never below int8); off: every request stores FP16 KV.",
+)
+@click.option(
     "--policies",
     default=None,
     help="Comma-separated policy names [default: every registered policy].",
@@ -128,6 +135,7 @@ def bench(
     replicas: int,
     router: str,
     cpu_kv_ratio: float | None,
+    kv_quant: bool,
     policies: str | None,
     rate_scale: float,
     duration_s: float | None,
@@ -174,6 +182,7 @@ def bench(
         replicas=options["replicas"],
         router=options["router"],
         cpu_kv_ratio=cpu_kv_ratio,
+        kv_quant=kv_quant,
         policies=_split(options["policies"]),
         rate_scale=rate_scale,
         duration_s=duration_s,
@@ -275,6 +284,8 @@ def calibrate(out: str, install: bool) -> None:
         target = Path(sim_pkg.__file__).parent / "calibration.json"
         write_atomic(target, lambda p: p.write_text(text))
         click.echo(f"wrote {target}")
+
+
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option(
     "--engine",

@@ -6,7 +6,9 @@ import pytest
 
 from superinfer.adapters.hookspecs import hookimpl
 from superinfer.policy_core.batching import blocks_for_tokens, fill_step
+from superinfer.policy_core.kv_bytes import kv_bytes_ratio, kv_sequence_bytes
 from superinfer.policy_core.types import (
+    KVPrecision,
     Placement,
     PlacementDecision,
     PreemptMode,
@@ -196,3 +198,52 @@ def test_no_cpu_tier_means_no_swap() -> None:
 
     with pytest.raises(PolicyError, match="no CPU KV tier"):
         simulate([spec("a", 0.0, 1000, 10)], policy=SwapOnce(), cpu_kv_ratio=0.0)
+
+
+class FixedPrecision:
+    """Stores every request's KV at one precision."""
+
+    name = "fixed-precision"
+
+    def __init__(self, precision: KVPrecision) -> None:
+        self.precision = precision
+
+    @hookimpl
+    def superinfer_kv_precision(self, request, state):  # noqa: ANN001, ANN201
+        return self.precision
+
+
+@pytest.mark.parametrize("precision", [KVPrecision.FP16, KVPrecision.INT8, KVPrecision.INT4])
+def test_quantized_kv_takes_its_exact_bytes_in_fp16_pages(precision: KVPrecision) -> None:
+    from superinfer.adapters.manager import build_plugin_manager
+
+    pm = build_plugin_manager("fcfs")
+    pm.register(FixedPrecision(precision))
+    sim = Simulator(config(), pm.hook)
+    result = sim.run([spec("a", 0.0, 1000, 1)])
+    (req,) = result.requests
+    page = L8.kv_bytes_per_token() * 16
+    expected = -(-kv_sequence_bytes(1000, 32, 8, 128, precision, 32) // int(page))
+    assert result.peak_kv_blocks == (expected,)
+    assert req.status is RequestStatus.FINISHED
+    # int4 codes are half of int8's; both carry the same scales and zero points:
+    # per layer and head, a 32-token group is 2*32*128*b/8 code bytes + 2*2*128 + 2*2*128 metadata
+    int8 = kv_sequence_bytes(1024, 32, 8, 128, KVPrecision.INT8, 32)
+    int4 = kv_sequence_bytes(1024, 32, 8, 128, KVPrecision.INT4, 32)
+    meta = 32 * 32 * 8 * (2 * 2 * 128 + 2 * 2 * 128)  # groups x layers x heads x (K + V meta)
+    assert int8 - meta == 2 * (int4 - meta)
+
+
+def test_quantized_kv_makes_decode_attention_cheaper() -> None:
+    from superinfer.adapters.manager import build_plugin_manager
+
+    times = {}
+    for precision in (KVPrecision.FP16, KVPrecision.INT4):
+        pm = build_plugin_manager("fcfs")
+        pm.register(FixedPrecision(precision))
+        (req,) = Simulator(config(), pm.hook).run([spec("a", 0.0, 4000, 3)]).requests
+        times[precision] = req.finish_s - req.first_token_s
+    a, b = STEP.decode_coefficients(1)
+    ratio = kv_bytes_ratio(128, KVPrecision.INT4, 32)
+    assert times[KVPrecision.FP16] == pytest.approx(2 * a + b * (4001 + 4002), rel=1e-9)
+    assert times[KVPrecision.INT4] == pytest.approx(2 * a + b * ratio * (4001 + 4002), rel=1e-9)

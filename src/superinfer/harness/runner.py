@@ -54,6 +54,8 @@ class BenchConfig:
             of spec workloads; a plain trace replay draws none).
         workload: workload spec, a built-in name or a TOML path (``harness.specs``); ``None``
             uses ``trace``.
+        kv_quant: store each request's KV at the precision the quantization planner chooses
+            (``policy_core.quant_planner``), instead of FP16 for all.
     """
 
     trace: str = "azure"
@@ -70,6 +72,7 @@ class BenchConfig:
     duration_s: float | None = None
     seed: int = 0
     workload: str | None = None
+    kv_quant: bool = False
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,10 @@ def run_sim_cell(config: BenchConfig, engine: str, policy: str, workload: Worklo
         cpu_kv_ratio=config.cpu_kv_ratio,
     )
     pm = build_plugin_manager(policy, config.policy_options.get(policy))
+    if config.kv_quant:
+        from superinfer.adapters.kv_precision import register_quant_planner
+
+        register_quant_planner(pm)
     t0 = time.perf_counter()
     result = Simulator(sim_config, pm.hook).run(workload.requests)
     wall = time.perf_counter() - t0

@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from superinfer.policy_core.batching import SGLANG_CLIP_MAX_NEW_TOKENS, blocks_for_tokens
+from superinfer.policy_core.kv_bytes import kv_bytes_ratio, kv_sequence_bytes
 from superinfer.policy_core.types import (
     AdmissionRule,
     KVLocation,
+    KVPrecision,
     Placement,
     PreemptMode,
     ScheduleDecision,
@@ -99,6 +101,7 @@ class SimConfig:
         host_link_bytes_s: HBM<->CPU bandwidth per GPU and direction; ``None`` takes the GPU's.
         timeline_interval_s: a replica's KV use and queue lengths are sampled at the end of its
             first step at least this long after the previous sample.
+        kv_group_size: quantization group size of INT8/INT4 KV (KIVI ``G``).
     """
 
     profile: EngineProfile
@@ -112,6 +115,7 @@ class SimConfig:
     cpu_kv_ratio: float | None = None
     host_link_bytes_s: float | None = None
     timeline_interval_s: float = 1.0
+    kv_group_size: int = 32
 
 
 def kv_capacity_blocks(profile: EngineProfile, model: ModelSpec, gpu: GPUSpec, tp: int) -> int:
@@ -139,10 +143,11 @@ class _Run:
     shape: BatchShape
     decode_a_s: float = 0.0  # repeated runs only: step j takes a + b (C0 + j B)
     decode_b_s: float = 0.0
+    decode_growth: float = 0.0  # B: FP16-equivalent KV tokens the batch adds per step
 
     def elapsed_s(self, steps: int) -> float:
         """Time the first ``steps`` steps of a repeated run take."""
-        c0, b_seqs = self.shape.decode_kv_tokens, len(self.pieces)
+        c0, b_seqs = self.shape.decode_kv_tokens, self.decode_growth
         return steps * self.decode_a_s + self.decode_b_s * (
             steps * c0 + b_seqs * steps * (steps - 1) / 2
         )
@@ -156,6 +161,8 @@ class Replica:
                  link_bytes_s: float) -> None:  # fmt: skip
         self.index = index
         self.profile = profile
+        self.model: ModelSpec | None = None  # set by the simulator; needed for quantized KV
+        self.kv_group_size = 32
         self.total_blocks = num_blocks
         self.cpu_total_blocks = cpu_blocks
         self.token_budget = token_budget
@@ -187,6 +194,25 @@ class Replica:
         self.peak_class_blocks: dict[str, int] = {}
 
     # -- accounting -----------------------------------------------------------------------------
+
+    def blocks_for(self, req: SimRequest, tokens: int) -> int:
+        """Pages ``tokens`` tokens of ``req``'s KV fill at its precision (FP16-sized pages).
+
+        A quantized request packs its exact bytes (codes, scales, zero points and the 16-bit
+        residual, ``policy_core.kv_bytes``) into the pool's FP16-sized pages.
+        """
+        if req.precision is KVPrecision.FP16 or self.model is None:
+            return -(-tokens // self.block_size_tokens)
+        m = self.model
+        size = kv_sequence_bytes(tokens, m.num_layers, m.num_kv_heads, m.head_dim,
+                                 req.precision, self.kv_group_size)  # fmt: skip
+        return -(-size // self.kv_block_bytes)
+
+    def kv_ratio(self, req: SimRequest) -> float:
+        """Bytes of ``req``'s KV per token relative to FP16 (what decode attention reads)."""
+        if req.precision is KVPrecision.FP16 or self.model is None:
+            return 1.0
+        return kv_bytes_ratio(self.model.head_dim, req.precision, self.kv_group_size)
 
     @property
     def transit_blocks(self) -> int:
@@ -349,6 +375,10 @@ class Simulator:
             for i in range(config.replicas)
         ]  # fmt: skip
         self.placement_enabled = bool(hook.superinfer_kv_placement.get_hookimpls())
+        self.precision_enabled = bool(hook.superinfer_kv_precision.get_hookimpls())
+        for replica in self.replicas:
+            replica.model = config.model
+            replica.kv_group_size = config.kv_group_size
         self._events: list[tuple[float, int, int, int, Any]] = []
         self._seq = 0
         self._rr = 0
@@ -504,7 +534,7 @@ class Simulator:
         if decision is None:
             raise PolicyError("no plugin answered superinfer_schedule")
         check_decision(state, decision, swap_supported=rep.cpu_total_blocks > 0)
-        not_before = self._apply(rep, decision, now_s)
+        not_before = self._apply(rep, decision, now_s, state)
         if decision.num_tokens:
             self._start_run(rep, decision, now_s, not_before)
         if rep.run is not None:
@@ -537,7 +567,6 @@ class Simulator:
         decode_tokens = prefill_tokens = 0
         first_end = run.start_s + run.elapsed_s(1) if k > 1 else now_s
         last_step = run.elapsed_s(k) - run.elapsed_s(k - 1) if k > 1 else 0.0
-        bs = rep.block_size_tokens
         for req, n in run.pieces:
             if n == 1 and req.generated_tokens > 0:
                 decode_tokens += k
@@ -548,7 +577,7 @@ class Simulator:
             self._emit(req, n, k, first_end, last_step, now_s)
             if was_prefilling and req.computed_tokens >= prompt:
                 self._insert_prefix(rep, req, now_s)
-            own = -(-req.computed_tokens // bs) - req.shared_blocks
+            own = rep.blocks_for(req, req.computed_tokens) - req.shared_blocks
             if req.reserve_blocks > own:
                 own = req.reserve_blocks
             if own != req.own_blocks:
@@ -660,8 +689,8 @@ class Simulator:
         """A request finished its prefill: cache its prompt's hashed blocks (its pages become the
         cache's; the request keeps them locked)."""
         spec = req.spec
-        if not spec.block_hashes:
-            return
+        if not spec.block_hashes or req.precision is not KVPrecision.FP16:
+            return  # the cache holds FP16 KV; quantized requests reuse it but do not add to it
         cache = rep.cache
         parent = req.nodes[-1] if req.nodes else None
         for index in range(len(req.nodes), len(spec.block_hashes)):
@@ -688,7 +717,8 @@ class Simulator:
 
     # -- decisions ------------------------------------------------------------------------------
 
-    def _apply(self, rep: Replica, decision: ScheduleDecision, now_s: float) -> float:
+    def _apply(self, rep: Replica, decision: ScheduleDecision, now_s: float,
+               state: StepState) -> float:  # fmt: skip
         """Apply everything but the tokens; the earliest instant the step may start."""
         not_before = now_s
         for rid, reason in decision.reject.items():
@@ -724,18 +754,22 @@ class Simulator:
             req.touch()
             rep.running[rid] = req
         for rid in decision.admit:
-            self._admit(rep, rep.waiting[rid], now_s)
+            self._admit(rep, rep.waiting[rid], now_s, state)
         for rid, tier in decision.tiers.items():
             req = rep.running.get(rid) or rep.waiting.get(rid) or rep.swapped[rid]
             req.tier = tier
             req.touch()
         return not_before
 
-    def _admit(self, rep: Replica, req: SimRequest, now_s: float) -> None:
-        """Move a waiting request to running: lock its cached prefix (copying CPU nodes back),
-        and, under ``RESERVE_MAX``, reserve its blocks to completion. If the allocator cannot
-        find the blocks it stays waiting."""
+    def _admit(self, rep: Replica, req: SimRequest, now_s: float, state: StepState) -> None:
+        """Move a waiting request to running: choose its KV precision (``superinfer_kv_precision``,
+        FP16 when no plugin answers), lock its cached prefix (copying CPU nodes back), and, under
+        ``RESERVE_MAX``, reserve its blocks to completion. If the allocator cannot find the blocks
+        it stays waiting."""
         spec = req.spec
+        if self.precision_enabled:
+            chosen = self.hook.superinfer_kv_precision(request=req.view(), state=state)
+            req.precision = chosen or KVPrecision.FP16
         match = (
             rep.cache.match(spec.block_hashes, spec.prompt_tokens) if spec.block_hashes else None
         )
@@ -746,8 +780,7 @@ class Simulator:
         hit_tokens = match.tokens if match else 0
         reserve = 0
         if rep.profile.admission is AdmissionRule.RESERVE_MAX:
-            total = blocks_for_tokens(spec.prompt_tokens + spec.max_output_tokens,
-                                      rep.block_size_tokens)  # fmt: skip
+            total = rep.blocks_for(req, spec.prompt_tokens + spec.max_output_tokens)
             reserve = max(0, total - sum(n.blocks for n in nodes))
         when = self._allocate(rep, onboard_blocks + reserve, now_s)
         if when is None:
@@ -771,7 +804,7 @@ class Simulator:
 
     def _swap_out(self, rep: Replica, req: SimRequest, now_s: float) -> None:
         """Copy ``req``'s KV to CPU; its HBM pages free when the copy ends."""
-        blocks = blocks_for_tokens(req.computed_tokens, rep.block_size_tokens)
+        blocks = rep.blocks_for(req, req.computed_tokens)
         end = rep.link.transfer("d2h", blocks * rep.kv_block_bytes, max(now_s, req.ready_s))
         own = req.own_blocks
         rep.add_own(req, -own)
@@ -812,7 +845,6 @@ class Simulator:
 
     def _start_run(self, rep: Replica, decision: ScheduleDecision, now_s: float,
                    not_before: float) -> None:  # fmt: skip
-        bs = rep.block_size_tokens
         pieces = [(rep.running[rid], n) for rid, n in decision.num_tokens.items()
                   if rid in rep.running]  # fmt: skip
         if not pieces:
@@ -821,7 +853,7 @@ class Simulator:
         start = not_before
         kept = []
         for req, n in pieces:
-            need = blocks_for_tokens(req.computed_tokens + max(n, steps), bs) - req.kv_blocks
+            need = rep.blocks_for(req, req.computed_tokens + max(n, steps)) - req.kv_blocks
             if need > 0:
                 when = self._allocate(rep, need, now_s)
                 if when is None:
@@ -837,11 +869,15 @@ class Simulator:
         if not pieces:
             return
         pairs = full_pairs = 0.0
-        prefill_kv = decode_kv = samples = prefill_tokens = prefill_seqs = 0
+        prefill_kv = samples = prefill_tokens = prefill_seqs = 0
+        decode_kv = 0.0
+        growth = 0.0
         for req, n in pieces:
             c = req.computed_tokens
             if n == 1:
-                decode_kv += c + 1
+                ratio = rep.kv_ratio(req)
+                decode_kv += (c + 1) * ratio
+                growth += ratio
             else:
                 prefill_seqs += 1
                 pairs += n * (c + (n + 1) / 2)
@@ -855,7 +891,7 @@ class Simulator:
         )  # fmt: skip
         if steps > 1:
             a, b = self.step_time.decode_coefficients(len(pieces))
-            run = _Run(start, pieces, steps, start, shape, a, b)
+            run = _Run(start, pieces, steps, start, shape, a, b, growth)
             run.end_s = start + run.elapsed_s(steps)
         else:
             run = _Run(start, pieces, 1, start + self.step_time.step_time_s(shape), shape)
@@ -876,12 +912,10 @@ class Simulator:
             min(r.spec.output_tokens - r.generated_tokens for r, _ in pieces),
         )
         free = rep.free_blocks + rep.cache.evictable_hbm_blocks
-        bs = rep.block_size_tokens
 
         def fits(k: int) -> bool:
             need = sum(
-                max(0, blocks_for_tokens(r.computed_tokens + k, bs) - r.kv_blocks)
-                for r, _ in pieces
+                max(0, rep.blocks_for(r, r.computed_tokens + k) - r.kv_blocks) for r, _ in pieces
             )
             return need <= free
 

@@ -68,7 +68,7 @@ class SimRequest:
         "spec", "computed_tokens", "generated_tokens", "first_token_s", "last_token_s",
         "finish_s", "num_preemptions", "tier", "own_blocks", "shared_blocks", "reserve_blocks",
         "nodes", "location", "ready_s", "cached_tokens", "status", "reason", "replica",
-        "max_itl_s", "hit_tokens", "hit_blocks", "hit_version", "_view",
+        "max_itl_s", "hit_tokens", "hit_blocks", "hit_version", "precision", "_view",
     )  # fmt: skip
 
     def __init__(self, spec: RequestSpec) -> None:
@@ -94,6 +94,7 @@ class SimRequest:
         self.hit_tokens = 0  # while waiting: prompt tokens the prefix cache holds now
         self.hit_blocks = 0
         self.hit_version = -1
+        self.precision = KVPrecision.FP16
         self._view: RequestView | None = None
 
     @property
@@ -136,7 +137,7 @@ class SimRequest:
                 first_token_s=self.first_token_s,
                 num_preemptions=self.num_preemptions,
                 tier=self.tier,
-                kv_precision=KVPrecision.FP16,
+                kv_precision=self.precision,
                 kv_location=KVLocation.HBM if waiting and self.hit_blocks else self.location,
                 kv_blocks=self.hit_blocks if waiting else self.kv_blocks,
                 shared_kv_blocks=self.hit_blocks if waiting else self.shared_blocks,

@@ -48,7 +48,8 @@ class BatchShape:
         prefill_attn_pairs: ``sum over prefill chunks of n_i * (c_i + (n_i + 1) / 2)``, the
             causal query-key pairs.
         prefill_kv_tokens: ``sum over prefill chunks of (c_i + n_i)``, KV tokens they read.
-        decode_kv_tokens: ``sum over decodes of (c_i + 1)``, KV tokens they read.
+        decode_kv_tokens: ``sum over decodes of (c_i + 1)``, KV tokens they read, in FP16
+            equivalents (a quantized request's tokens count at its bytes ratio to FP16).
         num_seqs: requests in the step.
         prefill_tokens: ``sum over prefill chunks of n_i``.
         prefill_full_pairs: ``sum over prefill chunks of n_i * (c_i + n_i)``, the query-key pairs
@@ -60,7 +61,7 @@ class BatchShape:
     num_samples: int
     prefill_attn_pairs: float
     prefill_kv_tokens: int
-    decode_kv_tokens: int
+    decode_kv_tokens: float
     num_seqs: int
     prefill_tokens: int = 0
     prefill_full_pairs: float = 0.0
