@@ -21,6 +21,11 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 	$(PIP) install -e '.[dev]'
 	@touch $@
 
+# Ray (the `ray` extra, about 240 MB installed) for `--executor ray` and its slow test.
+$(VENV)/.installed-ray: pyproject.toml $(VENV)/.installed-dev
+	$(PIP) install -e '.[dev,ray]'
+	@touch $@
+
 install: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed
@@ -29,8 +34,8 @@ bench: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
-# Everything, slow tests included.
-test-all: $(VENV)/.installed-dev
+# Everything, slow tests included (installs the `ray` extra for the Ray executor test).
+test-all: $(VENV)/.installed-ray
 	$(BIN)/python -m pytest -q -m ""
 
 lint: $(VENV)/.installed-dev
