@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: bench test test-all lint install clean
+.PHONY: bench test test-all lint install clean fleet
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,13 @@ install: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed
 	$(BIN)/superinfer bench
+
+# results/fleet/: GPUs each policy needs on sim:trtllm and sim:sglang, shared vs separate
+# clusters (about 20 minutes on 2 cores). `native` is each engine's own policy.
+FLEET_POLICIES ?= native,superinfer
+fleet: $(VENV)/.installed
+	$(BIN)/superinfer fleet plan --workload azure --engines sim:trtllm,sim:sglang \
+		--policies $(FLEET_POLICIES) --split --check-full --out results/fleet
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
