@@ -39,19 +39,25 @@ from superinfer.sim.request import RequestSpec
 
 __all__ = [
     "CACHE_SCHEMA",
+    "CELL_FIELDS",
     "FALLBACK_POLICY",
+    "AttainmentGuard",
     "CellCache",
     "CellSpec",
     "TargetMissed",
+    "WindowStats",
     "allowed_misses",
     "attainment",
     "cell_key",
     "check_cell",
+    "code_digest",
     "load_workload",
+    "met_slo",
     "resolve_policy",
     "run_cell",
     "select_requests",
     "slo_bound_s",
+    "workload_digest",
 ]
 
 #: Version of the cached outcome's layout; bump when :func:`run_cell`'s output changes shape.
@@ -272,8 +278,10 @@ def check_cell(cell: CellSpec) -> None:
         get_gpu(cell.gpu)
     except KeyError as exc:
         raise UserError(exc.args[0]) from None
-    if cell.policy not in available_policies():
-        resolve_policy(cell.policy, cell.engine)  # raises with the registered names
+    registered = available_policies()
+    if cell.policy not in registered:  # ``native`` included: it is resolved before a cell is made
+        known = ", ".join(sorted(registered))
+        raise UserError(f"unknown policy {cell.policy!r}; registered: {known}")
     if cell.replicas < 1:
         raise UserError(f"replicas must be >= 1, got {cell.replicas}")
     if cell.tp < 1 or model.num_kv_heads % cell.tp:
