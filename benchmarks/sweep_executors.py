@@ -2,10 +2,10 @@
 as Ray tasks on a local instance, and a check that all three give the same table.
 
 The sweep: Llama-3.1-70B on H100-80GB, TP4, five busy minutes of the Azure mix (from t = 1,200 s),
-sim:vllm and sim:trtllm x fcfs and priority x 2, 4, 8 replicas (12 cells, a few seconds each). No cache, so every
-cell runs. Writes ``results/benchmarks/sweep_executors.csv`` with columns ``executor, workers,
-cells, wall_s, start_s, same_table`` (``start_s``: starting the Ray instance, included in
-``wall_s``; a local pool starts with its first cell).
+sim:vllm and sim:trtllm x fcfs and priority x 2, 4, 8 replicas (12 cells, a few seconds each).
+No cache, so every cell runs. Writes ``results/benchmarks/sweep_executors.csv`` with columns
+``executor, workers, cells, wall_s, start_s, same_table`` (``start_s``: starting the Ray
+instance, included in ``wall_s``; a local pool starts with its first cell).
 
 Usage: ``python benchmarks/sweep_executors.py [--workers 2] [--out PATH]``; Ray rows need the
 ``ray`` extra (skipped without it).
