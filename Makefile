@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: bench test test-all lint install install-sglang clean
+.PHONY: bench test test-all lint install install-sglang clean fleet
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 # Development install: tests and linters on top of the base.
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 	$(PIP) install -e '.[dev]'
+	@touch $@
+
+# Ray (the `ray` extra, about 240 MB installed) for `--executor ray` and its slow test.
+$(VENV)/.installed-ray: pyproject.toml $(VENV)/.installed-dev
+	$(PIP) install -e '.[dev,ray]'
 	@touch $@
 
 install: $(VENV)/.installed-dev
@@ -40,14 +45,21 @@ install-sglang: $(VENV)/.installed-sglang
 bench: $(VENV)/.installed
 	$(BIN)/superinfer bench
 
+# results/fleet/: GPUs each policy needs on sim:trtllm and sim:sglang, shared vs separate
+# clusters (about 20 minutes on 2 cores). `native` is each engine's own policy.
+FLEET_POLICIES ?= native,superinfer
+fleet: $(VENV)/.installed
+	$(BIN)/superinfer fleet plan --workload azure --engines sim:trtllm,sim:sglang \
+		--policies $(FLEET_POLICIES) --split --check-full --out results/fleet
+
 # The SGLang adapter's tests run against the real sglang wheel, installed once into .venv (stamp
 # file; about 3.5 min and 3 GB the first time); SUPERINFER_REQUIRE_SGLANG makes a missing install
 # an error instead of a skip.
 test: $(VENV)/.installed-sglang
 	SUPERINFER_REQUIRE_SGLANG=1 $(BIN)/python -m pytest -q
 
-# Everything, slow tests included.
-test-all: $(VENV)/.installed-sglang
+# Everything, slow tests included (installs the `ray` extra for the Ray executor test).
+test-all: $(VENV)/.installed-sglang $(VENV)/.installed-ray
 	SUPERINFER_REQUIRE_SGLANG=1 $(BIN)/python -m pytest -q -m ""
 
 lint: $(VENV)/.installed-dev

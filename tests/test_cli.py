@@ -110,3 +110,79 @@ def test_workloads_lists_the_builtins() -> None:
         "mooncake-chat",
         "sharegpt-poisson",
     ]
+
+
+TINY_SPEC = """
+[cell]
+model = "llama-3.1-8b"
+gpu = "a100-80gb"
+tp = 1
+start_s = 1200
+duration_s = 30
+
+[grid]
+engine = ["sim:vllm"]
+policy = ["fcfs", "priority"]
+replicas = [1, 2]
+"""
+
+TINY_PLAN = ["--engine", "sim:vllm", "--policies", "native,priority", "--model", "llama-3.1-8b",
+             "--gpu", "a100-80gb", "--tp", "1", "--window-s", "60", "--window-start-s", "1200",
+             "--warmup-s", "30", "--max-replicas", "8"]  # fmt: skip
+
+
+def test_sweep_writes_a_tidy_table_and_resumes(tmp_path: Path) -> None:
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(TINY_SPEC)
+    out = tmp_path / "sweep"
+    first = run("sweep", str(spec), "--workers", "2", "--out", str(out))
+    assert first.returncode == 0, first.stderr
+    assert "4 cells (4 run, 0 cached)" in first.stderr
+    table = pd.read_csv(out / "sweep.csv")
+    assert table[["policy", "replicas", "slo_class"]].values.tolist() == [
+        [p, r, c] for p in ("fcfs", "priority") for r in (1, 2) for c in ("batch", "chat", "all")
+    ]
+    again = run("sweep", str(spec), "--out", str(out))
+    assert "4 cells (0 run, 4 cached)" in again.stderr
+    assert pd.read_csv(out / "sweep.csv").equals(table)
+    assert json.loads((out / "manifest.json").read_text())["cells_cached"] == 4
+
+
+def test_fleet_plan_writes_plan_csv(tmp_path: Path) -> None:
+    out = tmp_path / "fleet"
+    proc = run("fleet", "plan", *TINY_PLAN, "--workers", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    lines = (out / "plan.csv").read_text().splitlines()
+    assert lines[0] == (
+        "workload,engine,policy,layout,replicas,tp,gpus,meets_slo,chat_attainment,"
+        "batch_attainment,cost_per_mtok"
+    )
+    plan = pd.read_csv(out / "plan.csv")
+    assert plan[["policy", "layout", "replicas", "gpus", "meets_slo"]].values.tolist() == [
+        ["fcfs", "shared", 4, 4, True],  # the same numbers as tests/harness/test_fleet.py
+        ["priority", "shared", 3, 3, True],
+    ]
+    assert "| sim:vllm | priority | shared | 3 | 3 | yes |" in (out / "plan.md").read_text()
+    for name in ("plan_detail.csv", "search.csv", "manifest.json"):
+        assert (out / name).is_file()
+
+
+def test_sweep_and_fleet_mistakes_are_one_line_errors(tmp_path: Path) -> None:
+    spec = tmp_path / "bad.toml"
+    spec.write_text("[grid]\nreplica = [1, 2]\n")
+    cases = [
+        (["sweep", str(spec)], f"error: {spec}: [grid] unknown field 'replica'; fields: "),
+        (["sweep", str(tmp_path / "none.toml")], "error: "),
+        (["fleet", "plan", "--target", "chat=1.5"], "error: --target 'chat=1.5': expected"),
+        (["fleet", "plan", "--target", "video=0.9"], "error: --target: workload 'azure' has no"),
+        (["fleet", "plan", "--slo", "chat:ttft=5"], "error: --slo 'chat:ttft=5': 'ttft=5' is not"),
+        (["fleet", "plan", "--slo", "chat:ttft_ms=-1"], "error: --slo chat: SLO 'chat': ttft_ms"),
+        (["fleet", "plan", "--window-s", "soon"], "error: --window-s must be a number"),
+        (["fleet", "plan", "--policies", "superinfer"], "error: unknown policy 'superinfer'"),
+        (["sweep", str(spec), "--address", "auto"], "error: "),
+    ]
+    for args, expected in cases:
+        proc = run(*args, "--out", str(tmp_path / "out"))
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.strip() == proc.stderr.strip().splitlines()[0], proc.stderr
+        assert proc.stderr.startswith(expected), proc.stderr

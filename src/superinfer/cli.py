@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -370,6 +373,459 @@ def list_workloads() -> None:
         spec = parse_spec(text, path=f"<built-in {name}>")
         first = spec.description.split(". ")[0].rstrip(".")
         click.echo(f"{name:18s} {first}")
+
+
+@contextlib.contextmanager
+def _progress_bar(console: Any) -> Iterator[Any]:
+    """A progress display that shows once its first task is added, and stops on exit."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
+    try:
+        yield bar
+    finally:
+        if bar.live.is_started:
+            bar.stop()
+
+
+def _progress_task(bar: Any, label: str) -> Callable[[int, int, bool], None]:
+    bar.start()  # on the first task, so errors found before any cell runs print alone
+    task = bar.add_task(label, total=None)
+
+    def update(done: int, total: int, cached: bool) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return update
+
+
+_EXECUTOR_OPTIONS = [
+    click.option(
+        "--executor",
+        default="local",
+        show_default=True,
+        type=click.Choice(["local", "ray"]),
+        help="Run cells in local processes, or as Ray tasks (needs the `ray` extra).",
+    ),
+    click.option(
+        "--address",
+        default=None,
+        help="Ray cluster address (`auto`, `ray://host:10001`) [default: a local Ray instance "
+        "on 127.0.0.1].",
+    ),
+    click.option(
+        "--workers",
+        default=None,
+        type=int,
+        help="Local processes, or CPUs of the local Ray instance [default: all CPUs].",
+    ),
+    click.option(
+        "--fresh",
+        is_flag=True,
+        help="Ignore cached cells (they are still rewritten).",
+    ),
+]
+
+
+def _executor_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_EXECUTOR_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+@_executor_options
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Output directory [default: the spec's `out`, else results/sweeps/<spec name>].",
+)
+def sweep(
+    spec: str,
+    executor: str,
+    address: str | None,
+    workers: int | None,
+    fresh: bool,
+    out: str | None,
+) -> None:
+    """Run a grid of bench cells from SPEC.toml; write sweep.csv (one row per cell x SLO class).
+
+    Cells are cached by a hash of their settings, the workload's files and the code under
+    OUT/cells/, so an interrupted sweep resumes where it stopped.
+    """
+    import json
+    import time
+
+    from rich.console import Console
+
+    from superinfer.harness.cells import CellCache, load_workload
+    from superinfer.harness.executors import CellRunner
+    from superinfer.harness.results import CSV_FLOAT_FORMAT, manifest, write_atomic
+    from superinfer.harness.sweep import load_spec, sweep_table
+
+    console = Console(stderr=True)
+    parsed = load_spec(spec)
+    cells, notes = parsed.cells()
+    for note in notes:
+        console.print(f"note: {note}")
+    for trace, scale in sorted({(c.trace, c.rate_scale) for c in cells}):
+        load_workload(trace, scale)  # a bad trace fails here, once, before any worker starts
+    out_dir = Path(out) if out else parsed.out or Path("results/sweeps") / Path(spec).stem
+    cache = CellCache(out_dir / "cells", read=not fresh)
+    t0 = time.perf_counter()
+    with (
+        CellRunner(executor, workers=workers, address=address, cache=cache) as runner,
+        _progress_bar(console) as bar,
+    ):
+        outcomes = runner.run(cells, _progress_task(bar, f"sweep {len(cells)} cells"))
+    table = sweep_table(cells, outcomes)
+    write_atomic(
+        out_dir / "sweep.csv",
+        lambda p: table.to_csv(p, index=False, float_format=CSV_FLOAT_FORMAT),
+    )
+    meta = manifest(
+        {
+            "config": {"spec": str(spec), "executor": executor, "address": address},
+            "notes": notes,
+            "cells": len(cells),
+            "cells_run": runner.num_run,
+            "cells_cached": runner.num_cached,
+            "wall_s": round(time.perf_counter() - t0, 2),
+        }
+    )
+    write_atomic(
+        out_dir / "manifest.json", lambda p: p.write_text(json.dumps(meta, indent=2) + "\n")
+    )
+    console.print(
+        f"{len(cells)} cells ({runner.num_run} run, {runner.num_cached} cached); "
+        f"wrote {out_dir}/ (sweep.csv, manifest.json, cells/)"
+    )
+
+
+@cli.group()
+def fleet() -> None:
+    """Fleet planning: how many GPUs meet the SLOs, per engine, policy and layout."""
+
+
+def _parse_slo(values: tuple[str, ...]) -> dict[str, dict[str, float | None]]:
+    out: dict[str, dict[str, float | None]] = {}
+    keys = ("ttft_ms", "tpot_ms", "deadline_s")
+    for value in values:
+        cls, sep, rest = value.partition(":")
+        if not sep or not cls or not rest:
+            raise UserError(f"--slo {value!r}: expected CLASS:KEY=VALUE[,KEY=VALUE]")
+        for item in rest.split(","):
+            key, eq, raw = item.partition("=")
+            key = key.strip()
+            if not eq or key not in keys:
+                raise UserError(f"--slo {value!r}: {item!r} is not KEY=VALUE with KEY in {keys}")
+            try:
+                number = None if raw.strip().lower() == "none" else float(raw)
+            except ValueError:
+                raise UserError(f"--slo {value!r}: {key}={raw!r} is not a number") from None
+            out.setdefault(cls, {})[key] = number
+    return out
+
+
+def _parse_targets(value: str | None) -> tuple[tuple[str, float], ...]:
+    if not value:
+        return ()
+    out = []
+    for item in value.split(","):
+        cls, eq, raw = item.partition("=")
+        try:
+            target = float(raw)
+        except ValueError:
+            target = math.nan
+        if not eq or not cls.strip() or not 0 < target <= 1:
+            raise UserError(
+                f"--target {item!r}: expected CLASS=ATTAINMENT with 0 < ATTAINMENT <= 1"
+            )
+        out.append((cls.strip(), target))
+    return tuple(out)
+
+
+@fleet.command("plan")
+@click.option(
+    "--workload",
+    "--trace",
+    "workload",
+    default="azure",
+    show_default=True,
+    help="Workload: a --trace name (azure = conv chat + code batch, azure-conv, azure-code) "
+    "or an Azure-format CSV.",
+)
+@click.option(
+    "--engines",
+    "--engine",
+    "engines",
+    default="sim:trtllm",
+    show_default=True,
+    help="Comma-separated sim:* engine ids.",
+)
+@click.option(
+    "--policies",
+    default=None,
+    help="Comma-separated policies; `native` is each engine's own [default: native,superinfer, "
+    "skipping those not registered].",
+)
+@click.option(
+    "--slo",
+    multiple=True,
+    help="Replace a class's SLO targets: CLASS:KEY=VALUE[,KEY=VALUE] with KEY ttft_ms, tpot_ms "
+    "or deadline_s (`none` drops one). Repeatable.",
+)
+@click.option(
+    "--target",
+    default=None,
+    help="Attainment target per class: CLASS=FRACTION[,...], e.g. chat=0.99,batch=0.99 "
+    "[default: 0.99 for every class].",
+)
+@click.option("--model", default="llama-3.1-70b", show_default=True, help="Model.")
+@click.option("--gpu", default="h100-80gb", show_default=True, help="GPU.")
+@click.option("--tp", default=4, show_default=True, type=int, help="GPUs per replica (TP).")
+@click.option(
+    "--router",
+    default="round_robin",
+    show_default=True,
+    type=click.Choice(["round_robin", "least_tokens", "slo_aware"]),
+    help="How arrivals are spread over replicas.",
+)
+@click.option("--cpu-kv-ratio", default=None, type=float, help="CPU-tier KV over HBM KV.")
+@click.option("--rate-scale", default=1.0, show_default=True, type=float, help="Rate multiplier.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of every random choice.")
+@click.option(
+    "--window-s",
+    default="900",
+    show_default=True,
+    help="Measured window, s, or `full` for the whole workload.",
+)
+@click.option(
+    "--window-start-s",
+    default=None,
+    type=float,
+    help="Start of the window [default: the busiest window by tokens arriving].",
+)
+@click.option(
+    "--warmup-s",
+    default=300.0,
+    show_default=True,
+    type=float,
+    help="Traffic before the window simulated but not measured, s.",
+)
+@click.option(
+    "--gpu-price",
+    default=2.0,
+    show_default=True,
+    type=float,
+    help="$ per GPU-hour (an assumed price: cost scales linearly with it).",
+)
+@click.option("--min-replicas", default=1, show_default=True, type=int, help="First count.")
+@click.option("--max-replicas", default=64, show_default=True, type=int, help="Last count.")
+@click.option(
+    "--confirm",
+    default=1,
+    show_default=True,
+    type=int,
+    help="Counts above a passing count that must pass too (attainment is not monotone).",
+)
+@click.option("--split", is_flag=True, help="Also plan separate clusters, one per SLO class.")
+@click.option(
+    "--check-full",
+    is_flag=True,
+    help="Re-simulate every plan on the whole workload and report its attainment.",
+)
+@_executor_options
+@click.option(
+    "--out",
+    default="results/fleet",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Directory for plan.csv, plan_detail.csv, search.csv, plan.md, manifest.json, cells/.",
+)
+def fleet_plan(
+    workload: str,
+    engines: str,
+    policies: str | None,
+    slo: tuple[str, ...],
+    target: str | None,
+    model: str,
+    gpu: str,
+    tp: int,
+    router: str,
+    cpu_kv_ratio: float | None,
+    rate_scale: float,
+    seed: int,
+    window_s: str,
+    window_start_s: float | None,
+    warmup_s: float,
+    gpu_price: float,
+    min_replicas: int,
+    max_replicas: int,
+    confirm: int,
+    split: bool,
+    check_full: bool,
+    executor: str,
+    address: str | None,
+    workers: int | None,
+    fresh: bool,
+    out: str,
+) -> None:
+    """Find the fewest replicas (x TP = GPUs) meeting every SLO class's attainment target.
+
+    Searches replica counts with the simulator on the busiest window of the workload, per
+    engine x policy, for one shared cluster (and, with --split, separate clusters per class);
+    reports GPUs, cost per 1M output tokens and utilisation. Same seed, same plan.
+    """
+    import dataclasses
+    import json
+    import time
+
+    from rich.console import Console
+
+    from superinfer.adapters.manager import available_policies
+    from superinfer.harness.cells import CellCache, load_workload
+    from superinfer.harness.executors import CellRunner
+    from superinfer.harness.fleet import FleetConfig, plan_fleet, render_plan
+    from superinfer.harness.results import CSV_FLOAT_FORMAT, manifest, write_atomic
+
+    console = Console(stderr=True)
+    notes = []
+    if policies is None:
+        registered = available_policies()
+        names: tuple[str, ...] = tuple(
+            p for p in ("native", "superinfer") if p == "native" or p in registered
+        )
+        if "superinfer" not in names:
+            notes.append("policy 'superinfer' is not registered: planned native only")
+    else:
+        names = _split(policies)
+    if window_s.strip().lower() == "full":
+        window: float | None = None
+    else:
+        try:
+            window = float(window_s)
+        except ValueError:
+            raise UserError(
+                f"--window-s must be a number of seconds or `full`, got {window_s!r}"
+            ) from None
+    wl = load_workload(workload, rate_scale)
+    base = {r.slo.name: r.slo for r in wl.requests}
+    overrides = []
+    for cls, changes in _parse_slo(slo).items():
+        if cls not in base:
+            raise UserError(f"--slo: workload {workload!r} has no SLO class {cls!r}")
+        try:
+            overrides.append(dataclasses.replace(base[cls], **changes))  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise UserError(f"--slo {cls}: {exc}") from None
+    config = FleetConfig(
+        trace=workload,
+        engines=_split(engines),
+        policies=names,
+        model=model,
+        gpu=gpu,
+        tp=tp,
+        router=router,
+        cpu_kv_ratio=cpu_kv_ratio,
+        rate_scale=rate_scale,
+        seed=seed,
+        slo=tuple(overrides),
+        targets=_parse_targets(target),
+        window_s=window,
+        window_start_s=window_start_s,
+        warmup_s=warmup_s,
+        gpu_price=gpu_price,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        confirm=confirm,
+        split=split,
+        check_full=check_full,
+    )
+    out_dir = Path(out)
+    cache = CellCache(out_dir / "cells", read=not fresh)
+    t0 = time.perf_counter()
+    with (
+        CellRunner(executor, workers=workers, address=address, cache=cache) as runner,
+        _progress_bar(console) as bar,
+    ):
+        result = plan_fleet(
+            config,
+            wl,
+            runner,
+            progress=lambda label: _progress_task(bar, label),
+            log=lambda line: console.print(line),
+            notes=notes,
+        )
+    fmt = CSV_FLOAT_FORMAT
+    write_atomic(
+        out_dir / "plan.csv", lambda p: result.plan.to_csv(p, index=False, float_format=fmt)
+    )
+    write_atomic(
+        out_dir / "plan_detail.csv",
+        lambda p: result.detail.to_csv(p, index=False, float_format=fmt),
+    )
+    write_atomic(
+        out_dir / "search.csv", lambda p: result.search.to_csv(p, index=False, float_format=fmt)
+    )
+    write_atomic(out_dir / "plan.md", lambda p: p.write_text(render_plan(result, config, wl)))
+    meta = manifest(
+        {
+            "config": {**dataclasses.asdict(config), "executor": executor, "address": address},
+            **result.info,
+            "cells_run": runner.num_run,
+            "cells_cached": runner.num_cached,
+            "wall_s": round(time.perf_counter() - t0, 2),
+        }
+    )
+    write_atomic(
+        out_dir / "manifest.json",
+        lambda p: p.write_text(json.dumps(meta, indent=2, default=str) + "\n"),
+    )
+    _print_plan(result.detail)
+    console.print(
+        f"{runner.num_run} cells run, {runner.num_cached} cached; wrote {out_dir}/ (plan.csv, "
+        "plan_detail.csv, search.csv, plan.md, manifest.json)"
+    )
+
+
+def _print_plan(detail: pd.DataFrame) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table()
+    cols = ["engine", "policy", "layout", "replicas", "gpus", "meets_slo", "chat_attainment",
+            "batch_attainment", "busy_fraction", "mfu", "cost_per_mtok"]  # fmt: skip
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("engine", "policy", "layout") else "right")
+    for row in detail.itertuples():
+        cells = []
+        for c in cols:
+            v = getattr(row, c)
+            if isinstance(v, float):
+                cells.append("n/a" if math.isnan(v) else f"{v:.4g}")
+            else:
+                cells.append(str(v))
+        table.add_row(*cells)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    console.print(table)
 
 
 @cli.command("policies")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from superinfer.policy_core.types import PreemptMode, ScheduleDecision, StepState
@@ -43,6 +45,16 @@ def test_blocks_must_fit_after_preemptions_free_theirs() -> None:
         num_tokens={"wait": 40}, admit=("wait",), preempt={"run": PreemptMode.RECOMPUTE}
     )
     check_decision(state(free_blocks=2), freeing)  # 2 free + 1 freed = 3
+
+
+def test_reserved_headroom_bounds_admissions_only() -> None:
+    """Running requests may grow into the headroom reserved for them (SGLang's new_token_ratio);
+    only admissions must leave it free."""
+    reserved = dataclasses.replace(state(free_blocks=2), reserved_hbm_blocks=5)
+    check_decision(reserved, ScheduleDecision(num_tokens={"run": 1}))
+    admit = ScheduleDecision(num_tokens={"run": 1, "wait": 40}, admit=("wait",))
+    with pytest.raises(PolicyError, match="admissions need 3 KV blocks, 1 are free and 5 are"):
+        check_decision(reserved, admit)
 
 
 def test_max_num_seqs_counts_the_running_set_after_the_decision() -> None:

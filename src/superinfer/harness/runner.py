@@ -56,6 +56,8 @@ class BenchConfig:
             uses ``trace``.
         kv_quant: store each request's KV at the precision the quantization planner chooses
             (``policy_core.quant_planner``), instead of FP16 for all.
+        horizon_s: stop simulating at this instant; requests still live then fail with reason
+            ``"simulation_horizon"`` (``None``: run until every request ends).
     """
 
     trace: str = "azure"
@@ -73,6 +75,7 @@ class BenchConfig:
     seed: int = 0
     workload: str | None = None
     kv_quant: bool = False
+    horizon_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -157,8 +160,23 @@ def sim_requests_frame(result: SimResult, *, engine: str, policy: str) -> pd.Dat
     return add_latency_columns(df)[list(REQUEST_COLUMNS)]
 
 
-def run_sim_cell(config: BenchConfig, engine: str, policy: str, workload: Workload) -> CellResult:
+def run_sim_cell(
+    config: BenchConfig,
+    engine: str,
+    policy: str,
+    workload: Workload,
+    *,
+    plugins: Sequence[object] = (),
+) -> CellResult:
     """Simulate ``workload`` on ``engine`` (a ``sim:*`` id) under ``policy``.
+
+    Args:
+        config: the run's settings (its ``engines`` and ``policies`` are not read).
+        engine: a ``sim:*`` engine id.
+        policy: a registered policy name.
+        workload: the requests.
+        plugins: extra pluggy plugins registered beside the policy (observers: step and
+            request hooks); an exception one raises ends the simulation and propagates.
 
     Raises:
         UserError: unknown engine, model or GPU, or a bad TP degree or replica count.
@@ -184,12 +202,16 @@ def run_sim_cell(config: BenchConfig, engine: str, policy: str, workload: Worklo
         replicas=config.replicas,
         router=config.router,
         cpu_kv_ratio=config.cpu_kv_ratio,
+        horizon_s=config.horizon_s,
     )
     pm = build_plugin_manager(policy, config.policy_options.get(policy))
     if config.kv_quant:
         from superinfer.adapters.kv_precision import register_quant_planner
 
         register_quant_planner(pm)
+    for plugin in plugins:
+        pm.register(plugin)
+    pm.check_pending()
     t0 = time.perf_counter()
     result = Simulator(sim_config, pm.hook).run(workload.requests)
     wall = time.perf_counter() - t0

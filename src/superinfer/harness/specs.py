@@ -587,7 +587,12 @@ class _Row:
     prompt: str | None
 
 
-def _resolve(spec: WorkloadSpec, index: int, src: SourceSpec) -> Path:
+def resolve_source_file(spec: WorkloadSpec, index: int, src: SourceSpec) -> Path:
+    """The data file of ``spec``'s source number ``index``.
+
+    Raises:
+        SpecError: naming the spec's line, when the file cannot be found.
+    """
     raw = Path(src.file).expanduser()
     candidates = (
         [raw] if raw.is_absolute() else [*([spec.folder / raw] if spec.folder else []), raw]
@@ -691,7 +696,7 @@ def build_from_spec(
     until = start + window if window is not None else None
     loaded: list[tuple[SourceSpec, list[_Row], int]] = []
     for index, src in enumerate(spec.sources):
-        rows, block = _load_rows(_resolve(spec, index, src), src)
+        rows, block = _load_rows(resolve_source_file(spec, index, src), src)
         if src.arrivals.process == "trace" and src.arrivals.spread == "uniform":
             spread = spread_buckets(np.array([r.arrival_s for r in rows]), _rng(seed, src.name, 2))
             rows = [

@@ -99,6 +99,8 @@ def check_decision(
             need += step_blocks(req, n, state, admit=False)
     if need > free:
         raise PolicyError(f"the step needs {need} KV blocks, {free} are free")
+    # The headroom reserved for running requests' growth is theirs to use: it only bounds
+    # admissions (SGLang's PrefillAdder), so a step that admits nothing may eat into it.
     if decision.admit and admit_need > free - need - state.reserved_hbm_blocks:
         raise PolicyError(
             f"admissions need {admit_need} KV blocks, {free - need} are free and "
