@@ -57,6 +57,8 @@ __all__ = [
     "kv_capacity_blocks",
 ]
 
+_FP16 = KVPrecision.FP16
+
 # Event kinds, in the order they run at equal times.
 _STEP_END, _ARRIVAL, _SCHEDULE = 0, 1, 2
 
@@ -201,7 +203,7 @@ class Replica:
         A quantized request packs its exact bytes (codes, scales, zero points and the 16-bit
         residual, ``policy_core.kv_bytes``) into the pool's FP16-sized pages.
         """
-        if req.precision is KVPrecision.FP16 or self.model is None:
+        if req.precision is _FP16 or self.model is None:
             return -(-tokens // self.block_size_tokens)
         m = self.model
         size = kv_sequence_bytes(tokens, m.num_layers, m.num_kv_heads, m.head_dim,
@@ -210,7 +212,7 @@ class Replica:
 
     def kv_ratio(self, req: SimRequest) -> float:
         """Bytes of ``req``'s KV per token relative to FP16 (what decode attention reads)."""
-        if req.precision is KVPrecision.FP16 or self.model is None:
+        if req.precision is _FP16 or self.model is None:
             return 1.0
         return kv_bytes_ratio(self.model.head_dim, req.precision, self.kv_group_size)
 
@@ -845,15 +847,18 @@ class Simulator:
 
     def _start_run(self, rep: Replica, decision: ScheduleDecision, now_s: float,
                    not_before: float) -> None:  # fmt: skip
-        pieces = [(rep.running[rid], n) for rid, n in decision.num_tokens.items()
-                  if rid in rep.running]  # fmt: skip
+        running = rep.running
+        pieces = [(running[rid], n) for rid, n in decision.num_tokens.items() if rid in running]
         if not pieces:
             return
         steps = self._repeat_steps(rep, decision, pieces)
         start = not_before
         kept = []
+        pairs = full_pairs = decode_kv = growth = 0.0
+        tokens = prefill_kv = samples = prefill_tokens = prefill_seqs = 0
         for req, n in pieces:
-            need = rep.blocks_for(req, req.computed_tokens + max(n, steps)) - req.kv_blocks
+            c = req.computed_tokens
+            need = rep.blocks_for(req, c + (n if n > steps else steps)) - req.kv_blocks
             if need > 0:
                 when = self._allocate(rep, need, now_s)
                 if when is None:
@@ -861,19 +866,13 @@ class Simulator:
                     # have since locked; this request sits the step out (its next step will fit
                     # or the policy preempts).
                     continue
-                start = max(start, when)
+                if when > start:
+                    start = when
                 rep.add_own(req, need)
-            start = max(start, req.ready_s)
+            if req.ready_s > start:
+                start = req.ready_s
             kept.append((req, n))
-        pieces = kept
-        if not pieces:
-            return
-        pairs = full_pairs = 0.0
-        prefill_kv = samples = prefill_tokens = prefill_seqs = 0
-        decode_kv = 0.0
-        growth = 0.0
-        for req, n in pieces:
-            c = req.computed_tokens
+            tokens += n
             if n == 1:
                 ratio = rep.kv_ratio(req)
                 decode_kv += (c + 1) * ratio
@@ -885,16 +884,18 @@ class Simulator:
                 prefill_kv += c + n
                 prefill_tokens += n
             samples += req.pending_tokens == n
+        if not kept:
+            return
         shape = BatchShape(
-            sum(n for _, n in pieces), samples, pairs, prefill_kv, decode_kv, len(pieces),
-            prefill_tokens, full_pairs, prefill_seqs,
+            tokens, samples, pairs, prefill_kv, decode_kv, len(kept), prefill_tokens,
+            full_pairs, prefill_seqs,
         )  # fmt: skip
         if steps > 1:
-            a, b = self.step_time.decode_coefficients(len(pieces))
-            run = _Run(start, pieces, steps, start, shape, a, b, growth)
+            a, b = self.step_time.decode_coefficients(len(kept))
+            run = _Run(start, kept, steps, start, shape, a, b, growth)
             run.end_s = start + run.elapsed_s(steps)
         else:
-            run = _Run(start, pieces, 1, start + self.step_time.step_time_s(shape), shape)
+            run = _Run(start, kept, 1, start + self.step_time.step_time_s(shape), shape)
         rep.run = run
         rep.version += 1
         self._push(run.end_s, _STEP_END, rep.index, rep.version)
