@@ -18,10 +18,22 @@ if TYPE_CHECKING:
 __all__ = ["cli", "main"]
 
 DEFAULT_OUT = Path("results/default")
+#: Run directory of a bench on the real CPU engine (and its simulator profile) only.
+HF_OUT = Path("results/hf")
 
 
 def _split(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
+
+
+def _key_values(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint=flag)
+        out[key.strip()] = value.strip()
+    return out
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -76,24 +88,59 @@ def cli() -> None:
 )
 @click.option(
     "--rate-scale",
-    default=1.0,
-    show_default=True,
+    default=None,
     type=float,
-    help="Arrival-rate multiplier (2 = twice the trace's request rate).",
+    help="Arrival-rate multiplier (2 = twice the trace's request rate) "
+    "[default: 1; 0.05 with engine hf or sim:hf-cpu].",
 )
 @click.option(
     "--duration-s",
     default=None,
     type=float,
-    help="Keep only the first DURATION_S seconds (after rate scaling) [default: all].",
+    help="Keep only the first DURATION_S seconds (after rate scaling) "
+    "[default: all; 200 with engine hf or sim:hf-cpu].",
+)
+@click.option(
+    "--start-s",
+    default=None,
+    type=float,
+    help="Skip the trace's first START_S seconds (before rate scaling) "
+    "[default: 0; 100 with engine hf or sim:hf-cpu].",
+)
+@click.option(
+    "--length-scale",
+    default=None,
+    type=float,
+    help="Multiply prompt and output lengths by this factor "
+    "[default: 1; 0.125 with engine hf or sim:hf-cpu].",
+)
+@click.option(
+    "--max-prompt-tokens",
+    default=None,
+    type=int,
+    help="Cap prompt lengths after scaling [default: none; 256 with engine hf or sim:hf-cpu].",
+)
+@click.option(
+    "--max-output-tokens",
+    default=None,
+    type=int,
+    help="Cap output lengths after scaling [default: none; 64 with engine hf or sim:hf-cpu].",
+)
+@click.option(
+    "--engine-option",
+    "engine_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Engine setting, repeatable (hf, sim:hf-cpu: num_blocks, max_batch_tokens, "
+    "max_num_seqs, page_size_tokens, num_threads, drain_s, stall_s, step_time_file).",
 )
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of every random choice.")
 @click.option(
     "--out",
-    default=str(DEFAULT_OUT),
-    show_default=True,
+    default=None,
     type=click.Path(),
-    help="Run directory to write.",
+    help=f"Run directory to write [default: {DEFAULT_OUT}; {HF_OUT} when every engine is hf "
+    "or sim:hf-cpu].",
 )
 def bench(
     trace: str,
@@ -103,46 +150,128 @@ def bench(
     tp: int,
     replicas: int,
     policies: str | None,
-    rate_scale: float,
+    rate_scale: float | None,
     duration_s: float | None,
+    start_s: float | None,
+    length_scale: float | None,
+    max_prompt_tokens: int | None,
+    max_output_tokens: int | None,
+    engine_options: tuple[str, ...],
     seed: int,
-    out: str,
+    out: str | None,
 ) -> None:
     """Run a workload on an engine under each policy; write the run directory and print the table.
 
     With no options: the Azure 2023 conv (chat) + code (batch) hour on a simulated
     Llama-3.1-70B, A100-80GB, TP4, 4 replicas, for every registered policy -> results/default/.
+    With --engine hf: a 200 s slice of the same mix, slowed and shortened to what 2 CPU cores
+    serve, replayed in real time on SmolLM2-135M -> results/hf/.
     """
     from rich.console import Console
 
+    from superinfer.harness.hf_runner import workload_defaults
     from superinfer.harness.report import render_markdown
     from superinfer.harness.results import manifest, write_run
     from superinfer.harness.runner import BenchConfig, run_bench
 
     console = Console(stderr=True)
+    engine_ids = _split(engines)
+    given = {
+        "rate_scale": rate_scale,
+        "duration_s": duration_s,
+        "start_s": start_s,
+        "length_scale": length_scale,
+        "max_prompt_tokens": max_prompt_tokens,
+        "max_output_tokens": max_output_tokens,
+    }
+    shaping = workload_defaults(engine_ids)
+    shaping.update({k: v for k, v in given.items() if v is not None})
     config = BenchConfig(
         trace=trace,
-        engines=_split(engines),
+        engines=engine_ids,
         model=model,
         gpu=gpu,
         tp=tp,
         replicas=replicas,
         policies=_split(policies),
-        rate_scale=rate_scale,
-        duration_s=duration_s,
         seed=seed,
+        engine_options=_key_values(engine_options, "--engine-option"),
+        **shaping,
     )
     with console.status("running") as status:
         result = run_bench(config, progress=lambda msg: status.update(msg))
     meta = manifest(result.info)
-    out_dir = Path(out)
+    cpu_only = engine_ids and all(e in ("hf", "sim:hf-cpu") for e in engine_ids)
+    out_dir = Path(out) if out is not None else HF_OUT if cpu_only else DEFAULT_OUT
     report = render_markdown(result.summary, meta)
-    write_run(out_dir, result.summary, result.requests, meta, report, result.timeline)
+    write_run(out_dir, result.summary, result.requests, meta, report, result.timeline, result.steps)
     _print_table(result.summary)
+    extra = ", steps.parquet" if not result.steps.empty else ""
     console.print(
-        f"wrote {out_dir}/ (summary.csv, requests.parquet, timeline.parquet, "
+        f"wrote {out_dir}/ (summary.csv, requests.parquet, timeline.parquet{extra}, "
         "manifest.json, report.md)"
     )
+
+
+@cli.command()
+@click.option(
+    "--engine",
+    default="hf",
+    show_default=True,
+    help="Engine whose step times to measure (hf: the real CPU engine).",
+)
+@click.option(
+    "--engine-option",
+    "engine_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Engine setting, repeatable (as for bench).",
+)
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the prompt order.")
+@click.option(
+    "--out",
+    default="results/hf/step_time_fit.json",
+    show_default=True,
+    type=click.Path(),
+    help="Calibration file to write (its steps go beside it, as a CSV).",
+)
+def calibrate(engine: str, engine_options: tuple[str, ...], seed: int, out: str) -> None:
+    """Measure real engine steps and fit the sim:hf-cpu step-time model.
+
+    Runs closed batches of real ShareGPT prompts through the engine, records every step's shape
+    and wall time, fits the model of sim/hf_cpu.py and writes the coefficients, the fit error
+    and the engine's per-step profile. Use the file with
+    `superinfer bench --engine sim:hf-cpu --engine-option step_time_file=PATH`.
+    """
+    import json
+
+    from superinfer.harness.hf_runner import calibrate_hf
+    from superinfer.harness.results import manifest, write_atomic
+
+    if engine != "hf":
+        raise UserError(
+            f"calibrate measures the real CPU engine only: use --engine hf, not {engine!r}"
+        )
+    model, report, steps = calibrate_hf(_key_values(engine_options, "--engine-option"), seed=seed)
+    path = Path(out)
+    meta = manifest({"config": {"seed": seed}})
+    doc = {**report, "git_sha": meta["git_sha"], "host": meta["host"], "command": meta["command"]}
+    text = json.dumps(doc, indent=2) + "\n"
+
+    def write_doc(tmp: Path) -> None:
+        tmp.write_text(text, encoding="utf-8")
+
+    write_atomic(path, write_doc)
+    steps_path = path.with_name(path.stem + "_steps.csv")
+    write_atomic(steps_path, lambda p: steps.to_csv(p, index=False, float_format="%.6g"))
+    fit = report["fit"]
+    click.echo(
+        f"fitted on {fit['num_samples']} steps: mean |rel err| {fit['mean_abs_rel_err']:.3f}, "
+        f"p90 {fit['p90_abs_rel_err']:.3f}"
+    )
+    for name, value in model.to_dict().items():
+        click.echo(f"  {name:12s} {value:.6g} s")
+    click.echo(f"wrote {path} and {steps_path}")
 
 
 def _print_table(summary: pd.DataFrame) -> None:

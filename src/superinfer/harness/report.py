@@ -64,11 +64,79 @@ def _capacities(meta: dict[str, Any]) -> str:
     return ", ".join(f"{engine} {gb:.1f} GB" for engine, gb in seen.items()) or "n/a"
 
 
+#: Engines that are not simulated GPUs: the real CPU engine and its simulator profile.
+_CPU_ENGINES = ("hf", "sim:hf-cpu")
+
+
+def _engines_line(cfg: dict[str, Any], meta: dict[str, Any]) -> str:
+    engines = cfg.get("engines", [])
+    if not all(e in _CPU_ENGINES for e in engines):
+        return (
+            f"- Engines: {', '.join('`' + e + '`' for e in engines)}, "
+            f"model `{cfg.get('model')}`, "
+            f"GPU `{cfg.get('gpu')}`, TP {cfg.get('tp')} × {cfg.get('replicas')} replicas "
+            f"= {cfg.get('tp', 0) * cfg.get('replicas', 0)} GPUs; "
+            f"KV capacity per replica: {_capacities(meta)}."
+        )
+    cells = meta.get("cells", {}).items()
+    real: dict[str, Any] = next((c for k, c in cells if k.startswith("hf/")), {})
+    threads = real.get("torch_threads", "?")
+    return (
+        f"- Engines: {', '.join('`' + e + '`' for e in engines)}: transformers continuous "
+        f"batching running SmolLM2-135M-Instruct (fp32) on {meta.get('host', {}).get('cpu_count')}"
+        f" CPU cores ({threads} torch threads), one replica, and its simulator profile; "
+        f"KV capacity: {_capacities(meta)}."
+    )
+
+
+def _step_profile_lines(meta: dict[str, Any]) -> list[str]:
+    rows = []
+    for key, cell in meta.get("cells", {}).items():
+        prof = cell.get("step_profile")
+        if not prof or not prof.get("num_steps"):
+            continue
+        ph = prof["phases"]
+        rows.append(
+            f"| {key} | {prof['num_steps']} | {prof['step_time_s']:.1f} | "
+            + " | ".join(
+                f"{100 * ph[p]['share']:.1f}%"
+                for p in ("schedule", "policy", "prepare", "forward", "finish")
+            )
+            + " |"
+        )
+    if not rows:
+        return []
+    return [
+        "## Where the real engine's time went",
+        "",
+        "Share of all step time per phase (`steps.parquet` has every step): scheduling (views, "
+        "policy, checks), of which the policy itself; input preparation; the model's forward "
+        "pass; sampling and output handling.",
+        "",
+        "| engine/policy | steps | step time s | schedule | policy | prepare | forward | finish |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+    ]
+
+
 def render_markdown(summary: pd.DataFrame, meta: dict[str, Any]) -> str:
     """The ``report.md`` of a run: setup, then the summary table."""
     cfg = meta.get("config", {})
     wl = meta.get("workload", {})
     sources = ", ".join(f"{s['name']} → `{s['slo']['name']}`" for s in wl.get("sources", []))
+    shaping = ""
+    if wl.get("start_s"):
+        shaping += f"; from trace second {wl['start_s']}"
+    if (
+        wl.get("length_scale", 1.0) != 1.0
+        or wl.get("max_prompt_tokens")
+        or wl.get("max_output_tokens")
+    ):
+        shaping += (
+            f"; lengths × {wl.get('length_scale')}, capped at {wl.get('max_prompt_tokens')} "
+            f"prompt / {wl.get('max_output_tokens')} output tokens"
+        )
     lines = [
         "# superinfer benchmark",
         "",
@@ -76,12 +144,9 @@ def render_markdown(summary: pd.DataFrame, meta: dict[str, Any]) -> str:
         "",
         f"- Workload: trace `{wl.get('trace')}` ({sources}); {wl.get('n_requests')} requests; "
         f"rate scale {wl.get('rate_scale')}; window "
-        f"{'whole trace' if wl.get('duration_s') is None else str(wl.get('duration_s')) + ' s'}.",
-        f"- Engines: {', '.join('`' + e + '`' for e in cfg.get('engines', []))}, "
-        f"model `{cfg.get('model')}`, "
-        f"GPU `{cfg.get('gpu')}`, TP {cfg.get('tp')} × {cfg.get('replicas')} replicas "
-        f"= {cfg.get('tp', 0) * cfg.get('replicas', 0)} GPUs; "
-        f"KV capacity per replica: {_capacities(meta)}.",
+        f"{'whole trace' if wl.get('duration_s') is None else str(wl.get('duration_s')) + ' s'}"
+        f"{shaping}.",
+        _engines_line(cfg, meta),
         f"- Policies: {', '.join('`' + p + '`' for p in cfg.get('policies', []))}; "
         f"seed {meta.get('seed')}; git `{meta.get('git_sha')}`.",
         "",
@@ -93,5 +158,6 @@ def render_markdown(summary: pd.DataFrame, meta: dict[str, Any]) -> str:
         "",
         _table(summary),
         "",
+        *_step_profile_lines(meta),
     ]
     return "\n".join(lines)

@@ -12,7 +12,7 @@ import pandas as pd
 from superinfer.adapters.manager import available_policies, build_plugin_manager
 from superinfer.harness.errors import UserError
 from superinfer.harness.metrics import REQUEST_COLUMNS, add_latency_columns, summarize
-from superinfer.harness.workload import Workload, build_workload
+from superinfer.harness.workload import Workload, build_workload, scale_lengths
 from superinfer.sim.engine import SimConfig, SimResult, Simulator
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.profiles import get_profile
@@ -45,6 +45,12 @@ class BenchConfig:
         rate_scale: arrival-rate multiplier.
         duration_s: workload window in scaled seconds (``None``: the whole trace).
         seed: seed of every random choice (recorded; the trace replay itself draws none).
+        start_s: trace seconds skipped before the window.
+        length_scale: factor on prompt and output lengths (``workload.scale_lengths``).
+        max_prompt_tokens: cap on prompt lengths after scaling.
+        max_output_tokens: cap on output lengths after scaling.
+        engine_options: ``key -> value`` settings of the engines (``--engine-option``); the
+            ``hf`` and ``sim:hf-cpu`` keys are ``harness.hf_runner.HFOptions``.
     """
 
     trace: str = "azure"
@@ -58,6 +64,11 @@ class BenchConfig:
     rate_scale: float = 1.0
     duration_s: float | None = None
     seed: int = 0
+    start_s: float = 0.0
+    length_scale: float = 1.0
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
+    engine_options: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -69,12 +80,14 @@ class CellResult:
         kv_peak_bytes: peak KV bytes in HBM per SLO class and for ``"all"``.
         timeline: samples with :data:`TIMELINE_COLUMNS`.
         info: facts for the manifest (capacity, steps, wall time).
+        steps: per-step profile of a real engine (``hf_runner.STEP_COLUMNS``), or ``None``.
     """
 
     requests: pd.DataFrame
     kv_peak_bytes: dict[str, float]
     timeline: pd.DataFrame
     info: dict[str, Any]
+    steps: pd.DataFrame | None = None
 
 
 @dataclass(frozen=True)
@@ -86,12 +99,14 @@ class BenchResult:
         requests: ``requests.parquet`` rows.
         timeline: ``timeline.parquet`` rows (KV use and queue lengths over time).
         info: facts for the manifest and report.
+        steps: ``steps.parquet`` rows of the real engines' steps (empty for simulations).
     """
 
     summary: pd.DataFrame
     requests: pd.DataFrame
     timeline: pd.DataFrame
     info: dict[str, Any]
+    steps: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 #: Columns of ``timeline.parquet``: per replica, sampled at step ends about once a second.
@@ -147,6 +162,10 @@ def run_sim_cell(config: BenchConfig, engine: str, policy: str, workload: Worklo
     Raises:
         UserError: unknown engine, model or GPU, or a bad TP degree or replica count.
     """
+    if engine == "sim:hf-cpu":  # the real CPU engine's profile: its own model, host and step time
+        from superinfer.harness.hf_runner import run_sim_hf_cpu_cell
+
+        return run_sim_hf_cpu_cell(config, engine, policy, workload)
     try:
         profile = get_profile(engine)
         model, gpu = get_model(config.model), get_gpu(config.gpu)
@@ -184,9 +203,17 @@ def run_sim_cell(config: BenchConfig, engine: str, policy: str, workload: Worklo
     return CellResult(df, peaks, timeline, info)
 
 
+def run_hf_cell(config: BenchConfig, engine: str, policy: str, workload: Workload) -> CellResult:
+    """Replay ``workload`` on the real CPU engine (``hf``); see ``harness.hf_runner``."""
+    from superinfer.harness.hf_runner import run_hf_cell as run
+
+    return run(config, engine, policy, workload)
+
+
 #: Runner per engine family (the part of the engine id before ``:``).
 RUNNERS: dict[str, Callable[[BenchConfig, str, str, Workload], CellResult]] = {
     "sim": run_sim_cell,
+    "hf": run_hf_cell,
 }
 
 
@@ -217,10 +244,24 @@ def run_bench(
             raise UserError(f"unknown engine {engine!r}; engine families: {', '.join(RUNNERS)}")
     policies = _resolve_policies(config.policies)
     wl = workload or build_workload(
-        config.trace, rate_scale=config.rate_scale, duration_s=config.duration_s
+        config.trace,
+        rate_scale=config.rate_scale,
+        duration_s=config.duration_s,
+        start_s=config.start_s,
     )
+    if workload is None and (
+        config.length_scale != 1.0
+        or config.max_prompt_tokens is not None
+        or config.max_output_tokens is not None
+    ):
+        wl = scale_lengths(
+            wl,
+            length_scale=config.length_scale,
+            max_prompt_tokens=config.max_prompt_tokens,
+            max_output_tokens=config.max_output_tokens,
+        )
     summaries: list[dict[str, object]] = []
-    frames, timelines = [], []
+    frames, timelines, step_frames = [], [], []
     cells: dict[str, dict[str, Any]] = {}
     for engine in config.engines:
         runner = RUNNERS[engine.split(":")[0]]
@@ -235,6 +276,8 @@ def run_bench(
             )
             frames.append(cell.requests)
             timelines.append(cell.timeline)
+            if cell.steps is not None:
+                step_frames.append(cell.steps)
             cells[f"{engine}/{name}"] = cell.info
     info: dict[str, Any] = {
         "config": {**asdict(config), "policies": policies},
@@ -251,6 +294,10 @@ def run_bench(
             ],
             "rate_scale": wl.rate_scale,
             "duration_s": wl.duration_s,
+            "start_s": wl.start_s,
+            "length_scale": wl.length_scale,
+            "max_prompt_tokens": wl.max_prompt_tokens,
+            "max_output_tokens": wl.max_output_tokens,
             "n_requests": len(wl.requests),
         },
         "cells": cells,
@@ -260,4 +307,5 @@ def run_bench(
         pd.concat(frames, ignore_index=True),
         pd.concat(timelines, ignore_index=True),
         info,
+        pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame(),
     )
