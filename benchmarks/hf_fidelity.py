@@ -34,8 +34,7 @@ from superinfer.harness.metrics import summarize
 from superinfer.harness.results import CSV_FLOAT_FORMAT, write_atomic
 from superinfer.harness.runner import BenchConfig
 from superinfer.harness.workload import build_workload, scale_lengths
-from superinfer.sim.hf_cpu import HFCPUStepTime
-from superinfer.sim.step_time import BatchShape
+from superinfer.sim.hf_cpu import HFCPUStepTime, shape_of_totals
 
 ERROR_COLUMNS = ("slo_class", "metric", "quantile", "real_ms", "sim_ms", "rel_err")
 QUANTILES = {"p50": 50, "p99": 99}
@@ -138,26 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     if not steps.empty:
         steps = steps[(steps["engine"] == "hf") & (steps["policy"] == args.policy)].copy()
         steps["predicted_ms"] = [
-            model.step_time_s(_shape(row)) * 1e3 for _, row in steps.iterrows()
+            model.step_time_s(shape_of_totals(r.num_tokens, r.num_seqs, r.num_samples, r.kv_tokens))
+            * 1e3
+            for r in steps.itertuples()
         ]
     report = _report(args, meta, errors, steps, model)
     write_atomic(args.out / "report.md", lambda p: p.write_text(report, encoding="utf-8"))
     print(errors.to_string(index=False))
     print(f"wrote {args.out}/errors.csv, summary.csv, report.md")
     return 0
-
-
-def _shape(row: pd.Series) -> BatchShape:
-    """A shape with a recorded step's totals; the model's features depend on nothing else (the
-    key tokens are put in one field because only their sum is used)."""
-    return BatchShape(
-        num_tokens=int(row["num_tokens"]),
-        num_samples=int(row["num_samples"]),
-        prefill_attn_pairs=0.0,
-        prefill_kv_tokens=int(row["kv_tokens"]),
-        decode_kv_tokens=0,
-        num_seqs=int(row["num_seqs"]),
-    )
 
 
 def _report(

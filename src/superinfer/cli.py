@@ -229,13 +229,23 @@ def bench(
 )
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the prompt order.")
 @click.option(
+    "--steps",
+    "steps_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Refit from steps recorded earlier (a *_steps.csv of calibrate, or a run's "
+    "steps.parquet) instead of measuring.",
+)
+@click.option(
     "--out",
     default="results/hf/step_time_fit.json",
     show_default=True,
     type=click.Path(),
     help="Calibration file to write (its steps go beside it, as a CSV).",
 )
-def calibrate(engine: str, engine_options: tuple[str, ...], seed: int, out: str) -> None:
+def calibrate(
+    engine: str, engine_options: tuple[str, ...], seed: int, steps_file: str | None, out: str
+) -> None:
     """Measure real engine steps and fit the sim:hf-cpu step-time model.
 
     Runs closed batches of real ShareGPT prompts through the engine, records every step's shape
@@ -245,15 +255,35 @@ def calibrate(engine: str, engine_options: tuple[str, ...], seed: int, out: str)
     """
     import json
 
-    from superinfer.harness.hf_runner import calibrate_hf
+    import pandas as pd
+
+    from superinfer.harness.hf_runner import calibrate_hf, fit_steps
     from superinfer.harness.results import manifest, write_atomic
 
     if engine != "hf":
         raise UserError(
             f"calibrate measures the real CPU engine only: use --engine hf, not {engine!r}"
         )
-    model, report, steps = calibrate_hf(_key_values(engine_options, "--engine-option"), seed=seed)
     path = Path(out)
+    if steps_file is None:
+        model, report, steps = calibrate_hf(
+            _key_values(engine_options, "--engine-option"), seed=seed
+        )
+    else:
+        source = Path(steps_file)
+        try:
+            steps = pd.read_parquet(source) if source.suffix == ".parquet" else pd.read_csv(source)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{source}: cannot read recorded steps ({exc})") from None
+        model, report = fit_steps(steps)
+        report["steps_from"] = str(source)
+        try:
+            previous = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        except ValueError:
+            previous = {}
+        for key in ("grid", "engine", "model", "dtype", "torch_threads", "wall_s", "step_profile"):
+            if key in previous:  # what the measurement the steps came from recorded
+                report[key] = previous[key]
     meta = manifest({"config": {"seed": seed}})
     doc = {**report, "git_sha": meta["git_sha"], "host": meta["host"], "command": meta["command"]}
     text = json.dumps(doc, indent=2) + "\n"

@@ -139,7 +139,7 @@ def test_cli_bench_on_sim_hf_cpu_and_one_line_errors(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     meta = json.loads((out / "manifest.json").read_text())
     assert meta["workload"]["start_s"] == 100.0 and meta["workload"]["n_requests"] == 55
-    assert "SmolLM2-135M-Instruct" in (out / "report.md").read_text()
+    assert "`sim:hf-cpu` (its simulator profile" in (out / "report.md").read_text()
     cases = [
         (
             ["bench", "--engine", "sim:hf-cpu", "--engine-option", "bogus=1"],
@@ -153,3 +153,34 @@ def test_cli_bench_on_sim_hf_cpu_and_one_line_errors(tmp_path: Path) -> None:
         assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith(expected), (
             proc.stderr
         )
+
+
+def test_calibrate_refits_recorded_steps_without_the_engine(tmp_path: Path) -> None:
+    from superinfer.sim.hf_cpu import HFCPUStepTime, shape_of
+
+    true = HFCPUStepTime((0.02, 0.004, 0.001, 0.0005, 0.00002, 1e-7))
+    rows = []
+    grid = [(1, 0, 64, True), (1, 0, 256, False), (2, 40, 100, False), (3, 10, 30, True)]
+    for b, c, n, sampled in grid + [(b, c, 1, True) for b in (1, 3, 8, 16) for c in (30, 300)]:
+        shape = shape_of([(c, n, sampled)] * b)
+        rows.append(
+            {
+                "kind": "decode" if n == 1 else "prefill",
+                "num_tokens": shape.num_tokens,
+                "num_seqs": shape.num_seqs,
+                "num_samples": shape.num_samples,
+                "kv_tokens": shape.prefill_kv_tokens + shape.decode_kv_tokens,
+                "duration_ms": true.step_time_s(shape) * 1e3,
+            }
+        )
+    steps = tmp_path / "recorded.csv"
+    pd.DataFrame(rows).to_csv(steps, index=False)
+    out = tmp_path / "fit.json"
+    proc = _cli("calibrate", "--engine", "hf", "--steps", str(steps), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    fitted = HFCPUStepTime.from_dict(doc["coefficients"])
+    for got, want in zip(fitted.coefficients, true.coefficients, strict=True):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert doc["steps_from"] == str(steps) and doc["fit"]["num_samples"] == 12
+    assert (tmp_path / "fit_steps.csv").is_file()

@@ -64,6 +64,20 @@ def test_fit_recovers_the_coefficients_that_generated_the_steps() -> None:
     assert report.mean_abs_rel_err < 1e-9
 
 
+def test_fit_sets_aside_steps_slowed_from_outside() -> None:
+    samples = _samples(TRUE)
+    slowed = {2, 6, 9}  # another process took the core during these steps
+    noisy = [
+        StepSample(s.shape, s.duration_s * (3.0 if i in slowed else 1.0))
+        for i, s in enumerate(samples)
+    ]
+    model, report = HFCPUStepTime.fit(noisy)
+    for got, want in zip(model.coefficients, TRUE.coefficients, strict=True):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert report.num_outliers == 3 and report.inlier_mean_abs_rel_err < 1e-9
+    assert report.mean_abs_rel_err == pytest.approx(3 * (2 / 3) / 13)  # scored on every step
+
+
 def test_fit_drops_a_term_that_would_be_negative() -> None:
     samples = _samples(TRUE)
     bent = [StepSample(s.shape, s.duration_s - 0.002 * s.shape.num_seqs) for s in samples]

@@ -41,6 +41,7 @@ from superinfer.sim.hf_cpu import (
     HFCPUStepTime,
     StepSample,
     shape_of,
+    shape_of_totals,
 )
 from superinfer.sim.request import RequestSpec
 
@@ -58,6 +59,7 @@ __all__ = [
     "PromptBuilder",
     "RequestTrace",
     "calibrate_hf",
+    "fit_steps",
     "hf_options",
     "load_sharegpt_prompts",
     "replay",
@@ -732,13 +734,47 @@ def calibrate_hf(
             replace(r, step_index=len(records) + k) for k, r in enumerate(session.binding.steps)
         )
     steps = steps_frame(records, engine=HF_ENGINE, policy="fcfs")
-    samples = [
-        StepSample(
-            shape_of([(p.computed_tokens, p.num_tokens, p.samples) for p in r.pieces]), r.duration_s
-        )
-        for r in records
-    ]
-    model, fit = HFCPUStepTime.fit(samples)
+    model, report = fit_steps(steps)
+    report = {
+        **report,
+        "grid": [list(g) for g in grid],
+        "engine": asdict(opts),
+        "model": loaded.name,
+        "dtype": loaded.dtype,
+        "torch_threads": _torch_threads(),
+        "wall_s": round(time.perf_counter() - wall, 3),
+        "step_profile": step_profile(steps),
+    }
+    return model, report, steps
+
+
+def fit_steps(steps: pd.DataFrame) -> tuple[HFCPUStepTime, dict[str, Any]]:
+    """Fit the ``sim:hf-cpu`` step-time model to recorded steps (:data:`STEP_COLUMNS`; only
+    ``num_tokens``, ``num_seqs``, ``num_samples``, ``kv_tokens``, ``kind`` and ``duration_ms``
+    are read), and set their ``predicted_ms`` column.
+
+    Returns:
+        The model and the JSON-able fit report (coefficients, fit error overall and per kind).
+
+    Raises:
+        UserError: too few steps or a missing column.
+    """
+    try:
+        samples = [
+            StepSample(
+                shape_of_totals(
+                    int(r["num_tokens"]),
+                    int(r["num_seqs"]),
+                    int(r["num_samples"]),
+                    int(r["kv_tokens"]),
+                ),
+                float(r["duration_ms"]) / 1e3,
+            )
+            for _, r in steps.iterrows()
+        ]
+        model, fit = HFCPUStepTime.fit(samples)
+    except (KeyError, ValueError) as exc:
+        raise UserError(f"cannot fit the step-time model to these steps: {exc}") from None
     steps["predicted_ms"] = [model.step_time_s(s.shape) * 1e3 for s in samples]
     rel = (steps["predicted_ms"] - steps["duration_ms"]).abs() / steps["duration_ms"]
     report = {
@@ -750,12 +786,5 @@ def calibrate_hf(
             for kind in ("prefill", "decode", "mixed")
             if (m := steps["kind"] == kind).any()
         },
-        "grid": [list(g) for g in grid],
-        "engine": asdict(opts),
-        "model": loaded.name,
-        "dtype": loaded.dtype,
-        "torch_threads": _torch_threads(),
-        "wall_s": round(time.perf_counter() - wall, 3),
-        "step_profile": step_profile(steps),
     }
-    return model, report, steps
+    return model, report

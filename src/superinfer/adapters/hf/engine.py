@@ -178,6 +178,7 @@ class EngineSession:
         self.manager: ContinuousBatchingManager | None = None
         self.scheduler: PolicyScheduler | None = None
         self._hooks: list[Any] = []
+        self._threads_before: int | None = None
 
     def clock(self) -> float:
         """The session clock: s since :meth:`start`."""
@@ -193,6 +194,7 @@ class EngineSession:
         install()
         cfg = self.config
         if cfg.num_threads is not None:
+            self._threads_before = torch.get_num_threads()
             torch.set_num_threads(cfg.num_threads)
         cb_config = ContinuousBatchingConfig(
             page_size=cfg.page_size_tokens,
@@ -269,6 +271,9 @@ class EngineSession:
         if manager is not None:
             manager.stop(block=True, timeout=60, hard_stop=hard)
             manager.destroy()
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
 
     def __enter__(self) -> EngineSession:
         self.start()
