@@ -565,7 +565,7 @@ def run_hf_cell(config: BenchConfig, engine: str, policy: str, workload: Workloa
         "engine": asdict(opts),
         "kv_capacity_blocks": opts.num_blocks,
         "kv_capacity_gb": opts.num_blocks * block_bytes / 1e9,
-        "torch_threads": _torch_threads(),
+        "torch_threads": _torch_threads(opts),
         "submit_lag_ms": {
             "p50": round(float(np.percentile(lags, 50)) * 1e3, 3),
             "max": round(float(lags.max()) * 1e3, 3),
@@ -575,10 +575,11 @@ def run_hf_cell(config: BenchConfig, engine: str, policy: str, workload: Workloa
     return CellResult(df, peaks, timeline, info, steps)
 
 
-def _torch_threads() -> int:
+def _torch_threads(opts: HFOptions) -> int:
+    """Threads the engine ran with (read before or after a session: it restores torch's own)."""
     import torch
 
-    return int(torch.get_num_threads())
+    return opts.num_threads or int(torch.get_num_threads())
 
 
 def _start_session(loaded: LoadedModel, hook: Any, opts: HFOptions) -> EngineSession:
@@ -741,7 +742,7 @@ def calibrate_hf(
         "engine": asdict(opts),
         "model": loaded.name,
         "dtype": loaded.dtype,
-        "torch_threads": _torch_threads(),
+        "torch_threads": _torch_threads(opts),
         "wall_s": round(time.perf_counter() - wall, 3),
         "step_profile": step_profile(steps),
     }

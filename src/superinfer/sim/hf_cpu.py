@@ -108,10 +108,17 @@ OUTLIER_FLOOR = 0.05
 FEATURES = ("intercept", "num_tokens", "num_seqs", "num_samples", "kv_tokens", "q_times_kv")
 
 #: Coefficients (s per unit of each feature) from ``superinfer calibrate --engine hf
-#: --engine-option num_threads=1`` (results/hf/step_time_fit.json, 144 steps, mean |rel err|
-#: 0.25) on the development machine: 2 cores shared with about 8 other busy processes, so every
-#: term is several times what a quiet machine measures. Recalibrate on the target machine.
-DEFAULT_COEFFICIENTS: tuple[float, ...] = (0.50961, 0.00842772, 0.0, 0.0, 0.0, 4.30304e-06)
+#: --engine-option num_threads=1`` (results/hf/step_time_fit.json: 144 steps, mean |rel err|
+#: 0.17) on the development machine, 2 cores shared with several other busy
+#: processes: every term is several times what a quiet machine measures. Recalibrate there.
+DEFAULT_COEFFICIENTS: tuple[float, ...] = (
+    0.274015,
+    0.00732174,
+    0.0,
+    0.00186983,
+    8.31865e-05,
+    2.46648e-06,
+)
 
 
 def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list[int]]:
