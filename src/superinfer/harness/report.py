@@ -70,7 +70,7 @@ _CPU_ENGINES = ("hf", "sim:hf-cpu")
 
 def _engines_line(cfg: dict[str, Any], meta: dict[str, Any]) -> str:
     engines = cfg.get("engines", [])
-    if not all(e in _CPU_ENGINES for e in engines):
+    if not engines or not all(e in _CPU_ENGINES for e in engines):
         return (
             f"- Engines: {', '.join('`' + e + '`' for e in engines)}, "
             f"model `{cfg.get('model')}`, "
