@@ -109,15 +109,15 @@ FEATURES = ("intercept", "num_tokens", "num_seqs", "num_samples", "kv_tokens", "
 
 #: Coefficients (s per unit of each feature) from ``superinfer calibrate --engine hf
 #: --engine-option num_threads=1`` (results/hf/step_time_fit.json: 144 steps, mean |rel err|
-#: 0.17) on the development machine, 2 cores shared with several other busy
+#: 0.19) on the development machine, 2 cores shared with several other busy
 #: processes: every term is several times what a quiet machine measures. Recalibrate there.
 DEFAULT_COEFFICIENTS: tuple[float, ...] = (
-    0.274015,
-    0.00732174,
+    0.0827397,
+    0.00441208,
+    0.0110515,
     0.0,
-    0.00186983,
-    8.31865e-05,
-    2.46648e-06,
+    7.48812e-05,
+    1.46565e-06,
 )
 
 
