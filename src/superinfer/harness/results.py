@@ -115,10 +115,12 @@ def write_run(
     meta: dict[str, Any],
     report_md: str,
     timeline: pd.DataFrame | None = None,
+    steps: pd.DataFrame | None = None,
 ) -> None:
     """Write the files of a run directory (atomically, each): ``summary.csv``, ``metrics.csv``
     (the summary in long format, :func:`~superinfer.harness.metrics.metrics_long`),
-    ``requests.parquet``, ``manifest.json``, ``report.md`` and, when given, ``timeline.parquet``.
+    ``requests.parquet``, ``manifest.json``, ``report.md`` and, when given, ``timeline.parquet``
+    and (for real engines) ``steps.parquet``.
     """
     summary = summary[[*SUMMARY_COLUMNS, *[c for c in summary if c not in SUMMARY_COLUMNS]]]
     write_atomic(
@@ -143,4 +145,9 @@ def write_run(
         write_atomic(
             out_dir / "timeline.parquet",
             lambda p: timeline.to_parquet(p, index=False, compression="zstd"),
+        )
+    if steps is not None and not steps.empty:
+        write_atomic(
+            out_dir / "steps.parquet",
+            lambda p: steps.to_parquet(p, index=False, compression="zstd"),
         )

@@ -13,7 +13,7 @@ from superinfer.adapters.manager import available_policies, build_plugin_manager
 from superinfer.harness.errors import UserError
 from superinfer.harness.metrics import REQUEST_COLUMNS, add_latency_columns, summarize
 from superinfer.harness.specs import build_from_spec, load_spec
-from superinfer.harness.workload import Workload, build_workload
+from superinfer.harness.workload import Workload, build_workload, scale_lengths
 from superinfer.sim.engine import SimConfig, SimResult, Simulator
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.profiles import get_profile
@@ -58,6 +58,12 @@ class BenchConfig:
             (``policy_core.quant_planner``), instead of FP16 for all.
         horizon_s: stop simulating at this instant; requests still live then fail with reason
             ``"simulation_horizon"`` (``None``: run until every request ends).
+        start_s: trace seconds skipped before the window.
+        length_scale: factor on prompt and output lengths (``workload.scale_lengths``).
+        max_prompt_tokens: cap on prompt lengths after scaling.
+        max_output_tokens: cap on output lengths after scaling.
+        engine_options: ``key -> value`` settings of the engines (``--engine-option``); the
+            ``hf`` and ``sim:hf-cpu`` keys are ``harness.hf_runner.HFOptions``.
     """
 
     trace: str = "azure"
@@ -76,6 +82,11 @@ class BenchConfig:
     workload: str | None = None
     kv_quant: bool = False
     horizon_s: float | None = None
+    start_s: float = 0.0
+    length_scale: float = 1.0
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
+    engine_options: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -88,12 +99,14 @@ class CellResult:
             included) and ``"all_active"`` (cached prefixes nobody uses excluded).
         timeline: samples with :data:`TIMELINE_COLUMNS`.
         info: facts for the manifest (capacity, steps, wall time).
+        steps: per-step profile of a real engine (``hf_runner.STEP_COLUMNS``), or ``None``.
     """
 
     requests: pd.DataFrame
     kv_peak_bytes: dict[str, float]
     timeline: pd.DataFrame
     info: dict[str, Any]
+    steps: pd.DataFrame | None = None
 
 
 @dataclass(frozen=True)
@@ -105,12 +118,14 @@ class BenchResult:
         requests: ``requests.parquet`` rows.
         timeline: ``timeline.parquet`` rows (KV use and queue lengths over time).
         info: facts for the manifest and report.
+        steps: ``steps.parquet`` rows of the real engines' steps (empty for simulations).
     """
 
     summary: pd.DataFrame
     requests: pd.DataFrame
     timeline: pd.DataFrame
     info: dict[str, Any]
+    steps: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 #: Columns of ``timeline.parquet``: per replica, sampled at step ends about once a second.
@@ -181,6 +196,10 @@ def run_sim_cell(
     Raises:
         UserError: unknown engine, model or GPU, or a bad TP degree or replica count.
     """
+    if engine == "sim:hf-cpu":  # the real CPU engine's profile: its own model, host and step time
+        from superinfer.harness.hf_runner import run_sim_hf_cpu_cell
+
+        return run_sim_hf_cpu_cell(config, engine, policy, workload)
     try:
         profile = get_profile(engine)
         model, gpu = get_model(config.model), get_gpu(config.gpu)
@@ -242,9 +261,17 @@ def run_sim_cell(
     return CellResult(df, peaks, timeline, info)
 
 
+def run_hf_cell(config: BenchConfig, engine: str, policy: str, workload: Workload) -> CellResult:
+    """Replay ``workload`` on the real CPU engine (``hf``); see ``harness.hf_runner``."""
+    from superinfer.harness.hf_runner import run_hf_cell as run
+
+    return run(config, engine, policy, workload)
+
+
 #: Runner per engine family (the part of the engine id before ``:``).
 RUNNERS: dict[str, Callable[[BenchConfig, str, str, Workload], CellResult]] = {
     "sim": run_sim_cell,
+    "hf": run_hf_cell,
 }
 
 
@@ -260,20 +287,42 @@ def _resolve_policies(names: Sequence[str]) -> list[str]:
 
 
 def build_bench_workload(config: BenchConfig) -> Workload:
-    """The workload ``config`` names: its spec (``workload``) or its trace (``trace``).
+    """The workload ``config`` names: its spec (``workload``) or its trace (``trace``), then its
+    length shaping (``length_scale``, ``max_prompt_tokens``, ``max_output_tokens``).
 
     Raises:
-        UserError: unknown name, bad scale or window, or an invalid spec.
+        UserError: unknown name, bad scale or window, an invalid spec, or ``start_s`` with a
+            spec (a spec sets its own window).
         TraceFormatError: a malformed trace file.
     """
     if config.workload is not None:
-        return build_from_spec(
+        if config.start_s:
+            raise UserError("--start-s applies to --trace workloads; a spec sets its own window")
+        wl = build_from_spec(
             load_spec(config.workload),
             seed=config.seed,
             rate_scale=config.rate_scale,
             duration_s=config.duration_s,
         )
-    return build_workload(config.trace, rate_scale=config.rate_scale, duration_s=config.duration_s)
+    else:
+        wl = build_workload(
+            config.trace,
+            rate_scale=config.rate_scale,
+            duration_s=config.duration_s,
+            start_s=config.start_s,
+        )
+    if (
+        config.length_scale != 1.0
+        or config.max_prompt_tokens is not None
+        or config.max_output_tokens is not None
+    ):
+        wl = scale_lengths(
+            wl,
+            length_scale=config.length_scale,
+            max_prompt_tokens=config.max_prompt_tokens,
+            max_output_tokens=config.max_output_tokens,
+        )
+    return wl
 
 
 def run_bench(
@@ -302,7 +351,7 @@ def run_bench(
     wl = workload or build_bench_workload(config)
     total = len(config.engines) * len(policies)
     summaries: list[dict[str, object]] = []
-    frames, timelines = [], []
+    frames, timelines, step_frames = [], [], []
     cells: dict[str, dict[str, Any]] = {}
     for engine in config.engines:
         runner = RUNNERS[engine.split(":")[0]]
@@ -319,6 +368,8 @@ def run_bench(
             )
             frames.append(cell.requests)
             timelines.append(cell.timeline)
+            if cell.steps is not None:
+                step_frames.append(cell.steps)
             cells[f"{engine}/{name}"] = cell.info
     if on_cell:
         on_cell(len(cells), total, "done")
@@ -338,6 +389,10 @@ def run_bench(
             ],
             "rate_scale": wl.rate_scale,
             "duration_s": wl.duration_s,
+            "start_s": wl.start_s,
+            "length_scale": wl.length_scale,
+            "max_prompt_tokens": wl.max_prompt_tokens,
+            "max_output_tokens": wl.max_output_tokens,
             "n_requests": len(wl.requests),
             "details": dict(wl.details),
         },
@@ -348,4 +403,5 @@ def run_bench(
         pd.concat(frames, ignore_index=True),
         pd.concat(timelines, ignore_index=True),
         info,
+        pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame(),
     )

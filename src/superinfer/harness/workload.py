@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,7 @@ __all__ = [
     "Source",
     "Workload",
     "build_workload",
+    "scale_lengths",
 ]
 
 #: Interactive chat: first token within 1 s, then at least 10 tokens/s per request.
@@ -73,6 +76,11 @@ class Workload:
             send it; the simulator needs only the token counts).
         details: how the workload was made (spec file, formats, arrival processes, seed), for
             the manifest and the report; empty for ``--trace`` workloads.
+        start_s: trace seconds skipped before the window (from the earliest arrival of any
+            source).
+        length_scale: factor applied to prompt and output lengths (:func:`scale_lengths`).
+        max_prompt_tokens: cap on prompt lengths after scaling (``None``: none).
+        max_output_tokens: cap on output lengths after scaling (``None``: none).
     """
 
     name: str
@@ -82,6 +90,10 @@ class Workload:
     duration_s: float | None
     prompts: Mapping[str, str] = field(default_factory=dict)
     details: Mapping[str, Any] = field(default_factory=dict)
+    start_s: float = 0.0
+    length_scale: float = 1.0
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
 
 
 def _load(source: Source) -> list[TraceRow]:
@@ -92,21 +104,29 @@ def _load(source: Source) -> list[TraceRow]:
 
 
 def build_workload(
-    trace: str = "azure", *, rate_scale: float = 1.0, duration_s: float | None = None
+    trace: str = "azure",
+    *,
+    rate_scale: float = 1.0,
+    duration_s: float | None = None,
+    start_s: float = 0.0,
 ) -> Workload:
     """Build the workload named ``trace``, or from an Azure-format CSV path (tagged ``chat``).
 
     Sources are mixed on their shared wall clock: each keeps its real offset from the earliest
-    request of any source. Then times are divided by ``rate_scale`` and cut to ``duration_s``.
+    request of any source. Requests in the first ``start_s`` trace seconds are skipped; then times
+    count from ``start_s``, are divided by ``rate_scale`` and cut to ``duration_s``.
 
     Raises:
-        UserError: unknown trace name, non-positive scale or duration, or an empty window.
+        UserError: unknown trace name, non-positive scale or duration, negative start, or an
+            empty window.
         TraceFormatError: a malformed trace file.
     """
     if not rate_scale > 0:
         raise UserError(f"--rate-scale must be > 0, got {rate_scale}")
     if duration_s is not None and not duration_s > 0:
         raise UserError(f"--duration-s must be > 0, got {duration_s}")
+    if not start_s >= 0:
+        raise UserError(f"--start-s must be >= 0, got {start_s}")
     if trace in TRACES:
         sources = TRACES[trace]
     elif trace.endswith(".csv") and Path(trace).is_file():
@@ -119,7 +139,9 @@ def build_workload(
     specs: list[tuple[float, str, int, RequestSpec]] = []
     for src, rows in loaded:
         for row in rows:
-            arrival = (row.arrival_s - t0) / rate_scale
+            if row.arrival_s - t0 < start_s:
+                continue
+            arrival = (row.arrival_s - t0 - start_s) / rate_scale
             if duration_s is not None and arrival >= duration_s:
                 break  # rows are in time order
             spec = RequestSpec(
@@ -135,4 +157,55 @@ def build_workload(
     if not specs:
         raise UserError(f"trace {trace!r}: no requests in the first {duration_s} s")
     specs.sort(key=lambda item: item[:3])
-    return Workload(trace, tuple(s for *_, s in specs), sources, rate_scale, duration_s)
+    return Workload(
+        trace, tuple(s for *_, s in specs), sources, rate_scale, duration_s, start_s=start_s
+    )
+
+
+def _scaled(tokens: int, scale: float, cap: int | None) -> int:
+    out = max(1, round(tokens * scale))
+    return out if cap is None else min(out, cap)
+
+
+def scale_lengths(
+    workload: Workload,
+    *,
+    length_scale: float = 1.0,
+    max_prompt_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+) -> Workload:
+    """Shrink request lengths to what a small engine can serve, keeping their distribution's shape.
+
+    Each prompt and output length ``L`` becomes ``min(cap, max(1, round(L * length_scale)))``;
+    a request's declared cap (``max_output_tokens``) becomes ``ceil(cap * length_scale)``, or the
+    new output length if larger (the output cap does not apply to it: it is a declaration).
+
+    Raises:
+        UserError: a non-positive scale or cap.
+    """
+    if not length_scale > 0:
+        raise UserError(f"--length-scale must be > 0, got {length_scale}")
+    for flag, cap in (
+        ("--max-prompt-tokens", max_prompt_tokens),
+        ("--max-output-tokens", max_output_tokens),
+    ):
+        if cap is not None and cap < 1:
+            raise UserError(f"{flag} must be >= 1, got {cap}")
+    requests = []
+    for spec in workload.requests:
+        output = _scaled(spec.output_tokens, length_scale, max_output_tokens)
+        requests.append(
+            dataclasses.replace(
+                spec,
+                prompt_tokens=_scaled(spec.prompt_tokens, length_scale, max_prompt_tokens),
+                output_tokens=output,
+                max_output_tokens=max(math.ceil(spec.max_output_tokens * length_scale), output),
+            )
+        )
+    return dataclasses.replace(
+        workload,
+        requests=tuple(requests),
+        length_scale=length_scale,
+        max_prompt_tokens=max_prompt_tokens,
+        max_output_tokens=max_output_tokens,
+    )

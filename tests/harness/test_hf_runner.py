@@ -1,0 +1,186 @@
+"""The hf / sim:hf-cpu harness pieces that need no model: options, workload shaping, prompts,
+the simulator cell and the CLI around them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from superinfer.harness.errors import DataError, UserError
+from superinfer.harness.hf_runner import (
+    HF_WORKLOAD,
+    HFOptions,
+    PromptBuilder,
+    hf_options,
+    load_sharegpt_prompts,
+    workload_defaults,
+)
+from superinfer.harness.runner import BenchConfig, run_bench
+from superinfer.harness.workload import CHAT_SLO, Workload, build_workload, scale_lengths
+from superinfer.sim.request import RequestSpec
+
+
+def test_engine_options_parse_and_reject_unknown_keys() -> None:
+    opts = hf_options({"num_blocks": "64", "num_threads": "1", "drain_s": "30"})
+    assert opts == HFOptions(num_blocks=64, num_threads=1, drain_s=30.0)
+    with pytest.raises(UserError, match="unknown --engine-option 'blocks'; known: drain_s"):
+        hf_options({"blocks": "3"})
+    with pytest.raises(UserError, match="num_blocks='x': not a number"):
+        hf_options({"num_blocks": "x"})
+    with pytest.raises(UserError, match="max_num_seqs must be >= 1, got 0"):
+        hf_options({"max_num_seqs": "0"})
+
+
+def test_cpu_engines_get_the_small_workload_by_default() -> None:
+    assert workload_defaults(("hf",)) == HF_WORKLOAD
+    assert workload_defaults(("sim:vllm", "sim:hf-cpu")) == HF_WORKLOAD
+    assert workload_defaults(("sim:vllm",))["rate_scale"] == 1.0
+
+
+def test_the_default_hf_window_mixes_both_classes() -> None:
+    wl = build_workload(
+        "azure",
+        rate_scale=HF_WORKLOAD["rate_scale"],
+        duration_s=HF_WORKLOAD["duration_s"],
+        start_s=HF_WORKLOAD["start_s"],
+    )
+    classes = pd.Series([r.slo.name for r in wl.requests]).value_counts().to_dict()
+    assert classes == {"chat": 39, "batch": 16}
+    assert 0.0 <= wl.requests[0].arrival_s and wl.requests[-1].arrival_s < 200.0
+
+
+def test_scale_lengths_rounds_caps_and_keeps_the_declared_cap_above_the_output() -> None:
+    reqs = (
+        RequestSpec("a", 0.0, 1020, 129, 1000, CHAT_SLO),
+        RequestSpec("b", 1.0, 5000, 3, 2048, CHAT_SLO),
+        RequestSpec("c", 2.0, 3, 900, 1000, CHAT_SLO),
+    )
+    wl = scale_lengths(
+        Workload("t", reqs, (), 1.0, None),
+        length_scale=0.125,
+        max_prompt_tokens=256,
+        max_output_tokens=64,
+    )
+    got = [(r.prompt_tokens, r.output_tokens, r.max_output_tokens) for r in wl.requests]
+    assert got == [(128, 16, 125), (256, 1, 256), (1, 64, 125)]
+    assert (wl.length_scale, wl.max_prompt_tokens, wl.max_output_tokens) == (0.125, 256, 64)
+    with pytest.raises(UserError, match="--length-scale must be > 0"):
+        scale_lengths(wl, length_scale=0)
+    with pytest.raises(UserError, match="--max-output-tokens must be >= 1, got 0"):
+        scale_lengths(wl, max_output_tokens=0)
+
+
+def test_start_s_skips_the_head_of_the_trace_and_recounts_time() -> None:
+    whole = build_workload("azure", duration_s=110.0)
+    tail = build_workload("azure", duration_s=10.0, start_s=100.0)
+    expect = [r.request_id for r in whole.requests if r.arrival_s >= 100.0]
+    assert [r.request_id for r in tail.requests] == expect
+    assert tail.requests[0].arrival_s == pytest.approx(
+        whole.requests[len(whole.requests) - len(expect)].arrival_s - 100.0
+    )
+    with pytest.raises(UserError, match="--start-s must be >= 0"):
+        build_workload("azure", start_s=-1.0)
+
+
+class FakeTokenizer:
+    """Characters as tokens: ord(c)."""
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def test_prompt_builder_cuts_exact_lengths_from_the_texts_in_a_seeded_order() -> None:
+    builder = PromptBuilder(FakeTokenizer(), ["abc", "defgh"], seed=0)
+    text = "".join(map(chr, builder.build(0, 14)))
+    assert text == "abc\n\ndefgh\n\nab"  # runs into the next text, then wraps around
+    assert "".join(map(chr, builder.build(1, 3))) == "def"
+    assert builder.build(0, 2) == builder.build(2, 2)  # request indices wrap around the texts
+
+
+def test_sharegpt_prompts_load_and_bad_files_name_the_problem(tmp_path: Path) -> None:
+    prompts = load_sharegpt_prompts()
+    assert len(prompts) == 500 and all(p.strip() for p in prompts)
+    bad = tmp_path / "s.json"
+    bad.write_text(json.dumps([{"conversations": []}]))
+    with pytest.raises(DataError, match=f"{bad}: entry 0: no conversations"):
+        load_sharegpt_prompts(bad)
+    bad.write_text("{")
+    with pytest.raises(DataError, match=f"{bad}: cannot read ShareGPT prompts"):
+        load_sharegpt_prompts(bad)
+
+
+def test_sim_hf_cpu_accounts_for_every_request_and_is_deterministic() -> None:
+    config = BenchConfig(engines=("sim:hf-cpu",), policies=("fcfs", "priority"), **HF_WORKLOAD)
+    one, two = run_bench(config), run_bench(config)
+    pd.testing.assert_frame_equal(one.summary, two.summary)
+    df = one.requests
+    assert len(df) == 2 * 55
+    assert (df["status"] == "finished").all()
+    assert (df["generated_tokens"] == df["output_tokens"]).all()
+    cell = one.info["cells"]["sim:hf-cpu/fcfs"]
+    assert cell["kv_capacity_blocks"] == 256
+    assert cell["kv_capacity_gb"] == pytest.approx(256 * 32 * 46080 / 1e9)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "superinfer", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_bench_on_sim_hf_cpu_and_one_line_errors(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _cli("bench", "--engine", "sim:hf-cpu", "--policies", "fcfs", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((out / "manifest.json").read_text())
+    assert meta["workload"]["start_s"] == 100.0 and meta["workload"]["n_requests"] == 55
+    assert "`sim:hf-cpu` (its simulator profile" in (out / "report.md").read_text()
+    cases = [
+        (
+            ["bench", "--engine", "sim:hf-cpu", "--engine-option", "bogus=1"],
+            "error: unknown --engine-option 'bogus'",
+        ),
+        (["calibrate", "--engine", "sglang"], "error: calibrate fits the simulated GPUs"),
+    ]
+    for args, expected in cases:
+        proc = _cli(*args, "--out", str(tmp_path / "x"))
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith(expected), (
+            proc.stderr
+        )
+
+
+def test_calibrate_refits_recorded_steps_without_the_engine(tmp_path: Path) -> None:
+    from superinfer.sim.hf_cpu import HFCPUStepTime, shape_of
+
+    true = HFCPUStepTime((0.02, 0.004, 0.001, 0.0005, 0.00002, 1e-7))
+    rows = []
+    grid = [(1, 0, 64, True), (1, 0, 256, False), (2, 40, 100, False), (3, 10, 30, True)]
+    for b, c, n, sampled in grid + [(b, c, 1, True) for b in (1, 3, 8, 16) for c in (30, 300)]:
+        shape = shape_of([(c, n, sampled)] * b)
+        rows.append(
+            {
+                "kind": "decode" if n == 1 else "prefill",
+                "num_tokens": shape.num_tokens,
+                "num_seqs": shape.num_seqs,
+                "num_samples": shape.num_samples,
+                "kv_tokens": shape.prefill_kv_tokens + shape.decode_kv_tokens,
+                "duration_ms": true.step_time_s(shape) * 1e3,
+            }
+        )
+    steps = tmp_path / "recorded.csv"
+    pd.DataFrame(rows).to_csv(steps, index=False)
+    out = tmp_path / "fit.json"
+    proc = _cli("calibrate", "--engine", "hf", "--steps", str(steps), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    fitted = HFCPUStepTime.from_dict(doc["coefficients"])
+    for got, want in zip(fitted.coefficients, true.coefficients, strict=True):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert doc["steps_from"] == str(steps) and doc["fit"]["num_samples"] == 12
+    assert (tmp_path / "fit_steps.csv").is_file()

@@ -1,0 +1,130 @@
+"""The ``sim:hf-cpu`` step-time model: batch shapes, the fit, and its use by the simulator."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from superinfer.adapters.manager import build_plugin_manager
+from superinfer.policy_core.types import SLO
+from superinfer.sim.engine import SimConfig, Simulator
+from superinfer.sim.hf_cpu import (
+    FEATURES,
+    HOST_CPU,
+    KV_BYTES_PER_TOKEN_FP32,
+    SIM_HF_CPU,
+    SMOLLM2_135M,
+    HFCPUStepTime,
+    StepSample,
+    features,
+    shape_of,
+)
+from superinfer.sim.request import RequestSpec
+from superinfer.sim.step_time import BatchShape
+
+TRUE = HFCPUStepTime((0.02, 0.004, 0.001, 0.0005, 0.00002, 1e-7))
+
+
+def test_shape_of_classifies_pieces_as_the_simulator_does() -> None:
+    # a prefill chunk of 30 on 10 computed, a first chunk of 5 that samples, two decodes
+    shape = shape_of([(10, 30, False), (0, 5, True), (99, 1, True), (7, 1, True)])
+    assert shape == BatchShape(
+        num_tokens=37,
+        num_samples=3,
+        prefill_attn_pairs=30 * (10 + 31 / 2) + 5 * (0 + 6 / 2),
+        prefill_kv_tokens=40 + 5,
+        decode_kv_tokens=100 + 8,
+        num_seqs=4,
+    )
+    assert features(shape) == (1.0, 37.0, 4.0, 3.0, 153.0, 37.0 * 153)
+
+
+def test_smollm2_kv_bytes_are_fp32_pages_of_every_layer() -> None:
+    assert KV_BYTES_PER_TOKEN_FP32 == 2 * 30 * 3 * 64 * 4 == 46080
+    assert SIM_HF_CPU.limits(HOST_CPU) == (256, 32)
+
+
+def _samples(model: HFCPUStepTime) -> list[StepSample]:
+    shapes = (
+        [shape_of([(0, n, True)]) for n in (16, 64, 128, 256)]
+        + [shape_of([(c, 1, True)] * b) for b in (1, 4, 8, 16) for c in (32, 200)]
+        + [shape_of([(40, 100, False), (60, 1, True), (90, 1, True)])]
+    )
+    return [StepSample(s, model.step_time_s(s)) for s in shapes]
+
+
+def test_fit_recovers_the_coefficients_that_generated_the_steps() -> None:
+    model, report = HFCPUStepTime.fit(_samples(TRUE))
+    for got, want in zip(model.coefficients, TRUE.coefficients, strict=True):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert report.num_samples == 13 and report.dropped == ()
+    assert report.mean_abs_rel_err < 1e-9
+
+
+def test_fit_sets_aside_steps_slowed_from_outside() -> None:
+    samples = _samples(TRUE)
+    slowed = {2, 6, 9}  # another process took the core during these steps
+    noisy = [
+        StepSample(s.shape, s.duration_s * (3.0 if i in slowed else 1.0))
+        for i, s in enumerate(samples)
+    ]
+    model, report = HFCPUStepTime.fit(noisy)
+    for got, want in zip(model.coefficients, TRUE.coefficients, strict=True):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert report.num_outliers == 3 and report.inlier_mean_abs_rel_err < 1e-9
+    assert report.mean_abs_rel_err == pytest.approx(3 * (2 / 3) / 13)  # scored on every step
+
+
+def test_fit_drops_a_term_that_would_be_negative() -> None:
+    samples = _samples(TRUE)
+    bent = [StepSample(s.shape, s.duration_s - 0.002 * s.shape.num_seqs) for s in samples]
+    model, report = HFCPUStepTime.fit(bent)
+    assert all(c >= 0 for c in model.coefficients)
+    assert report.dropped  # the bent data asks for a negative term; it is removed, not kept
+
+
+def test_decode_coefficients_match_the_step_time_of_a_decode_batch() -> None:
+    shape = shape_of([(c, 1, True) for c in (10, 50, 300)])
+    a, b = TRUE.decode_coefficients(3)
+    assert a + b * shape.decode_kv_tokens == pytest.approx(TRUE.step_time_s(shape), rel=1e-12)
+
+
+def test_bad_coefficients_and_files_are_rejected_with_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="need 6 coefficients"):
+        HFCPUStepTime((1.0,))
+    with pytest.raises(ValueError, match="num_seqs must be finite and >= 0"):
+        HFCPUStepTime((0.1, 0.1, -1.0, 0.0, 0.0, 0.0))
+    bad = tmp_path / "fit.json"
+    bad.write_text(json.dumps({"coefficients": {"intercept": 1.0}}))
+    with pytest.raises(ValueError, match=f"{bad}: not a step-time calibration"):
+        HFCPUStepTime.from_file(bad)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"coefficients": TRUE.to_dict()}))
+    assert HFCPUStepTime.from_file(good) == TRUE
+    assert list(TRUE.to_dict()) == list(FEATURES)
+
+
+def test_the_default_model_is_a_real_fit() -> None:
+    default = HFCPUStepTime()
+    assert default.coefficients[0] > 0  # a fixed per-step cost was measured
+    assert all(math.isfinite(c) and c >= 0 for c in default.coefficients)
+
+
+def test_simulator_repeats_decodes_with_the_fitted_model_as_with_single_steps() -> None:
+    """A repeated decode run (closed form from decode_coefficients) gives the same token times as
+    asking the policy every step (max_repeat_steps=1)."""
+    slo = SLO("chat")
+    reqs = [RequestSpec(f"r{i}", 0.05 * i, 20 + 7 * i, 12, 12, slo) for i in range(4)]
+    config = SimConfig(SIM_HF_CPU, SMOLLM2_135M, HOST_CPU, num_gpu_blocks_override=256)
+
+    def run(repeat: int) -> list[tuple[float | None, float | None]]:
+        pm = build_plugin_manager("fcfs", {"max_repeat_steps": str(repeat)})
+        result = Simulator(config, pm.hook, step_time=TRUE).run(reqs)
+        return [(r.first_token_s, r.finish_s) for r in result.requests]
+
+    repeated, single = run(64), run(1)
+    for (f1, e1), (f2, e2) in zip(repeated, single, strict=True):
+        assert f1 == pytest.approx(f2, rel=1e-9) and e1 == pytest.approx(e2, rel=1e-9)
