@@ -3,9 +3,9 @@ by exhaustive search, the predictor's exact LRU cold start, CPU-tier accounting.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from superinfer.cli import main
 from superinfer.harness.cache_eval import (
     HIT_RATE_COLUMNS,
     BlockTrace,
@@ -111,6 +112,20 @@ def test_belady_is_optimal_by_exhaustive_search(seed: int) -> None:
         assert int(belady_prefix_hits(tr, capacity).sum()) == _brute_force(tr, capacity)
 
 
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@pytest.mark.parametrize("cpu", [0, 6])
+def test_heap_lru_lfu_match_the_planner_exactly(policy: str, cpu: int) -> None:
+    rng = np.random.default_rng(11)
+    tr = _random_trace(rng, nodes=60, requests=300)
+    # Three requests per instant, as in Mooncake's 3 s buckets: ties in recency.
+    tr = dataclasses.replace(tr, arrival_s=np.floor(tr.arrival_s / 3.0) * 3.0)
+    for hbm in (4, 10):
+        fast = replay(tr, policy, 0.1, hbm, cpu)
+        slow = replay(tr, policy, 0.1, hbm, cpu, via_planner=True)
+        assert fast.minute_hit_blocks.tolist() == slow.minute_hit_blocks.tolist()
+        assert hits(policy, tr, hbm, cpu) == hits(policy, tr, hbm, cpu, via_planner=True)
+
+
 @pytest.mark.parametrize("cpu", [0, 8])
 def test_predictor_cold_start_is_exactly_lru(cpu: int) -> None:
     rng = np.random.default_rng(7)
@@ -185,35 +200,43 @@ def _write_jsonl(path: Path, requests: list[list[int]]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_cli_cache_eval_writes_the_contract_files(tmp_path: Path) -> None:
+def _superinfer(
+    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    """Run the ``superinfer`` entry point in-process; (exit status, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["superinfer", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, capsys.readouterr().err
+
+
+def test_cli_cache_eval_writes_the_contract_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     rng = np.random.default_rng(1)
     tr = _random_trace(rng, nodes=60, requests=120)
     reqs = [tr.blocks[tr.offsets[r] : tr.offsets[r + 1]].tolist() for r in range(tr.num_requests)]
     src = tmp_path / "tiny.jsonl"
     _write_jsonl(src, reqs)
     out = tmp_path / "cache"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "superinfer",
-            "cache-eval",
-            "--trace",
-            str(src),
-            "--capacities",
-            "0.1,0.2",
-            "--cpu-ratio",
-            "1",
-            "--jobs",
-            "1",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
+    args = [
+        "cache-eval",
+        "--trace",
+        str(src),
+        "--capacities",
+        "0.1,0.2",
+        "--cpu-ratio",
+        "1",
+        "--jobs",
+        "1",
+        "--out",
+        str(out),
+    ]
+    code, err = _superinfer(args, monkeypatch, capsys)
+    assert code == 0, err
     table = pd.read_csv(out / "hit_rates.csv")
     assert tuple(table.columns) == HIT_RATE_COLUMNS
     assert len(table) == 4 * 2 * 2 and set(table.policy) == {"lru", "lfu", "predictor", "belady"}
@@ -230,6 +253,12 @@ def test_cli_cache_eval_writes_the_contract_files(tmp_path: Path) -> None:
         "manifest.json",
     ):
         assert (out / name).is_file(), name
+    report = (out / "report.md").read_bytes()
+    (out / "report.md").unlink()
+    assert (
+        _superinfer(["cache-eval", "--report-only", "--out", str(out)], monkeypatch, capsys)[0] == 0
+    )
+    assert (out / "report.md").read_bytes() == report  # the report is a function of the files
 
 
 @pytest.mark.parametrize(
@@ -239,17 +268,19 @@ def test_cli_cache_eval_writes_the_contract_files(tmp_path: Path) -> None:
         (["--capacities", "1.5"], "error: capacity fractions must be in (0, 1], got 1.5"),
         (["--policies", "arc"], "error: unknown cache policy 'arc'; known: lru, lfu"),
         (["--trace", "nosuch"], "error: unknown trace 'nosuch': give mooncake or a Mooncake"),
+        (["--report-only"], "error: "),
     ],
 )
 def test_cli_cache_eval_mistakes_are_one_line_errors(
-    tmp_path: Path, args: list[str], message: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    message: str,
 ) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "superinfer", "cache-eval", *args, "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    code, err = _superinfer(
+        ["cache-eval", *args, "--out", str(tmp_path / "none")], monkeypatch, capsys
     )
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
-    assert proc.stderr.startswith(message), proc.stderr
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith(message), err

@@ -63,6 +63,7 @@ __all__ = [
     "block_trace",
     "load_cache_trace",
     "replay",
+    "replay_ordered",
     "run_cache_eval",
     "write_cache_eval",
     "write_cache_report",
@@ -356,6 +357,98 @@ def replay_belady(
 
 
 # -------------------------------------------------------------------------------------------------
+# LRU and LFU with heaps (the planner's order, without its O(cache) work per request)
+# -------------------------------------------------------------------------------------------------
+
+
+def replay_ordered(
+    trace: BlockTrace, policy: str, capacity_frac: float, hbm_blocks: int, cpu_blocks: int = 0
+) -> ReplayResult:
+    """LRU or LFU in the :class:`TierPlanner`'s exact order, with lazy heaps.
+
+    The planner evicts the leaf with the least key (score, -depth, block id); LRU's score orders
+    like the last access instant, LFU's like (accesses since insertion, last access). Neither
+    key ever increases from a parent to its child (a child is only accessed with its parent, and
+    leaves before it), so the least key in a tier is always one of its leaves and a heap of all
+    nodes gives the planner's order. ``tests/harness/test_cache_eval.py`` checks the two
+    implementations against each other.
+    """
+    if policy not in ("lru", "lfu"):
+        raise UserError(f"ordered replay is for lru and lfu, not {policy!r}")
+    start = time.perf_counter()
+    lfu = policy == "lfu"
+    tier = [0] * trace.num_unique  # 0 not cached, 1 HBM, 2 CPU
+    count = [0] * trace.num_unique
+    key: list[tuple[float, ...]] = [()] * trace.num_unique
+    heaps: dict[int, list[tuple[float, ...]]] = {1: [], 2: []}
+    used = {1: 0, 2: 0}
+    depth = trace.depth.tolist()
+    k = np.zeros(trace.num_requests, dtype=np.int64)
+    k_hbm = np.zeros(trace.num_requests, dtype=np.int64)
+    offloaded = 0
+    offsets = trace.offsets.tolist()
+    flat = trace.blocks.tolist()
+    for r in range(trace.num_requests):
+        now = float(trace.arrival_s[r])
+        blocks = flat[offsets[r] : offsets[r + 1]]
+        hit = 0
+        while hit < len(blocks) and tier[blocks[hit]]:
+            hit += 1
+        in_hbm = 0
+        while in_hbm < len(blocks) and tier[blocks[in_hbm]] == 1:
+            in_hbm += 1
+        k[r], k_hbm[r] = hit, in_hbm
+        for b in blocks:
+            if tier[b] != 1:
+                used[1] += 1
+                if tier[b] == 2:
+                    used[2] -= 1
+            count[b] = count[b] + 1 if tier[b] else 1
+            tier[b] = 1
+            key[b] = (count[b], now, -depth[b], b) if lfu else (now, -depth[b], b)
+            heapq.heappush(heaps[1], key[b])
+        victims = _pop_least(heaps[1], key, tier, 1, used[1] - hbm_blocks)
+        used[1] -= len(victims)
+        for b in victims:
+            if cpu_blocks:
+                tier[b] = 2
+                heapq.heappush(heaps[2], key[b])
+            else:
+                tier[b] = 0
+        if cpu_blocks:
+            used[2] += len(victims)
+            dropped = _pop_least(heaps[2], key, tier, 2, used[2] - cpu_blocks)
+            used[2] -= len(dropped)
+            for b in dropped:
+                tier[b] = 0
+            offloaded += sum(1 for b in victims if tier[b] == 2)
+    res = ReplayResult(policy, capacity_frac, hbm_blocks, cpu_blocks, offloaded_blocks=offloaded)
+    _record(res, trace, k, k_hbm)
+    res.wall_s = time.perf_counter() - start
+    return res
+
+
+def _pop_least(
+    heap: list[tuple[float, ...]],
+    key: list[tuple[float, ...]],
+    tier: list[int],
+    level: int,
+    need: int,
+) -> list[int]:
+    """Pop the ``need`` least current entries of ``level`` (stale entries are skipped)."""
+    out: list[int] = []
+    while len(out) < need and heap:
+        entry = heapq.heappop(heap)
+        b = int(entry[-1])
+        if tier[b] == level and key[b] == entry:
+            out.append(b)
+            tier[b] = -level  # taken: not popped twice
+    for b in out:
+        tier[b] = level
+    return out
+
+
+# -------------------------------------------------------------------------------------------------
 # Online policies through the tier planner
 # -------------------------------------------------------------------------------------------------
 
@@ -411,6 +504,7 @@ def replay(
     *,
     predictor_config: ReusePredictorConfig | None = None,
     planner: TierPlanner | None = None,
+    via_planner: bool = False,
 ) -> ReplayResult:
     """Replay ``trace`` under ``policy`` with ``hbm_blocks`` of HBM and ``cpu_blocks`` of CPU.
 
@@ -422,12 +516,16 @@ def replay(
         cpu_blocks: CPU tier capacity in blocks (0: no CPU tier).
         predictor_config: the predictor's hyperparameters (``predictor`` only).
         planner: the tier planner (default :class:`TierPlanner`).
+        via_planner: run LRU / LFU through the planner too, rather than
+            :func:`replay_ordered` (same result, O(cache) work per request).
 
     Raises:
         UserError: unknown policy or a capacity < 1.
     """
     if policy == "belady":
         return replay_belady(trace, capacity_frac, hbm_blocks, cpu_blocks)
+    if policy in ("lru", "lfu") and not via_planner:
+        return replay_ordered(trace, policy, capacity_frac, hbm_blocks, cpu_blocks)
     if policy not in POLICIES:
         raise UserError(f"unknown cache policy {policy!r}; known: {', '.join(POLICIES)}")
     if hbm_blocks < 1 or cpu_blocks < 0:
