@@ -118,7 +118,7 @@ def test_features_have_the_documented_layout() -> None:
         children=[2.0, 0.0, 1.0],
     )
     x = pred.features(cols)
-    assert x.shape == (3, len(FEATURE_NAMES)) == (3, 37)
+    assert x.shape == (3, len(FEATURE_NAMES)) == (3, 38)
     name = {n: i for i, n in enumerate(FEATURE_NAMES)}
     assert x[0, name["age_bin0_first_use"]] == 1.0  # age 0 s, never reused
     assert x[1, name["age_bin2_reused"]] == 1.0  # log2(1 + 3) = 2

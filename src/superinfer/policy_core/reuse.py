@@ -34,7 +34,7 @@ _AGE_BINS = 12
 #: SLO classes with an indicator feature each; later classes share the last one.
 _MAX_CLASSES = 4
 #: Dense (non-bin) features before the bias.
-_NUM_DENSE = 8 + _MAX_CLASSES
+_NUM_DENSE = 9 + _MAX_CLASSES
 
 FEATURE_NAMES: tuple[str, ...] = (
     *(f"age_bin{b}_first_use" for b in range(_AGE_BINS)),
@@ -47,6 +47,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "log_interval",
     "age_over_interval",
     "log_since_first",
+    "log_age",
     *(f"class{c}" for c in range(_MAX_CLASSES)),
     "bias",
 )
@@ -252,8 +253,11 @@ class ReusePredictor:
         dense[5] = np.where(has, np.log1p(interval) / 8.0, 0.0)
         dense[6] = np.where(has, np.minimum(age / np.maximum(interval, 1.0), 10.0) / 10.0, 0.0)
         dense[7] = np.log1p(np.maximum(cols.since_first_s, 0.0)) / 8.0
+        # Recency inside a bin: a bin is as wide as the ages it holds (2048 s and more in the
+        # last), so without this the model could not order two old nodes by age as LRU does.
+        dense[8] = np.log1p(age) / 8.0
         if cols.class_mask is not None:
-            dense[8:] = cols.class_mask[:, :_MAX_CLASSES].T
+            dense[9:] = cols.class_mask[:, :_MAX_CLASSES].T
         return bins, dense
 
     def _logit(self, bins: NDArray[np.int64], dense: FloatArray) -> FloatArray:
