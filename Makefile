@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: bench test test-all lint install install-sglang clean fleet
+.PHONY: bench test test-all lint install install-sglang clean fleet cache-eval
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,10 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(PIP) install -e .
 	@touch $@
+
+# KV reuse: LRU, LFU, the reuse predictor and Belady on the Mooncake trace -> results/cache/.
+cache-eval: $(VENV)/.installed
+	$(BIN)/superinfer cache-eval --trace mooncake --out results/cache
 
 # Development install: tests and linters on top of the base.
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed

@@ -106,6 +106,12 @@ def cli() -> None:
     "0 disables swap and prefix offload].",
 )
 @click.option(
+    "--kv-policy",
+    default=None,
+    help="Prefix-cache placement policy: lru, lfu or reuse (the learned reuse predictor) "
+    "[default: the engine's own eviction order].",
+)
+@click.option(
     "--kv-quant/--no-kv-quant",
     default=False,
     show_default=True,
@@ -186,6 +192,7 @@ def bench(
     router: str,
     cpu_kv_ratio: float | None,
     kv_quant: bool,
+    kv_policy: str | None,
     policies: str | None,
     rate_scale: float | None,
     duration_s: float | None,
@@ -254,6 +261,7 @@ def bench(
         router=options["router"],
         cpu_kv_ratio=cpu_kv_ratio,
         kv_quant=kv_quant,
+        kv_policy=kv_policy,
         policies=_split(options["policies"]),
         seed=seed,
         workload=workload,
@@ -998,6 +1006,119 @@ def _print_plan(detail: pd.DataFrame) -> None:
     if not console.is_terminal:
         console = Console(width=160)
     console.print(table)
+
+
+@cli.command("cache-eval")
+@click.option(
+    "--trace",
+    default="mooncake",
+    show_default=True,
+    help="mooncake (the Mooncake FAST'25 conversation trace) or a path to a .jsonl in its "
+    "format (timestamp, input_length, output_length, hash_ids).",
+)
+@click.option(
+    "--capacities",
+    default="0.01,0.02,0.05,0.1,0.2,0.5",
+    show_default=True,
+    help="Comma-separated HBM capacities, as fractions of the trace's unique blocks.",
+)
+@click.option(
+    "--cpu-ratio",
+    default=4.0,
+    show_default=True,
+    type=float,
+    help="CPU tier size as a multiple of the HBM capacity for the with-CPU-tier runs "
+    "(0: none). Runs where HBM + CPU hold every unique block are skipped.",
+)
+@click.option(
+    "--policies",
+    default="lru,lfu,predictor,belady",
+    show_default=True,
+    help="Comma-separated cache policies.",
+)
+@click.option(
+    "--duration-s",
+    default=None,
+    type=float,
+    help="Replay only the first DURATION_S seconds of arrivals [default: all].",
+)
+@click.option(
+    "--jobs",
+    default=None,
+    type=int,
+    help="Worker processes [default: the CPU count, at most 4].",
+)
+@click.option("--seed", default=0, show_default=True, type=int, help="The predictor's seed.")
+@click.option(
+    "--report-only",
+    is_flag=True,
+    help="Only rewrite report.md and the plots of --out from its CSVs and manifest.",
+)
+@click.option(
+    "--out",
+    default="results/cache",
+    show_default=True,
+    type=click.Path(),
+    help="Directory to write.",
+)
+def cache_eval(
+    trace: str,
+    capacities: str,
+    cpu_ratio: float,
+    policies: str,
+    duration_s: float | None,
+    jobs: int | None,
+    seed: int,
+    report_only: bool,
+    out: str,
+) -> None:
+    """Replay a trace's KV block hashes through LRU, LFU, the reuse predictor and Belady's MIN.
+
+    Writes hit_rates.csv (trace, policy, capacity_frac, cpu_tier, block_hit_rate,
+    token_hit_rate), hit_rates_detail.csv, hit_rates_by_minute.csv, two plots, report.md and
+    manifest.json. Definitions: docs/kv-reuse.md.
+    """
+    import os
+
+    from rich.console import Console
+
+    from superinfer.harness.cache_eval import (
+        CacheEvalConfig,
+        run_cache_eval,
+        write_cache_eval,
+        write_cache_report,
+    )
+
+    if report_only:
+        write_cache_report(Path(out))
+        click.echo(f"wrote {out}/report.md and plots")
+        return
+    fracs = []
+    for text in _split(capacities):
+        try:
+            fracs.append(float(text))
+        except ValueError:
+            raise UserError(f"--capacities: {text!r} is not a number") from None
+    config = CacheEvalConfig(
+        trace=trace,
+        capacity_fracs=tuple(fracs),
+        cpu_ratio=cpu_ratio,
+        policies=_split(policies),
+        duration_s=duration_s,
+        jobs=jobs if jobs is not None else max(1, min(4, os.cpu_count() or 1)),
+        seed=seed,
+    )
+    console = Console(stderr=True)
+    with console.status("replaying") as status:
+        loaded, results = run_cache_eval(config, progress=lambda msg: status.update(msg))
+    out_dir = Path(out)
+    write_cache_eval(out_dir, loaded, config, results, command=sys.argv)
+    for r in results:
+        click.echo(
+            f"{r.policy:10s} capacity {r.capacity_frac:<5g} cpu_tier {str(r.cpu_tier):5s} "
+            f"blocks {100 * r.block_hit_rate:6.2f}%  tokens {100 * r.token_hit_rate:6.2f}%"
+        )
+    console.print(f"wrote {out_dir}/ (hit_rates.csv, hit_rates_detail.csv, report.md, plots)")
 
 
 @cli.command("policies")

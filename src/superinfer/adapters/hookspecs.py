@@ -110,19 +110,33 @@ def superinfer_kv_precision(request: RequestView, state: StepState) -> KVPrecisi
 
 @hookspec(firstresult=True)
 def superinfer_kv_placement(
-    nodes: tuple[PrefixNodeView, ...], now_s: float, free_hbm_blocks: int, free_cpu_blocks: int
+    nodes: tuple[PrefixNodeView, ...],
+    now_s: float,
+    free_hbm_blocks: int,
+    free_cpu_blocks: int,
+    needed_hbm_blocks: int,
+    total_hbm_blocks: int,
 ) -> PlacementDecision | None:
-    """Decide pin / keep / offload / drop for cached prefix nodes.
+    """Decide pin / keep / offload / drop for cached prefix nodes, and what to prefetch.
 
-    Called by engines with a prefix cache when they need room (before evicting) and after a step
-    that changed the cache. Stops at the first non-None result; ``None`` from every plugin leaves
-    the engine's own eviction order (LRU) in charge.
+    Called by engines with a prefix cache (a) when an allocation needs ``needed_hbm_blocks``
+    more HBM blocks than are free, before the engine evicts anything, and (b) optionally after
+    a step that changed the cache, with ``needed_hbm_blocks=0`` (pins and prefetches). Stops at
+    the first non-None result; ``None`` from every plugin leaves the engine's own eviction order
+    (LRU) in charge. The engine checks the decision with
+    ``policy_core.validation.check_placement`` and applies it in this order: drop, offload,
+    prefetch, then replaces its pin set; if the decision frees less than needed, the engine's
+    own eviction frees the rest among unpinned nodes (and then it preempts).
 
     Args:
-        nodes: the cached prefix nodes that are candidates for a placement change.
+        nodes: every cached prefix node, in HBM and in CPU memory (ancestors of a listed node
+            are listed; ``in_use`` marks those running requests reference).
         now_s: current instant, in s.
         free_hbm_blocks: free KV blocks in HBM.
         free_cpu_blocks: free KV blocks in CPU memory (0 without a CPU tier).
+        needed_hbm_blocks: HBM blocks the engine must free now beyond ``free_hbm_blocks``
+            (0 when it calls only to let the policy pin and prefetch).
+        total_hbm_blocks: KV blocks in HBM (caps what a policy may pin).
     """
 
 

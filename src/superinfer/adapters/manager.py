@@ -4,6 +4,10 @@ Policies come from the entry-point group ``superinfer.policies`` (built-ins are 
 our own ``pyproject.toml``, exactly like a third party's). An entry point names either a pure
 policy class (anything with ``schedule(state)``; it is wrapped in :class:`PolicyPlugin`) or a
 ready pluggy plugin with ``superinfer_*`` hook implementations.
+
+Prefix-cache placement policies (``superinfer_kv_placement``) come from the group
+``superinfer.kv_policies`` (built-ins: ``lru``, ``lfu``, ``reuse``) and are enabled with
+``build_plugin_manager(..., kv_policy=NAME)``; without one, the engine's own eviction runs.
 """
 
 from __future__ import annotations
@@ -23,14 +27,17 @@ from superinfer.policy_core.types import RequestView, ScheduleDecision, StepStat
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "KV_ENTRY_POINT_GROUP",
     "PolicyPlugin",
     "UnknownPolicyError",
+    "available_kv_policies",
     "available_policies",
     "build_plugin_manager",
     "make_policy",
 ]
 
 ENTRY_POINT_GROUP = "superinfer.policies"
+KV_ENTRY_POINT_GROUP = "superinfer.kv_policies"
 
 
 class UnknownPolicyError(ValueError):
@@ -63,6 +70,11 @@ class PolicyPlugin:
 def available_policies() -> dict[str, EntryPoint]:
     """Registered policies by name (entry-point group ``superinfer.policies``)."""
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available_kv_policies() -> dict[str, EntryPoint]:
+    """Registered prefix-cache placement policies by name (group ``superinfer.kv_policies``)."""
+    return {ep.name: ep for ep in entry_points(group=KV_ENTRY_POINT_GROUP)}
 
 
 def _convert(raw: Any, hint: Any, key: str, policy: str) -> Any:
@@ -110,13 +122,22 @@ def make_policy(cls: type, options: Mapping[str, Any], name: str) -> Any:
 
 
 def build_plugin_manager(
-    policy: str | object, options: Mapping[str, Any] | None = None
+    policy: str | object,
+    options: Mapping[str, Any] | None = None,
+    *,
+    kv_policy: str | object | None = None,
+    kv_options: Mapping[str, Any] | None = None,
 ) -> pluggy.PluginManager:
-    """A plugin manager with our hookspecs and one scheduling policy registered.
+    """A plugin manager with our hookspecs, one scheduling policy and, optionally, one prefix-cache
+    placement policy registered.
 
     Args:
         policy: a registered policy name, a policy object, or a ready plugin.
         options: constructor options for a policy given by name (``key -> value``).
+        kv_policy: a name registered in ``superinfer.kv_policies`` (``lru``, ``lfu``, ``reuse``)
+            or a plugin implementing ``superinfer_kv_placement``; ``None``: the engine's own
+            eviction.
+        kv_options: constructor options for a ``kv_policy`` given by name.
 
     Returns:
         The manager; ``check_pending()`` has passed, so a misspelt hook has already failed.
@@ -128,17 +149,38 @@ def build_plugin_manager(
     pm = pluggy.PluginManager(PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
-    if isinstance(policy, str):
-        registry = available_policies()
-        if policy not in registry:
-            known = ", ".join(sorted(registry)) or "none (is superinfer installed?)"
-            raise UnknownPolicyError(f"unknown policy {policy!r}; registered: {known}")
-        loaded = registry[policy].load()
-        policy = make_policy(loaded, options or {}, name) if isinstance(loaded, type) else loaded
-    elif options:
-        raise UnknownPolicyError("options apply only to a policy given by name")
+    policy = _load(policy, options, available_policies(), "policy")
     has_hooks = any(attr.startswith("superinfer_") for attr in dir(policy))
     plugin = policy if has_hooks else PolicyPlugin(policy)  # type: ignore[arg-type]
     pm.register(plugin, name=f"policy:{name}")
+    if kv_policy is not None:
+        kv_name = (
+            kv_policy
+            if isinstance(kv_policy, str)
+            else getattr(kv_policy, "name", type(kv_policy).__name__)
+        )
+        pm.register(
+            _load(kv_policy, kv_options, available_kv_policies(), "kv policy"),
+            name=f"kv_policy:{kv_name}",
+        )
+    elif kv_options:
+        raise UnknownPolicyError("kv options need a kv policy")
     pm.check_pending()
     return pm
+
+
+def _load(
+    policy: str | object,
+    options: Mapping[str, Any] | None,
+    registry: Mapping[str, EntryPoint],
+    kind: str,
+) -> Any:
+    if not isinstance(policy, str):
+        if options:
+            raise UnknownPolicyError(f"options apply only to a {kind} given by name")
+        return policy
+    if policy not in registry:
+        known = ", ".join(sorted(registry)) or "none (is superinfer installed?)"
+        raise UnknownPolicyError(f"unknown {kind} {policy!r}; registered: {known}")
+    loaded = registry[policy].load()
+    return make_policy(loaded, options or {}, policy) if isinstance(loaded, type) else loaded

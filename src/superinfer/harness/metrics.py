@@ -103,6 +103,19 @@ def _pct(values: pd.Series, q: float) -> float:
     return float(np.percentile(clean, q)) if clean.size else float("nan")
 
 
+def _prefix_hits(finished: pd.DataFrame) -> dict[str, float]:
+    """Prompt tokens served from a prefix cache, over finished requests (engines that report
+    ``cached_tokens``; NaN otherwise)."""
+    if "cached_tokens" not in finished:
+        return {"prompt_tokens_cached": float("nan"), "prefix_hit_rate": float("nan")}
+    cached = float(finished["cached_tokens"].sum())
+    prompt = float(finished["prompt_tokens"].sum())
+    return {
+        "prompt_tokens_cached": cached,
+        "prefix_hit_rate": cached / prompt if prompt else float("nan"),
+    }
+
+
 def summarize(
     df: pd.DataFrame,
     *,
@@ -164,6 +177,7 @@ def summarize(
                     "all_active" if name == "all" else name, kv_peak_bytes.get(name, 0.0)
                 )
                 / 1e9,
+                **_prefix_hits(finished),
             }
         )
     return rows

@@ -56,6 +56,8 @@ class BenchConfig:
             uses ``trace``.
         kv_quant: store each request's KV at the precision the quantization planner chooses
             (``policy_core.quant_planner``), instead of FP16 for all.
+        kv_policy: prefix-cache placement policy (``superinfer.kv_policies``: ``lru``, ``lfu``,
+            ``reuse``); ``None``: the engine's own eviction order.
         horizon_s: stop simulating at this instant; requests still live then fail with reason
             ``"simulation_horizon"`` (``None``: run until every request ends).
         start_s: trace seconds skipped before the window.
@@ -81,6 +83,7 @@ class BenchConfig:
     seed: int = 0
     workload: str | None = None
     kv_quant: bool = False
+    kv_policy: str | None = None
     horizon_s: float | None = None
     start_s: float = 0.0
     length_scale: float = 1.0
@@ -141,7 +144,8 @@ TIMELINE_COLUMNS = (
 
 
 def sim_requests_frame(result: SimResult, *, engine: str, policy: str) -> pd.DataFrame:
-    """The requests table of one simulation (columns :data:`REQUEST_COLUMNS`)."""
+    """The requests table of one simulation (columns :data:`REQUEST_COLUMNS`, then
+    ``cached_tokens``)."""
     rows = []
     for req in result.requests:
         s = req.spec
@@ -172,7 +176,10 @@ def sim_requests_frame(result: SimResult, *, engine: str, policy: str) -> pd.Dat
     df = pd.DataFrame(rows, columns=cols)
     for col in ("first_token_s", "finish_s", "slo_ttft_ms", "slo_tpot_ms", "slo_deadline_s"):
         df[col] = df[col].astype(float)
-    return add_latency_columns(df)[list(REQUEST_COLUMNS)]
+    out = add_latency_columns(df)[list(REQUEST_COLUMNS)]
+    # prompt tokens served from the prefix cache at the request's (last) admission
+    out["cached_tokens"] = [req.cached_tokens for req in result.requests]
+    return out
 
 
 def run_sim_cell(
@@ -223,7 +230,7 @@ def run_sim_cell(
         cpu_kv_ratio=config.cpu_kv_ratio,
         horizon_s=config.horizon_s,
     )
-    pm = build_plugin_manager(policy, config.policy_options.get(policy))
+    pm = build_plugin_manager(policy, config.policy_options.get(policy), kv_policy=config.kv_policy)
     if config.kv_quant:
         from superinfer.adapters.kv_precision import register_quant_planner
 

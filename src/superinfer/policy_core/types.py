@@ -295,7 +295,15 @@ class PrefixNodeView:
         location: HBM or CPU.
         hit_count: times a request's prefix matched through this node.
         last_access_s: instant of the last match or insert, in s.
-        in_use: True while a running request references it (it must not be dropped).
+        in_use: True while a running request references it (it must not be dropped or
+            offloaded).
+        depth: nodes between the root and this node (0 for a child of the root); for a hashed
+            block cache, the block's index in the prompt.
+        slo_classes: names of the SLO classes of the requests that inserted or matched it.
+        num_waiting_refs: queued requests (waiting or swapped, not running) whose prompt's
+            cached prefix runs through this node; the engine counts at least those the
+            scheduler is about to run (admitted next, promoted, or named in
+            ``ScheduleDecision.prefetch``). A policy keeps such nodes and prefetches them from CPU.
     """
 
     node_id: str
@@ -306,13 +314,26 @@ class PrefixNodeView:
     hit_count: int
     last_access_s: float
     in_use: bool
+    depth: int = 0
+    slo_classes: tuple[str, ...] = ()
+    num_waiting_refs: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class PlacementDecision:
-    """Pin / keep / offload / drop per prefix node; nodes not named are ``KEEP``."""
+    """Pin / keep / offload / drop per prefix node, and CPU nodes to load back.
+
+    Nodes not named in ``actions`` are ``KEEP``. The pin set of a decision replaces the previous
+    one: a node pinned before and not named ``PIN`` now is unpinned.
+
+    Attributes:
+        actions: node id -> placement.
+        prefetch: ids of CPU nodes to copy back to HBM ahead of their use, parents before
+            children (``policy_core.validation.check_placement`` lists every rule).
+    """
 
     actions: Mapping[str, Placement] = field(default_factory=dict)
+    prefetch: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

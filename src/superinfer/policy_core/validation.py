@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Sequence
 
 from superinfer.policy_core.batching import blocks_for_tokens, step_blocks
-from superinfer.policy_core.types import KVLocation, PreemptMode, ScheduleDecision, StepState
+from superinfer.policy_core.types import (
+    KVLocation,
+    Placement,
+    PlacementDecision,
+    PreemptMode,
+    PrefixNodeView,
+    ScheduleDecision,
+    StepState,
+)
 
-__all__ = ["PolicyError", "check_decision"]
+__all__ = ["PolicyError", "check_decision", "check_placement"]
 
 
 class PolicyError(RuntimeError):
@@ -106,3 +114,73 @@ def check_decision(
             f"admissions need {admit_need} KV blocks, {free - need} are free and "
             f"{state.reserved_hbm_blocks} are reserved for running requests"
         )
+
+
+def check_placement(
+    nodes: Sequence[PrefixNodeView], decision: PlacementDecision, *, has_cpu_tier: bool
+) -> None:
+    """Raise unless the placement ``decision`` is applicable to the cached ``nodes``.
+
+    Rules: every id is a listed node; a node in use is never dropped or offloaded; ``OFFLOAD``
+    and ``PIN`` name HBM nodes, ``prefetch`` names CPU nodes (both need a CPU tier) that are not
+    also dropped, each after its parent unless that parent is in HBM; and the cache stays
+    prefix-closed: no node is dropped while a child stays cached, none leaves HBM while a child
+    stays there (a split the engine already had is not the decision's fault).
+
+    Args:
+        nodes: the nodes the decision was made on.
+        decision: the policy's decision.
+        has_cpu_tier: whether the engine has a CPU KV tier.
+
+    Raises:
+        PolicyError: naming the first violation.
+    """
+    by_id = {nd.node_id: nd for nd in nodes}
+    for nid, action in decision.actions.items():
+        node = by_id.get(nid)
+        if node is None:
+            raise PolicyError(f"placement names {nid!r}, which is not a cached node")
+        if action in (Placement.DROP, Placement.OFFLOAD) and node.in_use:
+            raise PolicyError(f"{action.value} of {nid!r}, which a running request uses")
+        if action in (Placement.OFFLOAD, Placement.PIN) and node.location is not KVLocation.HBM:
+            raise PolicyError(f"{action.value} of {nid!r}, which is not in HBM")
+        if action is Placement.OFFLOAD and not has_cpu_tier:
+            raise PolicyError(f"offload of {nid!r}, but this engine has no CPU KV tier")
+    if decision.prefetch and not has_cpu_tier:
+        raise PolicyError("prefetch needs a CPU KV tier, which this engine lacks")
+    loaded: set[str] = set()
+    for nid in decision.prefetch:
+        node = by_id.get(nid)
+        if node is None or node.location is not KVLocation.CPU:
+            raise PolicyError(f"prefetch names {nid!r}, which is not a node in CPU memory")
+        if nid in loaded or decision.actions.get(nid) is Placement.DROP:
+            raise PolicyError(f"prefetch names {nid!r} twice or also drops it")
+        parent = by_id.get(node.parent_id) if node.parent_id is not None else None
+        if (
+            parent is not None
+            and parent.location is not KVLocation.HBM
+            and parent.node_id not in loaded
+        ):
+            raise PolicyError(f"prefetch of {nid!r} before its parent {parent.node_id!r}")
+        loaded.add(nid)
+
+    def after(node: PrefixNodeView) -> KVLocation | None:
+        action = decision.actions.get(node.node_id)
+        if action is Placement.DROP:
+            return None
+        if action is Placement.OFFLOAD:
+            return KVLocation.CPU
+        return KVLocation.HBM if node.node_id in loaded else node.location
+
+    for node in nodes:
+        if node.parent_id is None or node.parent_id not in by_id:
+            continue
+        up = by_id[node.parent_id]
+        mine, theirs = after(node), after(up)
+        if mine is not None and theirs is None:
+            raise PolicyError(f"drops {node.parent_id!r} but keeps its child {node.node_id!r}")
+        was_split = node.location is KVLocation.HBM and up.location is KVLocation.CPU
+        if mine is KVLocation.HBM and theirs is KVLocation.CPU and not was_split:
+            raise PolicyError(
+                f"moves {node.parent_id!r} to CPU but keeps its child {node.node_id!r} in HBM"
+            )

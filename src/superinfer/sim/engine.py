@@ -39,7 +39,7 @@ from superinfer.policy_core.types import (
     StepState,
     StepStats,
 )
-from superinfer.policy_core.validation import PolicyError, check_decision
+from superinfer.policy_core.validation import PolicyError, check_decision, check_placement
 from superinfer.sim.calibrated import default_step_time
 from superinfer.sim.hardware import GPUSpec, ModelSpec
 from superinfer.sim.kv import Link, Node, PrefixCache
@@ -65,8 +65,6 @@ _STEP_END, _ARRIVAL, _SCHEDULE = 0, 1, 2
 #: Request routers across replicas.
 ROUTERS = ("round_robin", "least_tokens", "slo_aware")
 
-#: Most prefix-cache nodes offered to a placement plugin at one eviction.
-PLACEMENT_CANDIDATES = 256
 #: Scheduling points in a row that may run nothing yet change the queues before the replica
 #: waits for the next event.
 MAX_IDLE_ROUNDS = 8
@@ -647,28 +645,60 @@ class Simulator:
         return None
 
     def _evict(self, rep: Replica, blocks: int, now_s: float) -> None:
-        """Take at least ``blocks`` HBM blocks from unused prefix-cache nodes, if there are any."""
+        """Take at least ``blocks`` HBM blocks from unused prefix-cache nodes, if there are any:
+        the placement plugin's decision first, then the engine's own order among unpinned
+        nodes."""
         cache = rep.cache
-        freed = 0
-        if self.placement_enabled and cache.evictable_hbm_blocks:
-            nodes = {str(n.key): n for n in cache.candidates(PLACEMENT_CANDIDATES)}
-            decision = self.hook.superinfer_kv_placement(
-                nodes=tuple(n.view() for n in nodes.values()), now_s=now_s,
-                free_hbm_blocks=rep.free_blocks, free_cpu_blocks=rep.cpu_free_blocks,
-            )  # fmt: skip
-            for node_id, action in decision.actions.items() if decision else ():
-                node = nodes.get(node_id)
-                if node is None:
-                    continue
-                if action in (Placement.PIN, Placement.KEEP):
-                    cache.set_pinned(node, action is Placement.PIN)
-                elif freed < blocks and node.ref == 0 and node.hbm_children == 0:
-                    freed += self._leave_hbm(rep, node, now_s, offload=action is Placement.OFFLOAD)
+        freed = self._placement(rep, blocks, now_s) if self.placement_enabled else 0
         while freed < blocks:
             node = cache.pop_victim()
             if node is None:
                 return
             freed += self._leave_hbm(rep, node, now_s, offload=True)
+
+    def _placement(self, rep: Replica, needed: int, now_s: float) -> int:
+        """Ask ``superinfer_kv_placement`` about every cached node and apply its answer (drop,
+        offload, prefetch, then the new pin set); the HBM blocks it freed."""
+        cache = rep.cache
+        if not cache.nodes:
+            return 0
+        waiting_refs: dict[int, int] = {}
+        for req in (*rep.waiting.values(), *rep.swapped.values()):
+            for key in req.spec.block_hashes:
+                if key not in cache.nodes:
+                    break
+                waiting_refs[key] = waiting_refs.get(key, 0) + 1
+        views = tuple(n.view(waiting_refs.get(k, 0)) for k, n in cache.nodes.items())
+        decision = self.hook.superinfer_kv_placement(
+            nodes=views, now_s=now_s, free_hbm_blocks=rep.free_blocks,
+            free_cpu_blocks=rep.cpu_free_blocks, needed_hbm_blocks=needed,
+            total_hbm_blocks=rep.total_blocks,
+        )  # fmt: skip
+        if decision is None:
+            return 0
+        check_placement(views, decision, has_cpu_tier=rep.cpu_total_blocks > 0)
+        by_id = {str(k): n for k, n in cache.nodes.items()}
+        freed = 0
+        for wanted in (Placement.DROP, Placement.OFFLOAD):
+            chosen = [by_id[i] for i, a in decision.actions.items() if a is wanted]
+            for node in sorted(chosen, key=lambda n: (-n.depth, n.key)):  # leaves first
+                if node.key not in cache.nodes:
+                    continue  # went with a dropped ancestor
+                if node.location is KVLocation.HBM:
+                    freed += self._leave_hbm(rep, node, now_s, offload=wanted is Placement.OFFLOAD)
+                elif wanted is Placement.DROP:
+                    cache.drop_cpu(node)
+        for node_id in decision.prefetch:
+            node = by_id[node_id]
+            if node.key in cache.nodes and node.location is KVLocation.CPU:
+                if node.blocks > rep.free_blocks:
+                    break  # prefetch only into free memory, never by evicting
+                cache.onboard(node)
+                rep.link.transfer("h2d", node.blocks * rep.kv_block_bytes, now_s)
+        pins = {i for i, a in decision.actions.items() if a is Placement.PIN}
+        for key, node in cache.nodes.items():
+            cache.set_pinned(node, str(key) in pins)
+        return freed
 
     def _leave_hbm(self, rep: Replica, node: Node, now_s: float, *, offload: bool) -> int:
         """Offload ``node`` to CPU if asked and possible (else drop it); the HBM blocks freed."""
@@ -700,7 +730,7 @@ class Simulator:
             tokens = cache.node_tokens(spec.prompt_tokens, index, spec.hash_block_tokens)
             if tokens == 0 or key in cache.nodes:
                 break  # a partial page, or another request cached it first: keep ours private
-            node = cache.insert(key, parent, tokens, now_s)
+            node = cache.insert(key, parent, tokens, now_s, slo=spec.slo.name)
             req.nodes.append(node)
             req.shared_blocks += node.blocks
             rep.add_own(req, -node.blocks)
@@ -778,7 +808,8 @@ class Simulator:
         nodes = match.nodes if match else []
         onboard = [n for n in nodes if n.location is KVLocation.CPU]
         onboard_blocks = sum(n.blocks for n in onboard)
-        rep.cache.lock([n for n in nodes if n.location is KVLocation.HBM], now_s, hit=True)
+        slo = spec.slo.name
+        rep.cache.lock([n for n in nodes if n.location is KVLocation.HBM], now_s, hit=True, slo=slo)
         hit_tokens = match.tokens if match else 0
         reserve = 0
         if rep.profile.admission is AdmissionRule.RESERVE_MAX:
@@ -790,7 +821,7 @@ class Simulator:
             return
         for node in onboard:
             rep.cache.onboard(node)
-            rep.cache.lock([node], now_s, hit=True)
+            rep.cache.lock([node], now_s, hit=True, slo=slo)
             req.ready_s = rep.link.transfer("h2d", node.blocks * rep.kv_block_bytes, when)
         del rep.waiting[spec.request_id]
         req.nodes = list(nodes)

@@ -62,6 +62,7 @@ class Node:
     __slots__ = (
         "key", "parent", "depth", "tokens", "blocks", "location", "ref", "last_access_s",
         "hit_count", "priority", "pinned", "hbm_children", "children", "sharers", "heap_key",
+        "classes",
     )  # fmt: skip
 
     def __init__(self, key: int, parent: Node | None, tokens: int, blocks: int) -> None:
@@ -80,9 +81,11 @@ class Node:
         self.children: set[Node] = set()
         self.sharers = 0  # distinct requests that have used it
         self.heap_key: tuple[int, float] | None = None
+        self.classes: set[str] = set()  # SLO classes of the requests that inserted or matched it
 
-    def view(self) -> PrefixNodeView:
-        """The policy-facing view of this node."""
+    def view(self, num_waiting_refs: int = 0) -> PrefixNodeView:
+        """The policy-facing view of this node (``num_waiting_refs``: queued requests whose
+        prompt runs through it, which the engine counts)."""
         return PrefixNodeView(
             node_id=str(self.key),
             parent_id=None if self.parent is None else str(self.parent.key),
@@ -92,6 +95,9 @@ class Node:
             hit_count=self.hit_count,
             last_access_s=self.last_access_s,
             in_use=self.ref > 0,
+            depth=self.depth,
+            slo_classes=tuple(sorted(self.classes)),
+            num_waiting_refs=num_waiting_refs,
         )
 
 
@@ -181,9 +187,11 @@ class PrefixCache:
 
     # -- changes --------------------------------------------------------------------------------
 
-    def lock(self, nodes: Sequence[Node], now_s: float, *, hit: bool) -> None:
-        """A request starts using ``nodes`` (all in HBM)."""
+    def lock(self, nodes: Sequence[Node], now_s: float, *, hit: bool, slo: str = "") -> None:
+        """A request (of SLO class ``slo``) starts using ``nodes`` (all in HBM)."""
         for node in nodes:
+            if slo:
+                node.classes.add(slo)
             if self._counts_as_evictable(node):
                 self.evictable_hbm_blocks -= node.blocks
             node.ref += 1
@@ -209,9 +217,12 @@ class PrefixCache:
         self.evictable_hbm_blocks += (self._counts_as_evictable(node) - before) * node.blocks
         self._push_hbm(node)
 
-    def insert(self, key: int, parent: Node | None, tokens: int, now_s: float) -> Node:
-        """Create a locked HBM node for a block a request has just computed."""
+    def insert(self, key: int, parent: Node | None, tokens: int, now_s: float, *,
+               slo: str = "") -> Node:  # fmt: skip
+        """Create a locked HBM node for a block a request (of SLO class ``slo``) has computed."""
         node = Node(key, parent, tokens, tokens // self.block_size_tokens)
+        if slo:
+            node.classes.add(slo)
         node.ref = 1
         node.sharers = 1
         node.last_access_s = now_s
@@ -235,15 +246,6 @@ class PrefixCache:
             self.evictable_hbm_blocks += node.blocks
             self._push_hbm(node)
         self.version += 1
-
-    def candidates(self, limit: int) -> list[Node]:
-        """Up to ``limit`` HBM leaves that may leave HBM now, in the engine's eviction order."""
-        out: list[Node] = []
-        for prio, atime, _, node in heapq.nsmallest(limit * 2, self._hbm_heap):
-            current = self._is_hbm_leaf_victim(node) and node.heap_key == (prio, atime)
-            if current and len(out) < limit:
-                out.append(node)
-        return out
 
     def pop_victim(self) -> Node | None:
         """Next HBM leaf to leave HBM in the engine's own order, or ``None``."""
