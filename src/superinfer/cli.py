@@ -95,7 +95,7 @@ def cli() -> None:
     "--router",
     default="round_robin",
     show_default=True,
-    type=click.Choice(["round_robin", "least_tokens", "slo_aware"]),
+    type=click.Choice(["round_robin", "least_tokens", "slo_aware", "cache_aware"]),
     help="How arrivals are spread over replicas.",
 )
 @click.option(
@@ -783,7 +783,7 @@ def _parse_targets(value: str | None) -> tuple[tuple[str, float], ...]:
     "--router",
     default="round_robin",
     show_default=True,
-    type=click.Choice(["round_robin", "least_tokens", "slo_aware"]),
+    type=click.Choice(["round_robin", "least_tokens", "slo_aware", "cache_aware"]),
     help="How arrivals are spread over replicas.",
 )
 @click.option("--cpu-kv-ratio", default=None, type=float, help="CPU-tier KV over HBM KV.")

@@ -247,3 +247,13 @@ def test_quantized_kv_makes_decode_attention_cheaper() -> None:
     ratio = kv_bytes_ratio(128, KVPrecision.INT4, 32)
     assert times[KVPrecision.FP16] == pytest.approx(2 * a + b * (4001 + 4002), rel=1e-9)
     assert times[KVPrecision.INT4] == pytest.approx(2 * a + b * ratio * (4001 + 4002), rel=1e-9)
+
+
+def test_cache_aware_router_follows_the_prefix_then_the_emptiest_cache() -> None:
+    first = hashed("first", 0.0, 2048, 2, (1, 2, 3, 4))
+    other = hashed("other", 10.0, 2048, 2, (9, 8, 7, 6))  # no shared prefix: emptiest cache
+    again = hashed("again", 20.0, 2500, 2, (1, 2, 3, 4, 5))  # 2,048 of 2,500 cached: > 30%
+    short = hashed("short", 30.0, 4000, 2, (1, 10, 11, 12, 13, 14, 15, 16))  # 512 < 30%
+    result, _ = simulate([first, other, again, short], replicas=2, router="cache_aware")
+    placed = {r.request_id: r.replica for r in result.requests}
+    assert placed == {"first": 0, "other": 1, "again": 0, "short": 1}

@@ -63,7 +63,16 @@ _FP16 = KVPrecision.FP16
 _STEP_END, _ARRIVAL, _SCHEDULE = 0, 1, 2
 
 #: Request routers across replicas.
-ROUTERS = ("round_robin", "least_tokens", "slo_aware")
+ROUTERS = ("round_robin", "least_tokens", "slo_aware", "cache_aware")
+
+#: The cache-aware router's defaults, as SGLang's model gateway (sgl-router) and vLLM's router
+#: ship them for their ``cache_aware`` policy: route to the replica holding the longest prefix
+#: when it covers more than ``--cache-threshold`` 0.3 of the prompt, else to the one with the
+#: smallest cache; but once the busiest replica has more than ``--balance-abs-threshold`` 64
+#: requests over the idlest and ``--balance-rel-threshold`` 1.5 times as many, to the idlest.
+CACHE_THRESHOLD = 0.3
+BALANCE_ABS_THRESHOLD = 64
+BALANCE_REL_THRESHOLD = 1.5
 
 #: Scheduling points in a row that may run nothing yet change the queues before the replica
 #: waits for the next event.
@@ -91,7 +100,9 @@ class SimConfig:
         router: one of :data:`ROUTERS`: ``round_robin``; ``least_tokens`` (fewest outstanding
             tokens: prompt tokens not yet computed plus output caps not yet generated);
             ``slo_aware`` (requests with a TTFT target go where the fewest prompt tokens wait for
-            prefill, the others by ``least_tokens``).
+            prefill, the others by ``least_tokens``); ``cache_aware`` (the replica whose prefix
+            cache holds the longest prefix of the prompt, balanced by load, as SGLang's gateway
+            does: :data:`CACHE_THRESHOLD`).
         horizon_s: stop simulating at this instant; requests still live then fail with reason
             ``"simulation_horizon"``. ``None`` runs until every request ends.
         num_gpu_blocks_override: KV blocks per replica instead of the ones memory allows (as
@@ -497,9 +508,29 @@ class Simulator:
             return sum(r.pending_tokens + r.spec.max_output_tokens - r.generated_tokens
                        for r in live)  # fmt: skip
 
+        if self.config.router == "cache_aware":
+            return self._route_cache_aware(req)
         slo_aware = self.config.router == "slo_aware" and req.spec.slo.ttft_ms is not None
         load = queued_prefill if slo_aware else outstanding
         return min(reps, key=lambda rep: (load(rep), len(rep.running), rep.index))
+
+    def _route_cache_aware(self, req: SimRequest) -> Replica:
+        reps = self.replicas
+        loads = [len(r.waiting) + len(r.running) + len(r.swapped) for r in reps]
+        busiest, idlest = max(loads), min(loads)
+        if busiest - idlest > BALANCE_ABS_THRESHOLD and busiest > BALANCE_REL_THRESHOLD * idlest:
+            return reps[loads.index(idlest)]
+        spec = req.spec
+        best, best_tokens = None, 0
+        if spec.block_hashes:
+            for rep in reps:
+                matched = rep.cache.match(spec.block_hashes, spec.prompt_tokens).tokens
+                if matched > best_tokens:
+                    best, best_tokens = rep, matched
+        if best is not None and best_tokens > CACHE_THRESHOLD * spec.prompt_tokens:
+            return best
+        return min(reps, key=lambda r: (r.cache.hbm_blocks + r.cache.cpu_blocks, loads[r.index],
+                                        r.index))  # fmt: skip
 
     # -- handlers -------------------------------------------------------------------------------
 
