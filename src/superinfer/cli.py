@@ -596,9 +596,15 @@ def serve(
         )  # fmt: skip
         return
     source = click.core.ParameterSource.DEFAULT
-    for name in ("priority_convention", "slo_classes", "default_class", "engine_options"):
+    flags = {
+        "priority_convention": "--priority-convention",
+        "slo_classes": "--slo-class",
+        "default_class": "--default-class",
+        "engine_options": "--engine-option",
+    }
+    for name, flag in flags.items():
         if ctx.get_parameter_source(name) != source:
-            raise UserError(f"--{name.replace('_', '-')} applies to serve --engine hf only")
+            raise UserError(f"{flag} applies to serve --engine hf only")
     from superinfer.adapters.sglang.config import ConfigError
     from superinfer.adapters.sglang.launch import ServeError, exec_server, launch_command
 

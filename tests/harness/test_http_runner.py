@@ -466,3 +466,53 @@ def test_bench_rejects_http_misuse_in_one_line() -> None:
     with pytest.raises(UserError, match="with http among the engines give one --policies"):
         run_bench(BenchConfig(engines=("sim:vllm", "http"), policies=("fcfs", "priority")),
                   workload=wl)  # fmt: skip
+
+
+# -- the CLI around serve and bench -------------------------------------------------------------
+
+
+def test_serve_options_fail_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from superinfer.cli import cli
+
+    def run(*args: str) -> BaseException | None:
+        return CliRunner().invoke(cli, ["serve", *args]).exception
+
+    err = run("--engine", "sglang", "--slo-class", "chat:ttft_ms=5")
+    assert isinstance(err, UserError) and str(err) == (
+        "--slo-class applies to serve --engine hf only"
+    )
+    err = run("--engine", "hf", "--slo-class", "chat:ttft=5")
+    assert isinstance(err, UserError) and str(err).startswith(
+        "--slo-class 'chat:ttft=5': 'ttft=5' is not KEY=VALUE with KEY in"
+    )
+    err = run("--engine", "hf", "--slo-class", "gold:priority=0.5")
+    assert isinstance(err, UserError) and str(err) == "--slo-class gold: priority must be an integer"
+    err = run("--engine", "hf", "--default-class", "gold")
+    assert isinstance(err, UserError)
+    assert str(err) == "default class 'gold' is not a class (batch, chat)"
+    err = run("--engine", "hf", "--", "--model-path", "m")
+    assert isinstance(err, UserError) and "takes no --config and no engine ARGS" in str(err)
+
+    # sglang: --host / --port are handed on to SGLang's launcher
+    import superinfer.adapters.sglang.launch as launch
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(launch, "launch_command", lambda args, **kw: (seen.setdefault("a", args), {}))
+    monkeypatch.setattr(launch, "exec_server", lambda argv, env: None)
+    result = CliRunner().invoke(
+        cli, ["serve", "--engine", "sglang", "--port", "30001", "--", "--model-path", "m"]
+    )
+    assert result.exit_code == 0, result.output
+    assert seen["a"] == ("--model-path", "m", "--port", "30001")
+
+
+def test_bench_http_without_a_url_is_one_line() -> None:
+    from click.testing import CliRunner
+
+    from superinfer.cli import cli
+
+    err = CliRunner().invoke(cli, ["bench", "--engine", "http", "--duration-s", "5"]).exception
+    assert isinstance(err, UserError)
+    assert str(err) == "engine http needs --url http://HOST:PORT of an OpenAI-compatible server"
