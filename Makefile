@@ -134,8 +134,9 @@ install-serve: $(VENV)/.installed-serve
 test test-all: $(VENV)/.installed-serve
 
 # The peer: llama.cpp's OpenAI-compatible server (llama-cpp-python[server]) in its own venv, so its
-# pins never touch .venv. pip compiles llama.cpp from source: about 7 minutes on 2 quiet cores (19 on
-# a loaded machine) the first time; pip's wheel cache makes later installs take seconds. Too slow
+# pins never touch .venv. pip compiles llama.cpp from source: 19 minutes measured on our loaded
+# 2-core machine (about 7 reported on quiet cores) the first time; pip's wheel cache makes later
+# installs take seconds. Too slow
 # for every CI run, so only `make test-all` (the slow llama.cpp test) and `make bench-http` need it.
 LLAMACPP_VENV := $(VENV)/peers/llamacpp
 LLAMACPP_PIN  := llama-cpp-python[server]==0.3.36

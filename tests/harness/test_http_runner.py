@@ -208,6 +208,19 @@ def test_a_one_token_stream_has_no_tpot_and_meets_a_tpot_target_vacuously() -> N
     assert bool(row.met_slo) is True
 
 
+def test_a_token_that_decodes_to_no_text_is_stamped_by_its_finish_chunk() -> None:
+    # llama.cpp: a one-token output that is the first byte of a UTF-8 character streams no
+    # text; its finish chunk says "length", so the token exists and arrived by then.
+    s = spec(arrival_s=0.25, output_tokens=1)
+    acc = StreamAccount()
+    acc.feed(chunk("", "length"), 0.75)
+    acc.feed("[DONE]", 0.75)
+    row = frame_of(acc, s)
+    assert (row.status, row.generated_tokens, row.ttft_ms, row.e2e_ms) == (
+        "finished", 1, 500.0, 500.0,
+    )  # fmt: skip
+
+
 def test_stream_outcomes_name_what_went_wrong() -> None:
     acc = StreamAccount()
     acc.feed(chunk("a"), 0.1)
@@ -221,6 +234,8 @@ def test_stream_outcomes_name_what_went_wrong() -> None:
     )  # fmt: skip
     assert acc.outcome(4, exact=False) == ("finished", "")
     empty = StreamAccount()
+    empty.feed(chunk("", "stop"), 0.1)
+    empty.feed(usage(0), 0.1)
     empty.feed("[DONE]", 0.1)
     assert empty.outcome(4, exact=True) == ("failed", "no_tokens")
     with pytest.raises(StreamError, match=r"malformed_sse: not JSON: '\{\"choices\": \['"):

@@ -284,7 +284,9 @@ class StreamAccount:
 
     A **token event** is a chunk whose first choice carries non-empty text (``text`` for
     completions, ``delta.content`` for chat); role-only and empty deltas are not tokens. Its
-    arrival instant stamps the tokens it carries. The number of tokens is, in this order: the
+    arrival instant stamps the tokens it carries. A stream whose tokens all decoded to no text
+    (a one-token output that is part of a UTF-8 character) has its tokens stamped by the chunk
+    that carried the ``finish_reason``. The number of tokens is, in this order: the
     usage chunk's ``completion_tokens``; the requested ``max_tokens`` if the server said
     ``finish_reason: "length"`` (it stopped because it generated exactly that many); the number
     of token events (one token per event, as llama.cpp, vLLM and SGLang stream by default).
@@ -296,11 +298,13 @@ class StreamAccount:
         completion_tokens: ``usage.completion_tokens``, if the server sent usage.
         prompt_tokens: ``usage.prompt_tokens``, if the server sent usage.
         done: ``data: [DONE]`` arrived.
+        finish_s: arrival instant of the first chunk with a ``finish_reason``.
     """
 
     chat: bool = False
     event_times_s: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    finish_s: float | None = None
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
     done: bool = False
@@ -352,6 +356,8 @@ class StreamAccount:
             self.event_times_s.append(at_s)
         if choice.get("finish_reason"):
             self.finish_reason = str(choice["finish_reason"])
+            if self.finish_s is None:
+                self.finish_s = at_s
 
     def num_tokens(self, requested: int) -> int:
         """Tokens the stream carried (see the class docstring)."""
@@ -365,6 +371,8 @@ class StreamAccount:
         """One arrival instant per token: each token event's instant, the tokens beyond the
         events' count stamped with the last event (they arrived with it at the latest)."""
         times = self.event_times_s
+        if not times and self.finish_s is not None:
+            times = [self.finish_s]
         n = self.num_tokens(requested)
         if not times or n <= 0:
             return []
@@ -378,7 +386,7 @@ class StreamAccount:
             got = len(self.event_times_s)
             return "failed", f"stream_cut: closed without [DONE] after {got} token events"
         n = self.num_tokens(requested)
-        if n <= 0 or not self.event_times_s:
+        if n <= 0 or not self.token_times_s(requested):
             return "failed", "no_tokens"
         if exact and n != requested:
             return "failed", (
