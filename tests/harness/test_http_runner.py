@@ -503,7 +503,8 @@ def test_serve_options_fail_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None
         "--slo-class 'chat:ttft=5': 'ttft=5' is not KEY=VALUE with KEY in"
     )
     err = run("--engine", "hf", "--slo-class", "gold:priority=0.5")
-    assert isinstance(err, UserError) and str(err) == "--slo-class gold: priority must be an integer"
+    assert isinstance(err, UserError)
+    assert str(err) == "--slo-class gold: priority must be an integer"
     err = run("--engine", "hf", "--default-class", "gold")
     assert isinstance(err, UserError)
     assert str(err) == "default class 'gold' is not a class (batch, chat)"
@@ -514,7 +515,9 @@ def test_serve_options_fail_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None
     import superinfer.adapters.sglang.launch as launch
 
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(launch, "launch_command", lambda args, **kw: (seen.setdefault("a", args), {}))
+    monkeypatch.setattr(
+        launch, "launch_command", lambda args, **kw: (seen.setdefault("a", args), {})
+    )
     monkeypatch.setattr(launch, "exec_server", lambda argv, env: None)
     result = CliRunner().invoke(
         cli, ["serve", "--engine", "sglang", "--port", "30001", "--", "--model-path", "m"]

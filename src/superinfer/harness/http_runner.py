@@ -659,30 +659,42 @@ def text_prompts(
 ) -> tuple[list[str], list[int]]:
     """Text prompts that re-tokenize to each request's ``prompt_tokens`` with ``tokenizer``.
 
-    Request ``i``'s text is the decoded :meth:`PromptBuilder.build` of ``i``; a cut can land
-    inside a word (or a UTF-8 sequence) and re-tokenize differently, so the cut is moved by the
-    difference until the lengths agree (at most 8 tries).
+    Request ``i``'s text is the decoded :meth:`PromptBuilder.build` of ``i``. A cut can land
+    inside a word (or a UTF-8 sequence) and re-tokenize to another count; then the text is the
+    shortest character prefix of a slightly longer decoded cut that tokenizes to the requested
+    count (token counts grow with the prefix, so a binary search finds it), dropping up to 7
+    leading characters when one character adds two tokens at the end.
 
     Returns:
         The texts, and each one's token count under ``tokenizer`` (equal to ``prompt_tokens``
-        unless no cut agreed).
+        unless no prefix has exactly that count).
     """
+
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
     texts, counts = [], []
     for i, spec in enumerate(specs):
         want = spec.prompt_tokens
-        take = want
-        best: tuple[int, str, int] | None = None
-        for _ in range(8):
-            text = tokenizer.decode(builder.build(i, take))
-            got = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-            if best is None or abs(got - want) < best[0]:
-                best = (abs(got - want), text, got)
+        text = tokenizer.decode(builder.build(i, want))
+        got = count(text)
+        longer = tokenizer.decode(builder.build(i, want + 8)) if got != want else ""
+        for skip in range(8 if got != want else 0):  # drop 0, 1, ... leading characters
+            base = longer[skip:]
+            lo, hi = 0, len(base)
+            while lo < hi:  # the shortest prefix with at least `want` tokens
+                mid = (lo + hi) // 2
+                if count(base[:mid]) >= want:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            n = count(base[:lo])
+            if abs(n - want) < abs(got - want):
+                text, got = base[:lo], n
             if got == want:
                 break
-            take = max(take + want - got, 1)
-        assert best is not None
-        texts.append(best[1])
-        counts.append(best[2])
+        texts.append(text)
+        counts.append(got)
     return texts, counts
 
 
