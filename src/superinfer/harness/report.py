@@ -542,6 +542,9 @@ def compare_runs(run_dirs: Sequence[Path], out_dir: Path, *, sweep: Path | None 
         cluster = (
             f"{cfg.get('model')} on {cfg.get('gpu')}, TP {cfg.get('tp')} × {cfg.get('replicas')}"
         )
+        live = [c for k, c in run.meta.get("cells", {}).items() if k.startswith("http/")]
+        if cfg.get("engines") and all(e == "http" for e in cfg["engines"]) and live:
+            cluster = f"live server `{live[0].get('model')}` at {live[0].get('url')}"
         name = wl.get("name") or wl.get("trace")
         engines = ", ".join(cfg.get("engines", []))
         sha = str(run.meta.get("git_sha"))[:12]
