@@ -123,3 +123,39 @@ calibrate-hf: $(VENV)/.installed-hf
 fidelity-hf: $(VENV)/.installed-hf
 	$(BIN)/python benchmarks/hf_fidelity.py
 # --- end hf ----------------------------------------------------------------------------------------
+
+# --- issue 9: live benchmarks over HTTP, `superinfer serve --engine hf` ---------------------------
+# The serve and http extras (starlette, uvicorn, prometheus-client; httpx, httpx-sse) on top of hf.
+# `make test` runs the server and client tests, one of them against a real `superinfer serve`.
+.PHONY: install-serve install-llamacpp bench-http
+
+$(VENV)/.installed-serve: pyproject.toml $(VENV)/.installed-hf
+	$(PIP) install -e '.[hf,serve,http]'
+	@touch $@
+
+install-serve: $(VENV)/.installed-serve
+
+test test-all: $(VENV)/.installed-serve
+
+# The peer: llama.cpp's OpenAI-compatible server (llama-cpp-python[server]) in its own venv, so its
+# pins never touch .venv. pip compiles llama.cpp from source: 19 minutes measured on our loaded
+# 2-core machine (about 7 reported on quiet cores) the first time; pip's wheel cache makes later
+# installs take seconds. Too slow
+# for every CI run, so only `make test-all` (the slow llama.cpp test) and `make bench-http` need it.
+LLAMACPP_VENV := $(VENV)/peers/llamacpp
+LLAMACPP_PIN  := llama-cpp-python[server]==0.3.36
+$(VENV)/.installed-llamacpp: | $(BIN)/python
+	$(PYTHON) -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/python -m pip --disable-pip-version-check -q install '$(LLAMACPP_PIN)'
+	@touch $@
+
+install-llamacpp: $(VENV)/.installed-llamacpp
+
+test-all: $(VENV)/.installed-llamacpp
+test-all: export SUPERINFER_REQUIRE_LLAMACPP := 1
+
+# results/http/: llama.cpp's server and `superinfer serve` (fcfs, priority) on the hf workload,
+# replayed through the http engine (real time: about 4 minutes per run on 2 cores).
+bench-http: $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
+	$(BIN)/python benchmarks/http_peers.py --out results/http
+# --- end issue 9 -----------------------------------------------------------------------------------

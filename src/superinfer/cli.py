@@ -23,6 +23,8 @@ __all__ = ["cli", "main"]
 DEFAULT_OUT = Path("results/default")
 #: Run directory of a bench on the real CPU engine (and its simulator profile) only.
 HF_OUT = Path("results/hf")
+#: Run directory of a bench of a live server (engine http) only.
+HTTP_OUT = Path("results/http")
 
 
 def _split(value: str | None) -> tuple[str, ...]:
@@ -169,7 +171,23 @@ def cli() -> None:
     multiple=True,
     metavar="KEY=VALUE",
     help="Engine setting, repeatable (hf, sim:hf-cpu: num_blocks, max_batch_tokens, "
-    "max_num_seqs, page_size_tokens, num_threads, drain_s, stall_s, step_time_file).",
+    "max_num_seqs, page_size_tokens, num_threads, drain_s, stall_s, step_time_file; http: "
+    "endpoint, model, prompt, timeout_s, connect_timeout_s, retries, retry_backoff_s, "
+    "max_connections, send_slo, send_priority, eos_token_ids, exact_output, include_usage).",
+)
+@click.option(
+    "--url",
+    default=None,
+    help="engine http: base URL of the OpenAI-compatible server to benchmark "
+    "(http://127.0.0.1:8000).",
+)
+@click.option(
+    "--backend",
+    default="openai",
+    show_default=True,
+    type=click.Choice(["sglang", "vllm", "trtllm", "openai"]),
+    help="engine http: the server's kind, which sets how SLO, priority and forced output "
+    "lengths are sent (docs/serve.md).",
 )
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of every random choice.")
 @click.option(
@@ -177,7 +195,7 @@ def cli() -> None:
     default=None,
     type=click.Path(),
     help=f"Run directory to write [default: {DEFAULT_OUT}; {HF_OUT} when every engine is hf "
-    "or sim:hf-cpu].",
+    f"or sim:hf-cpu; {HTTP_OUT} when every engine is http].",
 )
 @click.pass_context
 def bench(
@@ -201,6 +219,8 @@ def bench(
     max_prompt_tokens: int | None,
     max_output_tokens: int | None,
     engine_options: tuple[str, ...],
+    url: str | None,
+    backend: str,
     seed: int,
     out: str | None,
 ) -> None:
@@ -210,7 +230,8 @@ def bench(
     hour) on a simulated Llama-3.1-70B, A100-80GB, TP4, 4 replicas, for every registered
     policy -> results/default/ (tables, report.md and PNG plots). With --engine hf: a 200 s
     slice of the same mix, slowed and shortened to what 2 CPU cores serve, replayed in real
-    time on SmolLM2-135M -> results/hf/.
+    time on SmolLM2-135M -> results/hf/. With --engine http --url URL: the workload replayed
+    in real time against a running OpenAI-compatible server -> results/http/.
     """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -266,6 +287,8 @@ def bench(
         seed=seed,
         workload=workload,
         engine_options=_key_values(engine_options, "--engine-option"),
+        url=url,
+        backend=backend,
         **shaping,
     )
     console = Console(stderr=True)
@@ -289,7 +312,11 @@ def bench(
     else:  # piped or captured: no bars, nothing to clean up
         result = run_bench(config, workload=wl)
     meta = manifest(result.info)
-    out_dir = Path(out) if out is not None else HF_OUT if cpu_only else DEFAULT_OUT
+    live_only = bool(engine_ids) and all(e == "http" for e in engine_ids)
+    if out is not None:
+        out_dir = Path(out)
+    else:
+        out_dir = HF_OUT if cpu_only else HTTP_OUT if live_only else DEFAULT_OUT
     with console.status("drawing plots"):
         plots = write_plots(out_dir, result.summary, result.requests, result.timeline, meta)
     report = render_markdown(as_written(result.summary), meta, plots)
@@ -472,11 +499,17 @@ def _calibrate_gpu(out: str, install: bool) -> None:
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option(
     "--engine",
-    type=click.Choice(["sglang"]),
+    type=click.Choice(["sglang", "hf"]),
     required=True,
-    help="Engine to serve with the policy plugged in.",
+    help="sglang: SGLang's own server with the policy plugged in (CUDA GPU). hf: an "
+    "OpenAI-compatible server on the real CPU engine (SmolLM2-135M, transformers continuous "
+    "batching) with the policy deciding every step.",
 )
-@click.option("--policy", default=None, help="Policy name [default: the config's, else fcfs].")
+@click.option(
+    "--policy",
+    default=None,
+    help="Policy name [sglang: the config's, else fcfs; hf: superinfer if registered, else fcfs].",
+)
 @click.option(
     "--policy-opt",
     "policy_opts",
@@ -489,32 +522,185 @@ def _calibrate_gpu(out: str, install: bool) -> None:
     "config_path",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
-    help="Adapter configuration (JSON; docs/adapters.md).",
+    help="sglang: adapter configuration (JSON; docs/adapters.md).",
+)
+@click.option(
+    "--host",
+    default=None,
+    help="Address to bind [hf: 127.0.0.1, this machine only; sglang: passed on as --host].",
+)
+@click.option(
+    "--port", default=None, type=int, help="TCP port [hf: 8000; sglang: passed on as --port]."
+)
+@click.option(
+    "--priority-convention",
+    type=click.Choice(["vllm", "sglang"]),
+    default="vllm",
+    show_default=True,
+    help="hf: how a request's `priority` reads: vllm (lower is more urgent) or sglang (higher "
+    "is more urgent).",
+)
+@click.option(
+    "--slo-class",
+    "slo_classes",
+    multiple=True,
+    metavar="CLASS:KEY=VALUE[,KEY=VALUE]",
+    help="hf: define or change an SLO class (KEY: ttft_ms, tpot_ms, deadline_s, priority; "
+    "`none` drops a target). Repeatable. [default classes: chat (TTFT 1000 ms, TPOT 100 ms, "
+    "priority 0), batch (deadline 600 s, priority 1)]",
+)
+@click.option(
+    "--default-class",
+    default="batch",
+    show_default=True,
+    help="hf: class of a request that names none.",
+)
+@click.option(
+    "--engine-option",
+    "engine_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="hf: engine setting, repeatable (num_blocks, max_batch_tokens, max_num_seqs, "
+    "page_size_tokens, num_threads).",
 )
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
 def serve(
+    ctx: click.Context,
     engine: str,
     policy: str | None,
     policy_opts: tuple[str, ...],
     config_path: str | None,
+    host: str | None,
+    port: int | None,
+    priority_convention: str,
+    slo_classes: tuple[str, ...],
+    default_class: str,
+    engine_options: tuple[str, ...],
     engine_args: tuple[str, ...],
 ) -> None:
-    """Start ENGINE's own server with the policy inside: superinfer serve --engine sglang -- ARGS.
+    """Serve with the policy inside.
 
-    ARGS go to ``python -m sglang.launch_server``; superinfer adds the plugin switches
-    (SUPERINFER_SGLANG=1, policy, config), --enable-priority-scheduling and its eviction policy.
-    Needs a CUDA GPU.
+    \b
+    superinfer serve --engine hf [--policy NAME] [--port P]
+        OpenAI-compatible /v1/completions and /v1/chat/completions (SSE streaming), /health,
+        /metrics (Prometheus) on the real CPU engine; docs/serve.md.
+    superinfer serve --engine sglang -- ARGS
+        ARGS go to `python -m sglang.launch_server`; superinfer adds the plugin switches
+        (SUPERINFER_SGLANG=1, policy, config), --enable-priority-scheduling and its eviction
+        policy. Needs a CUDA GPU.
     """
+    if engine == "hf":
+        hf_only = ("config_path", "engine_args")
+        given = [k for k in hf_only if ctx.params[k]]
+        if given:
+            raise UserError(
+                "serve --engine hf takes no --config and no engine ARGS "
+                f"(got {'--config' if given[0] == 'config_path' else ' '.join(engine_args)})"
+            )
+        _serve_hf(
+            policy, policy_opts, host, port, priority_convention, slo_classes, default_class,
+            engine_options,
+        )  # fmt: skip
+        return
+    source = click.core.ParameterSource.DEFAULT
+    flags = {
+        "priority_convention": "--priority-convention",
+        "slo_classes": "--slo-class",
+        "default_class": "--default-class",
+        "engine_options": "--engine-option",
+    }
+    for name, flag in flags.items():
+        if ctx.get_parameter_source(name) != source:
+            raise UserError(f"{flag} applies to serve --engine hf only")
     from superinfer.adapters.sglang.config import ConfigError
     from superinfer.adapters.sglang.launch import ServeError, exec_server, launch_command
 
+    passed = tuple(engine_args)
+    if host is not None:
+        passed += ("--host", host)
+    if port is not None:
+        passed += ("--port", str(port))
     try:
         argv, env = launch_command(
-            engine_args, policy=policy, policy_opts=policy_opts, config_path=config_path
+            passed, policy=policy, policy_opts=policy_opts, config_path=config_path
         )
         exec_server(argv, env)
     except (ConfigError, ServeError) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _serve_hf(
+    policy: str | None,
+    policy_opts: tuple[str, ...],
+    host: str | None,
+    port: int | None,
+    priority_convention: str,
+    slo_classes: tuple[str, ...],
+    default_class: str,
+    engine_options: tuple[str, ...],
+) -> None:
+    """``serve --engine hf``: build the configuration, then serve until interrupted."""
+    import dataclasses
+
+    from superinfer.harness.hf_runner import hf_options
+
+    try:
+        from superinfer.adapters.hf.engine import EngineConfig, ModelNotInstalledError
+        from superinfer.adapters.hf.server import DEFAULT_SLO_CLASSES, ServeConfig, serve_forever
+    except ImportError as exc:
+        raise UserError(
+            f"serve --engine hf needs the hf and serve extras ({exc}); run `make install-serve`"
+        ) from None
+    if policy is None:
+        policy = "superinfer" if "superinfer" in available_policies() else "fcfs"
+    classes = dict(DEFAULT_SLO_CLASSES)
+    keys = ("ttft_ms", "tpot_ms", "deadline_s", "priority")
+    for name, changes in _parse_slo(slo_classes, keys=keys, flag="--slo-class").items():
+        if "priority" in changes:
+            value = changes["priority"]
+            if value is None or value != int(value):
+                raise UserError(f"--slo-class {name}: priority must be an integer")
+            changes["priority"] = int(value)
+        base = classes.get(name) or _new_class(name)
+        try:
+            classes[name] = dataclasses.replace(base, **changes)
+        except ValueError as exc:
+            raise UserError(f"--slo-class {name}: {exc}") from None
+    opts = hf_options(_key_values(engine_options, "--engine-option"))
+    try:
+        config = ServeConfig(
+            host=host or "127.0.0.1",
+            port=8000 if port is None else port,
+            policy=policy,
+            slo_classes=classes,
+            default_class=default_class,
+            priority_convention=priority_convention,
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    engine_config = EngineConfig(
+        page_size_tokens=opts.page_size_tokens,
+        num_blocks=opts.num_blocks,
+        max_batch_tokens=opts.max_batch_tokens,
+        max_num_seqs=opts.max_num_seqs,
+        num_threads=opts.num_threads,
+    )
+    try:
+        serve_forever(
+            config,
+            policy_options=_key_values(policy_opts, "--policy-opt"),
+            engine_config=engine_config,
+            log=lambda line: click.echo(line, err=True),
+        )
+    except ModelNotInstalledError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _new_class(name: str) -> Any:
+    from superinfer.policy_core.types import SLO
+
+    return SLO(name)
 
 
 @cli.command("report")
@@ -702,22 +888,26 @@ def fleet() -> None:
     """Fleet planning: how many GPUs meet the SLOs, per engine, policy and layout."""
 
 
-def _parse_slo(values: tuple[str, ...]) -> dict[str, dict[str, float | None]]:
+def _parse_slo(
+    values: tuple[str, ...],
+    *,
+    keys: tuple[str, ...] = ("ttft_ms", "tpot_ms", "deadline_s"),
+    flag: str = "--slo",
+) -> dict[str, dict[str, float | None]]:
     out: dict[str, dict[str, float | None]] = {}
-    keys = ("ttft_ms", "tpot_ms", "deadline_s")
     for value in values:
         cls, sep, rest = value.partition(":")
         if not sep or not cls or not rest:
-            raise UserError(f"--slo {value!r}: expected CLASS:KEY=VALUE[,KEY=VALUE]")
+            raise UserError(f"{flag} {value!r}: expected CLASS:KEY=VALUE[,KEY=VALUE]")
         for item in rest.split(","):
             key, eq, raw = item.partition("=")
             key = key.strip()
             if not eq or key not in keys:
-                raise UserError(f"--slo {value!r}: {item!r} is not KEY=VALUE with KEY in {keys}")
+                raise UserError(f"{flag} {value!r}: {item!r} is not KEY=VALUE with KEY in {keys}")
             try:
                 number = None if raw.strip().lower() == "none" else float(raw)
             except ValueError:
-                raise UserError(f"--slo {value!r}: {key}={raw!r} is not a number") from None
+                raise UserError(f"{flag} {value!r}: {key}={raw!r} is not a number") from None
             out.setdefault(cls, {})[key] = number
     return out
 

