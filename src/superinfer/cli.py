@@ -87,6 +87,14 @@ def cli() -> None:
     type=float,
     help="Keep only the first DURATION_S seconds (after rate scaling) [default: all].",
 )
+@click.option(
+    "--policy-opt",
+    "policy_opt",
+    multiple=True,
+    metavar="[POLICY.]KEY=VALUE",
+    help="Policy hyperparameter; repeatable. KEY=VALUE sets it on every selected policy that "
+    "has it, POLICY.KEY=VALUE on that policy only (list them: superinfer policies --options).",
+)
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of every random choice.")
 @click.option(
     "--out",
@@ -105,6 +113,7 @@ def bench(
     policies: str | None,
     rate_scale: float,
     duration_s: float | None,
+    policy_opt: tuple[str, ...],
     seed: int,
     out: str,
 ) -> None:
@@ -130,6 +139,7 @@ def bench(
         policies=_split(policies),
         rate_scale=rate_scale,
         duration_s=duration_s,
+        policy_opts=policy_opt,
         seed=seed,
     )
     with console.status("running") as status:
@@ -167,10 +177,22 @@ def _print_table(summary: pd.DataFrame) -> None:
 
 
 @cli.command("policies")
-def list_policies() -> None:
-    """List the registered scheduling policies."""
+@click.option("--options", "show_options", is_flag=True, help="Also list each policy's options.")
+def list_policies(show_options: bool) -> None:
+    """List the registered scheduling policies (and their --policy-opt options)."""
+    from superinfer.adapters.manager import policy_options
+
     for name, ep in sorted(available_policies().items()):
         click.echo(f"{name:12s} {ep.value}")
+        if not show_options:
+            continue
+        loaded = ep.load()
+        for key, (default, text) in policy_options(
+            loaded if isinstance(loaded, type) else type(loaded)
+        ).items():
+            if key == "output_tokens":
+                continue  # set by the harness from the workload, not an option
+            click.echo(f"    {key} = {default!r}: {text}")
 
 
 def main() -> None:

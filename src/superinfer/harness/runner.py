@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pandas as pd
 
-from superinfer.adapters.manager import available_policies, build_plugin_manager
+from superinfer.adapters.manager import (
+    available_policies,
+    build_plugin_manager,
+    make_policy,
+    policy_options,
+)
 from superinfer.harness.errors import UserError
 from superinfer.harness.metrics import REQUEST_COLUMNS, add_latency_columns, summarize
 from superinfer.harness.workload import Workload, build_workload
@@ -23,6 +28,8 @@ __all__ = [
     "BenchConfig",
     "BenchResult",
     "CellResult",
+    "build_policy",
+    "resolve_policy_opts",
     "run_bench",
     "run_sim_cell",
     "sim_requests_frame",
@@ -42,6 +49,9 @@ class BenchConfig:
         replicas: replicas behind the router.
         policies: policy names; empty means every registered policy.
         policy_options: per policy name, constructor options.
+        policy_opts: ``--policy-opt`` strings, ``key=value`` (every selected policy that has
+            the option) or ``policy.key=value`` (that policy); resolved by
+            :func:`resolve_policy_opts` and applied over ``policy_options``.
         rate_scale: arrival-rate multiplier.
         duration_s: workload window in scaled seconds (``None``: the whole trace).
         seed: seed of every random choice (recorded; the trace replay itself draws none).
@@ -55,6 +65,7 @@ class BenchConfig:
     replicas: int = 4
     policies: tuple[str, ...] = ()
     policy_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    policy_opts: tuple[str, ...] = ()
     rate_scale: float = 1.0
     duration_s: float | None = None
     seed: int = 0
@@ -157,7 +168,9 @@ def run_sim_cell(config: BenchConfig, engine: str, policy: str, workload: Worklo
     if config.tp < 1 or model.num_kv_heads % config.tp:
         raise UserError(f"--tp must divide {model.name}'s {model.num_kv_heads} KV heads")
     sim_config = SimConfig(profile, model, gpu, tp=config.tp, replicas=config.replicas)
-    pm = build_plugin_manager(policy, config.policy_options.get(policy))
+    options = dict(config.policy_options.get(policy, {}))
+    built = build_policy(policy, options, workload)
+    pm = build_plugin_manager(built, None if built is not policy else options)
     t0 = time.perf_counter()
     result = Simulator(sim_config, pm.hook).run(workload.requests)
     wall = time.perf_counter() - t0
@@ -190,6 +203,71 @@ RUNNERS: dict[str, Callable[[BenchConfig, str, str, Workload], CellResult]] = {
 }
 
 
+def build_policy(name: str, options: Mapping[str, str], workload: Workload) -> str | object:
+    """What to hand :func:`build_plugin_manager` for policy ``name``: the name itself, or, for a
+    policy that declares ``needs_output_lengths`` (the clairvoyant ``oracle``), an instance built
+    with ``output_tokens`` = every request's true output length from ``workload``.
+
+    Raises:
+        UnknownPolicyError: a bad option.
+    """
+    entry = available_policies().get(name)
+    cls = entry.load() if entry is not None else None
+    if isinstance(cls, type) and getattr(cls, "needs_output_lengths", False):
+        lengths = {s.request_id: s.output_tokens for s in workload.requests}
+        built: object = make_policy(cls, options, name, extra={"output_tokens": lengths})
+        return built
+    return name
+
+
+def resolve_policy_opts(policies: Sequence[str], opts: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Per-policy options from ``--policy-opt`` strings.
+
+    ``key=value`` sets the option on every policy in ``policies`` that has it; ``policy.key=value``
+    sets it on that policy only. Later strings win.
+
+    Raises:
+        UserError: a string without ``=``, a policy that is not selected, or an option that no
+            selected policy (or not the named one) has; the message lists the options.
+    """
+    known = {name: policy_options(_policy_class(name)) for name in policies}
+    out: dict[str, dict[str, str]] = {name: {} for name in policies}
+    for opt in opts:
+        key, sep, value = opt.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserError(f"--policy-opt {opt!r}: expected key=value or policy.key=value")
+        target, dot, option = key.rpartition(".")
+        if dot:
+            if target not in known:
+                raise UserError(
+                    f"--policy-opt {opt!r}: policy {target!r} is not among the selected "
+                    f"({', '.join(policies)})"
+                )
+            if option not in known[target]:
+                names = ", ".join(sorted(known[target])) or "none"
+                raise UserError(
+                    f"--policy-opt {opt!r}: policy {target!r} has no option {option!r} "
+                    f"(options: {names})"
+                )
+            out[target][option] = value
+            continue
+        having = [name for name in policies if option in known[name]]
+        if not having:
+            raise UserError(
+                f"--policy-opt {opt!r}: no selected policy has option {option!r} "
+                "(see `superinfer policies --options`)"
+            )
+        for name in having:
+            out[name][option] = value
+    return out
+
+
+def _policy_class(name: str) -> type:
+    loaded = available_policies()[name].load()
+    return loaded if isinstance(loaded, type) else type(loaded)
+
+
 def _resolve_policies(names: Sequence[str]) -> list[str]:
     registered = available_policies()
     if not names:
@@ -216,6 +294,12 @@ def run_bench(
         if engine.split(":")[0] not in RUNNERS:
             raise UserError(f"unknown engine {engine!r}; engine families: {', '.join(RUNNERS)}")
     policies = _resolve_policies(config.policies)
+    if config.policy_opts:
+        resolved = resolve_policy_opts(policies, config.policy_opts)
+        merged = {
+            name: {**config.policy_options.get(name, {}), **resolved[name]} for name in policies
+        }
+        config = replace(config, policy_options=merged)
     wl = workload or build_workload(
         config.trace, rate_scale=config.rate_scale, duration_s=config.duration_s
     )

@@ -132,6 +132,9 @@ class RequestView:
         kv_precision: precision its KV is stored in.
         kv_location: where its KV lives.
         kv_blocks: KV blocks it holds (in HBM or CPU, per ``kv_location``).
+        replica: index of the engine replica whose queues hold it (0 for a single engine); set
+            before ``superinfer_request_arrived`` so a policy serving several replicas can keep
+            per-replica queues without scanning every state.
     """
 
     request_id: str
@@ -149,6 +152,7 @@ class RequestView:
     kv_precision: KVPrecision = KVPrecision.FP16
     kv_location: KVLocation = KVLocation.UNALLOCATED
     kv_blocks: int = 0
+    replica: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -186,6 +190,8 @@ class StepState:
         kv_block_bytes: bytes of one KV block across the replica's GPUs (FP16), for cost models.
         link_bytes_per_s: HBM<->CPU copy bandwidth per direction for swap and prefetch, bytes/s
             (0 without a CPU tier).
+        replica: index of the replica this state describes (0 for a single engine); one policy
+            object may serve every replica of a cluster.
     """
 
     now_s: float
@@ -202,6 +208,7 @@ class StepState:
     max_num_seqs: int
     kv_block_bytes: int = 0
     link_bytes_per_s: float = 0.0
+    replica: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -151,6 +151,7 @@ class Replica:
             token_budget=self.token_budget,
             max_num_seqs=self.max_num_seqs,
             kv_block_bytes=self.kv_block_bytes,
+            replica=self.index,
         )
 
     def set_blocks(self, req: SimRequest, blocks: int) -> None:

@@ -122,5 +122,6 @@ class SimRequest:
                 kv_precision=KVPrecision.FP16,
                 kv_location=KVLocation.HBM if self.kv_blocks else KVLocation.UNALLOCATED,
                 kv_blocks=self.kv_blocks,
+                replica=max(self.replica, 0),
             )
         return self._view
