@@ -147,6 +147,7 @@ class _Replica:
         self.prefill_chunk_tokens = 0.0  # last step's prefill allowance (for estimates)
         self.num_decodes = 0
         self.next_running_check_s = _INF
+        self.unreported: list[_Entry] = []  # new entries whose tier the engine has not seen
 
 
 @dataclass
@@ -331,7 +332,10 @@ class SuperInferPolicy(BasePolicy):
         e.tier = self._initial_tier(request)
         e.demote_at = self._quanta[e.tier]
         e.queued_s = now_s
-        self._enqueue(self._replica(request.replica), e, _WAITING, now_s)
+        rep = self._replica(request.replica)
+        self._enqueue(rep, e, _WAITING, now_s)
+        if e.tier != e.reported_tier:
+            rep.unreported.append(e)
 
     def on_request_finished(self, request: RequestView, now_s: float) -> None:
         self.estimator.observe(request.slo.name, request.generated_tokens)
@@ -376,10 +380,10 @@ class SuperInferPolicy(BasePolicy):
             swap_in_bytes=link_step if cpu else 0.0,
         )
         self._run_due_checks(rep, step, now)
-        running, decodes, prefills, cap_s, need = self._scan_running(rep, step, now)
+        decodes, prefills, cap_s, need = self._scan_running(rep, step, now)
         if need > step.free:
-            self._relieve_shortage(rep, step, running, need)
-        self._schedule_decodes(rep, step, decodes)
+            self._relieve_shortage(rep, step, self._running_entries(state), need)
+        self._schedule_decodes(rep, step, decodes, need)
         prefill_allow = self._prefill_allowance(step, len(decodes), cap_s)
         if self.ttft_boost and prefill_allow < step.budget:
             prefill_allow = self._ttft_boost(rep, step, decodes, prefills, prefill_allow, now)
@@ -387,7 +391,7 @@ class SuperInferPolicy(BasePolicy):
         rep.num_decodes = len(decodes)
         self._allocate_prefill(rep, step, prefills, min(prefill_allow, step.budget), cpu)
         if cpu and self.rotation:
-            self._rotate_proactively(rep, step, running)
+            self._rotate_proactively(rep, step, self._running_entries(state))
         self._shed(rep, step)
         return self._finish(rep, step, now)
 
@@ -418,7 +422,9 @@ class SuperInferPolicy(BasePolicy):
         self._seq += 1
         return self._seq
 
-    def _enqueue(self, rep: _Replica, e: _Entry, where: int, now: float) -> None:
+    def _enqueue(
+        self, rep: _Replica, e: _Entry, where: int, now: float, *, checked: bool = False
+    ) -> None:
         """Put ``e`` into ``rep``'s waiting or swapped queue (in its tier, or the aged heap)."""
         e.where = where
         e.replica = rep.index
@@ -440,7 +446,7 @@ class SuperInferPolicy(BasePolicy):
             rep.count[e.tier] += 1
         else:
             self._push(rep.swap_heaps[e.tier], (e.key, seq, e.rid, e.version))
-        self._schedule_check(rep, e, now)
+        self._schedule_check(rep, e, now, checked=checked)
 
     def _dequeue(self, rep: _Replica, e: _Entry) -> None:
         """Take ``e`` out of ``rep``'s waiting or swapped queue (heap items go stale)."""
@@ -540,10 +546,13 @@ class SuperInferPolicy(BasePolicy):
         return prefill + self.remaining_output_tokens(v) * self._typical_step_s()
 
     def _target(self, e: _Entry, v: RequestView, rep: _Replica) -> tuple[float, float, float]:
-        """``(deadline, estimate, optimistic)`` of the most pressing target, or infinities.
+        """``(deadline, estimate, optimistic)`` of the most pressing target.
 
         ``estimate`` is the predicted time to meet it at the current load; ``optimistic`` a lower
-        bound on that time (its prefill at the full token budget, alone on the replica).
+        bound on that time (its prefill at the full token budget, alone on the replica), or
+        ``-inf`` when no bound makes a miss certain: a mean TPOT can still recover until the
+        last token, so TPOT alone never makes a request hopeless. ``deadline`` is infinite for a
+        request without a pending target.
         """
         left = self._prefill_left(v)
         chunk = rep.prefill_chunk_tokens or 2048.0
@@ -557,8 +566,8 @@ class SuperInferPolicy(BasePolicy):
         if e.tpot_s is not None and v.first_token_s is not None:
             rem = self.remaining_output_tokens(v)
             due = v.first_token_s + e.tpot_s * (v.generated_tokens + rem - 1)
-            return due, prefill + rem * self._typical_step_s(), 0.0
-        return _INF, 0.0, 0.0
+            return due, prefill + rem * self._typical_step_s(), -_INF
+        return _INF, 0.0, -_INF
 
     def _check(self, rep: _Replica, e: _Entry, step: _Step, now: float) -> str:
         """Evaluate aging, hopelessness and promotion for ``e``; returns what happened."""
@@ -578,27 +587,47 @@ class SuperInferPolicy(BasePolicy):
             return "promote"
         return ""
 
-    def _schedule_check(self, rep: _Replica, e: _Entry, now: float) -> None:
-        """Set when ``e`` is next checked; queued requests go on the replica's due heap."""
-        when = _INF
+    def _schedule_check(
+        self, rep: _Replica, e: _Entry, now: float, *, checked: bool = False
+    ) -> None:
+        """Set when ``e`` is next checked; queued requests go on the replica's due heap.
+
+        The check falls at the first future instant something could happen to it: aging, its
+        miss becoming certain, or its estimate reaching its slack (first ``estimate_lookahead``
+        early, since estimates move with the load, then at the exact crossing). When such an
+        instant has passed without effect (the estimate moved), it is checked again a step
+        later (``checked``: a check just ran), or now if none ran yet. A running request with
+        any of these pending is checked at least every ``recheck_s``; one with none (a tier-0
+        decode) is not checked until it changes tier.
+        """
+        instants: list[float] = []
         queued = e.where in (_WAITING, _SWAPPED)
         if queued and self.aging and not e.aged:
-            when = e.queued_s + self.aging_s
+            instants.append(e.queued_s + self.aging_s)
         if not e.best_effort and not e.aged:
             deadline, estimate, optimistic = self._target(e, e.view, rep)
             if deadline < _INF:
-                ahead = 1.0 + self.estimate_lookahead
-                if self.best_effort_demotion or self.reject_hopeless:
-                    when = min(when, deadline - optimistic)
+                if optimistic > -_INF and (self.best_effort_demotion or self.reject_hopeless):
+                    instants.append(deadline - optimistic)
                 if self.promotion and e.tier > 0:
-                    when = min(when, deadline - self.promotion_margin_s - estimate * ahead)
-        if not queued:
+                    crossing = deadline - self.promotion_margin_s - estimate
+                    instants.append(crossing - estimate * self.estimate_lookahead)
+                    instants.append(crossing)
+        future = [t for t in instants if t > now]
+        if not checked and len(future) < len(instants):
+            when = now  # something may already be due: check it at this call
+        elif future:
+            when = min(future)
+        elif instants:
+            when = now + self._typical_step_s()
+        else:
+            when = _INF
+        if not queued and when < _INF:
             when = min(when, now + self.recheck_s)
-        # A check that is due now found nothing to do: look again one step later at the soonest.
-        e.next_check_s = when if when > now else now + self._typical_step_s()
+        e.next_check_s = when
         e.check_version += 1
         if queued and when < _INF:
-            self._push(rep.due, (e.next_check_s, self._next_seq(), e.rid, e.check_version))
+            self._push(rep.due, (when, self._next_seq(), e.rid, e.check_version))
 
     def _apply_check(self, rep: _Replica, e: _Entry, outcome: str, step: _Step, now: float) -> None:
         queued = e.where in (_WAITING, _SWAPPED)
@@ -620,9 +649,9 @@ class SuperInferPolicy(BasePolicy):
                 step.prefetch.append(e.rid)
         step.changed.append(e)
         if queued:
-            self._enqueue(rep, e, where, now)
+            self._enqueue(rep, e, where, now, checked=True)
         else:
-            self._schedule_check(rep, e, now)
+            self._schedule_check(rep, e, now, checked=True)
 
     def _set_tier(self, e: _Entry, tier: int) -> None:
         service = max(e.view.computed_tokens - e.view.cached_tokens, 0) + e.lost_tokens
@@ -640,19 +669,18 @@ class SuperInferPolicy(BasePolicy):
             if outcome:
                 self._apply_check(rep, e, outcome, step, now)
             else:
-                self._schedule_check(rep, e, now)
+                self._schedule_check(rep, e, now, checked=True)
 
     # -- running requests -----------------------------------------------------------------------
 
     def _scan_running(
         self, rep: _Replica, step: _Step, now: float
-    ) -> tuple[list[_Entry], list[_Entry], list[_Entry], float, int]:
+    ) -> tuple[list[_Entry], list[_Entry], float, int]:
         """One pass over ``state.running``: refresh views, demote, run due checks, and collect
         the decodes, the prefills, the smallest TPOT allowance and the KV blocks the decodes
-        need."""
+        need. This loop is most of a call's cost; it keeps per-request work to a few compares."""
         entries = self._entries
         bs = step.state.block_size_tokens
-        running: list[_Entry] = []
         decodes: list[_Entry] = []
         prefills: list[_Entry] = []
         cap = _INF
@@ -666,35 +694,41 @@ class SuperInferPolicy(BasePolicy):
                 e = self._adopt(rep, v)
                 self._make_resident(e, v)
             e.view = v
-            running.append(e)
-            if v.computed_tokens - v.cached_tokens + e.lost_tokens >= e.demote_at:
+            computed = v.computed_tokens
+            if computed - v.cached_tokens + e.lost_tokens >= e.demote_at:
                 self._set_tier(e, min(e.tier + 1, last))
                 step.changed.append(e)
+                e.next_check_s = now  # its promotion rule may apply now
             if now >= e.next_check_s:
                 outcome = self._check(rep, e, step, now)
                 if outcome:
                     self._apply_check(rep, e, outcome, step, now)
                 else:
-                    self._schedule_check(rep, e, now)
+                    self._schedule_check(rep, e, now, checked=True)
             if e.next_check_s < next_check:
                 next_check = e.next_check_s
             if e.tier > worst:
                 worst = e.tier
             generated = v.generated_tokens
-            if generated and v.prompt_tokens + generated - v.computed_tokens == 1:
+            if generated and v.prompt_tokens + generated - computed == 1:
                 decodes.append(e)
-                if v.computed_tokens >= v.kv_blocks * bs:
+                if computed >= v.kv_blocks * bs:
                     need += 1
                 tpot = e.tpot_s
-                if tpot is not None and not e.best_effort and v.first_token_s is not None:
-                    allowance = tpot * generated - (now - v.first_token_s)
+                first = v.first_token_s
+                if tpot is not None and first is not None and not e.best_effort:
+                    allowance = tpot * generated - (now - first)
                     if allowance < cap:
                         cap = allowance
             else:
                 prefills.append(e)
         step.worst_tier = worst
         rep.next_running_check_s = next_check
-        return running, decodes, prefills, cap, need
+        return decodes, prefills, cap, need
+
+    def _running_entries(self, state: StepState) -> list[_Entry]:
+        entries = self._entries
+        return [entries[v.request_id] for v in state.running if v.request_id in entries]
 
     def _make_resident(self, e: _Entry, v: RequestView) -> None:
         e.where = _RUNNING
@@ -747,26 +781,30 @@ class SuperInferPolicy(BasePolicy):
                 need -= 1
             self._preempt(rep, step, e, rotation=False)
 
-    def _schedule_decodes(self, rep: _Replica, step: _Step, decodes: list[_Entry]) -> None:
+    def _schedule_decodes(
+        self, rep: _Replica, step: _Step, decodes: list[_Entry], need: int
+    ) -> None:
         """One token for every decode that was not preempted; each is charged to its tier's
         stride pass, so decodes count against their tier's share of the budget."""
         bs = step.state.block_size_tokens
-        tokens, new_blocks = step.tokens, step.new_blocks
-        preempted = step.preempt
         passes, weights = rep.passes, self._weights
+        if step.preempt or len(decodes) > step.budget:
+            decodes = [e for e in decodes if e.rid not in step.preempt][: max(step.budget, 0)]
+            need = sum(1 for e in decodes if e.view.computed_tokens >= e.view.kv_blocks * bs)
+        step.tokens.update(dict.fromkeys([e.rid for e in decodes], 1))
+        step.budget -= len(decodes)
+        if need:
+            for e in decodes:
+                v = e.view
+                if v.computed_tokens >= v.kv_blocks * bs:
+                    step.new_blocks[e.rid] = 1
+            step.free -= need
+        per_tier = [0] * self.num_tiers
         for e in decodes:
-            if step.budget <= 0:
-                break
-            rid = e.rid
-            if rid in preempted:
-                continue
-            tokens[rid] = 1
-            step.budget -= 1
-            passes[e.tier] += 1.0 / weights[e.tier]
-            v = e.view
-            if v.computed_tokens >= v.kv_blocks * bs:
-                new_blocks[rid] = 1
-                step.free -= 1
+            per_tier[e.tier] += 1
+        for t, count in enumerate(per_tier):
+            if count:
+                passes[t] += count / weights[t]
 
     def _prefill_allowance(self, step: _Step, num_decodes: int, cap_s: float) -> int:
         """Prefill tokens this step may run: all of the budget, or with TPOT-class decodes
@@ -1053,6 +1091,9 @@ class SuperInferPolicy(BasePolicy):
 
     def _finish(self, rep: _Replica, step: _Step, now: float) -> ScheduleDecision:
         tiers: dict[str, int] = {}
+        if rep.unreported:
+            step.changed.extend(rep.unreported)
+            rep.unreported = []
         for e in step.changed:
             if e.where in (_WAITING, _RUNNING) and e.tier != e.reported_tier:
                 if e.rid in self._entries and e.rid not in step.reject:
