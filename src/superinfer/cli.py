@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,6 +15,9 @@ from superinfer.policy_core.validation import PolicyError
 
 if TYPE_CHECKING:
     import pandas as pd
+    from rich.console import Console
+
+    from superinfer.harness.runner import BenchConfig
 
 __all__ = ["cli", "main"]
 
@@ -101,9 +105,26 @@ def cli() -> None:
     default=str(DEFAULT_OUT),
     show_default=True,
     type=click.Path(),
-    help="Run directory to write.",
+    help="Run directory to write [default with --suite: results/SUITE].",
 )
+@click.option(
+    "--suite",
+    type=click.Choice(["headline", "rotation"]),
+    default=None,
+    help="Run a fixed experiment instead of one run. headline: every policy on every engine "
+    "over a load sweep (defaults: the seven headline policies, --rate-scale 0.7 as the headline "
+    "load) -> results/headline/. rotation: superinfer with rotation through HBM on and off "
+    "(needs an engine with a CPU KV tier; defaults: --trace azure-conv, --replicas 1, "
+    "--duration-s 600) -> results/rotation/.",
+)
+@click.option(
+    "--rate-scales",
+    default=None,
+    help="--suite headline: comma-separated loads of the sweep [default: 0.5,0.7,1.0,1.3,1.6].",
+)
+@click.pass_context
 def bench(
+    ctx: click.Context,
     trace: str,
     engines: str,
     model: str,
@@ -116,6 +137,8 @@ def bench(
     policy_opt: tuple[str, ...],
     seed: int,
     out: str,
+    suite: str | None,
+    rate_scales: str | None,
 ) -> None:
     """Run a workload on an engine under each policy; write the run directory and print the table.
 
@@ -129,6 +152,14 @@ def bench(
     from superinfer.harness.runner import BenchConfig, run_bench
 
     console = Console(stderr=True)
+    if suite is not None:
+        own = _suite_defaults(ctx, suite)
+        trace = own.get("trace", trace)
+        replicas = own.get("replicas", replicas)
+        duration_s = own.get("duration_s", duration_s)
+        rate_scale = own.get("rate_scale", rate_scale)
+        policies = own.get("policies", policies)
+        out = own.get("out", out)
     config = BenchConfig(
         trace=trace,
         engines=_split(engines),
@@ -142,6 +173,9 @@ def bench(
         policy_opts=policy_opt,
         seed=seed,
     )
+    if suite is not None:
+        _run_suite(suite, config, Path(out), rate_scales, console)
+        return
     with console.status("running") as status:
         result = run_bench(config, progress=lambda msg: status.update(msg))
     meta = manifest(result.info)
@@ -153,6 +187,62 @@ def bench(
         f"wrote {out_dir}/ (summary.csv, requests.parquet, timeline.parquet, "
         "manifest.json, report.md)"
     )
+
+
+def _suite_defaults(ctx: click.Context, suite: str) -> dict[str, Any]:
+    """The suite's own defaults for the ``bench`` options the user did not give."""
+    from click.core import ParameterSource
+
+    from superinfer.harness.suites import HEADLINE_POLICIES, HEADLINE_RATE_SCALE
+
+    own: dict[str, Any] = {"out": f"results/{suite}"}
+    if suite == "headline":
+        own.update(rate_scale=HEADLINE_RATE_SCALE, policies=",".join(HEADLINE_POLICIES))
+    else:
+        own.update(trace="azure-conv", replicas=1, duration_s=600.0)
+    return {
+        name: value
+        for name, value in own.items()
+        if ctx.get_parameter_source(name) is ParameterSource.DEFAULT
+    }
+
+
+def _run_suite(
+    suite: str, config: BenchConfig, out_dir: Path, rate_scales: str | None, console: Console
+) -> None:
+    import json
+
+    from superinfer.harness.results import manifest
+    from superinfer.harness.suites import (
+        SWEEP_RATE_SCALES,
+        run_headline,
+        run_rotation,
+        write_csv,
+        write_headline,
+        write_text,
+    )
+
+    if suite == "headline":
+        try:
+            rates = tuple(float(r) for r in _split(rate_scales)) or SWEEP_RATE_SCALES
+        except ValueError:
+            raise UserError(f"--rate-scales {rate_scales!r}: expected numbers like 0.5,1") from None
+        with console.status("running") as status:
+            result = run_headline(config, rate_scales=rates, progress=status.update)
+        write_headline(out_dir, result, command=sys.argv)
+        _print_table(result.summary)
+        console.print(
+            f"wrote {out_dir}/ (summary.csv, sweep.csv, starvation.csv, sweep.png, "
+            "starvation.png, report.md, manifest.json)"
+        )
+        return
+    with console.status("running") as status:
+        table = run_rotation(config, progress=status.update)
+    write_csv(out_dir / "summary.csv", table)
+    meta = manifest({"suite": "rotation", "config": asdict(config)}, command=sys.argv)
+    write_text(out_dir / "manifest.json", json.dumps(meta, indent=2, default=str) + "\n")
+    click.echo(table.to_string(index=False))
+    console.print(f"wrote {out_dir}/ (summary.csv, manifest.json)")
 
 
 def _print_table(summary: pd.DataFrame) -> None:

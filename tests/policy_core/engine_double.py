@@ -72,7 +72,8 @@ class EngineDouble:
     Args:
         policy: any object with ``schedule`` and the lifecycle methods of ``BasePolicy``.
         requests: the workload.
-        step_s: duration of every step that runs tokens, s.
+        step_s: duration of every step that runs tokens, s, plus ``prefill_token_s`` per
+            prefill token it runs.
         total_hbm_blocks, total_cpu_blocks: KV capacity of each tier.
         link_bytes_per_s, kv_block_bytes: the CPU tier's link and block size (0: no swap).
     """
@@ -83,6 +84,7 @@ class EngineDouble:
         requests: Sequence[Req],
         *,
         step_s: float = 0.05,
+        prefill_token_s: float = 0.0,
         total_hbm_blocks: int = 10_000,
         total_cpu_blocks: int = 0,
         block_size: int = 16,
@@ -95,6 +97,7 @@ class EngineDouble:
         self.pending = sorted(requests, key=lambda r: r.arrival_s)
         self.reqs = {r.rid: r for r in requests}
         self.step_s = step_s
+        self.prefill_token_s = prefill_token_s
         self.total_hbm, self.total_cpu = total_hbm_blocks, total_cpu_blocks
         self.bs, self.budget, self.max_seqs = block_size, token_budget, max_num_seqs
         self.link, self.block_bytes = link_bytes_per_s, kv_block_bytes
@@ -191,7 +194,11 @@ class EngineDouble:
         self.prefetched.extend(d.prefetch)
         prefill = decode = 0
         finished = []
-        end = self.now + (self.step_s if d.num_tokens else 0.0)
+        prefill_tokens = sum(
+            n for rid, n in d.num_tokens.items() if n > 1 or not by_id[rid].generated
+        )
+        duration = self.step_s + self.prefill_token_s * prefill_tokens
+        end = self.now + (duration if d.num_tokens else 0.0)
         for rid, n in d.num_tokens.items():
             req = by_id[rid]
             pending = req.prompt + req.generated - req.computed
@@ -219,7 +226,7 @@ class EngineDouble:
                 StepStats(
                     now_s=self.now,
                     step_index=self.steps,
-                    duration_s=self.step_s,
+                    duration_s=duration,
                     num_steps=1,
                     num_prefill_tokens=prefill,
                     num_decode_tokens=decode,

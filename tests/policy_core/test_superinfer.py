@@ -349,6 +349,7 @@ class TestRotation:
         engine = EngineDouble(
             policy(rotation_slice_tokens=16),
             reqs,
+            prefill_token_s=1e-4,
             total_hbm_blocks=120,
             total_cpu_blocks=400,
             link_bytes_per_s=1e10,

@@ -174,6 +174,11 @@ def run_sim_cell(config: BenchConfig, engine: str, policy: str, workload: Worklo
     t0 = time.perf_counter()
     result = Simulator(sim_config, pm.hook).run(workload.requests)
     wall = time.perf_counter() - t0
+    policy_stats: dict[str, int] = {}
+    for plugin in pm.get_plugins():
+        stats = getattr(getattr(plugin, "policy", plugin), "stats", None)
+        if callable(stats):
+            policy_stats = dict(stats())
     df = sim_requests_frame(result, engine=engine, policy=policy)
     peaks: dict[str, float] = {"all": max(result.peak_kv_blocks) * result.kv_block_bytes}
     for per_replica in result.peak_class_kv_blocks:
@@ -186,7 +191,7 @@ def run_sim_cell(config: BenchConfig, engine: str, policy: str, workload: Worklo
         ],
         columns=list(TIMELINE_COLUMNS),
     )
-    info = {
+    info: dict[str, Any] = {
         "wall_s": round(wall, 3),
         "num_steps": result.num_steps,
         "num_schedule_calls": result.num_schedule_calls,
@@ -194,6 +199,8 @@ def run_sim_cell(config: BenchConfig, engine: str, policy: str, workload: Worklo
         "kv_capacity_blocks": result.kv_capacity_blocks,
         "kv_capacity_gb": result.kv_capacity_blocks * result.kv_block_bytes / 1e9,
     }
+    if policy_stats:
+        info["policy_stats"] = policy_stats
     return CellResult(df, peaks, timeline, info)
 
 

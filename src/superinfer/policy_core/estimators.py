@@ -170,7 +170,7 @@ class StepTimeModel:
         prior_prefill_token_s: float = 1.5e-4,
         prior_decode_seq_s: float = 1e-4,
         forgetting: float = 0.995,
-        prior_weight: float = 1.0,
+        prior_weight: float = 0.01,
     ) -> None:
         if min(prior_step_s, prior_prefill_token_s, prior_decode_seq_s) < 0:
             raise ValueError("step-time priors must be >= 0")

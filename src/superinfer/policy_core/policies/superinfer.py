@@ -256,6 +256,17 @@ class SuperInferPolicy(BasePolicy):
         self._replicas: dict[int, _Replica] = {}
         self._seq = 0
         self._step_ewma_s = 0.0
+        self._counters = {
+            "saw_cpu_tier": 0,
+            "swap_out_bytes": 0,
+            "swap_in_bytes": 0,
+            "prefetch_bytes": 0,
+            "promotions": 0,
+            "demotions": 0,
+            "best_effort": 0,
+            "aged": 0,
+            "rejected": 0,
+        }
         self.estimator = OutputLengthEstimator(
             window=self.estimator_window, min_samples=self.estimator_min_samples
         )
@@ -306,6 +317,12 @@ class SuperInferPolicy(BasePolicy):
                 f"{n}: deadline_class_tier must be in [0, {self.num_tiers}), "
                 f"got {self.deadline_class_tier}"
             )
+
+    def stats(self) -> dict[str, int]:
+        """Counts of what this policy decided so far, for reports: KV bytes it swapped out,
+        resumed and prefetched (blocks x ``kv_block_bytes``), tier moves, rejections, and
+        whether any state it saw had a CPU KV tier (``saw_cpu_tier``, 0 or 1)."""
+        return dict(self._counters)
 
     # -- what a subclass (the oracle) may override ----------------------------------------------
 
@@ -369,6 +386,8 @@ class SuperInferPolicy(BasePolicy):
         now = state.now_s
         self._sync(rep, state)
         cpu = has_cpu_tier(state)
+        if cpu:
+            self._counters["saw_cpu_tier"] = 1
         link_step = state.link_bytes_per_s * self._typical_step_s() * self.swap_budget_fraction
         step = _Step(
             state=state,
@@ -637,6 +656,9 @@ class SuperInferPolicy(BasePolicy):
             return
         if queued:
             self._dequeue(rep, e)
+        self._counters[
+            {"age": "aged", "hopeless": "best_effort", "promote": "promotions"}[outcome]
+        ] += 1
         if outcome == "age":
             e.aged = True
             self._set_tier(e, 0)
@@ -697,6 +719,7 @@ class SuperInferPolicy(BasePolicy):
             computed = v.computed_tokens
             if computed - v.cached_tokens + e.lost_tokens >= e.demote_at:
                 self._set_tier(e, min(e.tier + 1, last))
+                self._counters["demotions"] += 1
                 step.changed.append(e)
                 e.next_check_s = now  # its promotion rule may apply now
             if now >= e.next_check_s:
@@ -753,6 +776,7 @@ class SuperInferPolicy(BasePolicy):
         if mode is PreemptMode.SWAP:
             step.free_cpu -= v.kv_blocks
             step.swap_out_bytes -= nbytes
+            self._counters["swap_out_bytes"] += nbytes
         else:
             e.lost_tokens += max(v.computed_tokens - v.cached_tokens, 0)
         step.preempt[e.rid] = mode
@@ -996,6 +1020,7 @@ class SuperInferPolicy(BasePolicy):
             if swap_in:
                 step.resume.append(rid)
                 step.swap_in_bytes -= nbytes
+                self._counters["swap_in_bytes"] += nbytes
                 step.free -= swap_in
             else:
                 step.admit.append(rid)
@@ -1074,6 +1099,7 @@ class SuperInferPolicy(BasePolicy):
                 break
 
     def _reject(self, rep: _Replica, e: _Entry, step: _Step, reason: str) -> None:
+        self._counters["rejected"] += 1
         self._dequeue(rep, e)
         step.reject[e.rid] = reason
         self._entries.pop(e.rid, None)
@@ -1108,6 +1134,11 @@ class SuperInferPolicy(BasePolicy):
             steps = (horizon - now) / per_step if horizon < _INF else self.max_repeat_steps
             repeat = int(max(1, min(self.max_repeat_steps, steps)))
         prefetch = tuple(r for r in step.prefetch if r not in step.resume and r not in step.reject)
+        for rid in prefetch:
+            fetched = self._entries.get(rid)
+            if fetched is not None:
+                nbytes = fetched.view.kv_blocks * step.state.kv_block_bytes
+                self._counters["prefetch_bytes"] += nbytes
         return ScheduleDecision(
             num_tokens=step.tokens,
             admit=tuple(step.admit),
