@@ -90,7 +90,7 @@ def build(name: str, state: StepState) -> Any:
     extra = {}
     if getattr(cls, "needs_output_lengths", False):
         ids = [v.request_id for v in (*state.waiting, *state.running, *state.swapped)]
-        extra["output_tokens"] = {rid: 300 for rid in ids} or {"none": 1}
+        extra["output_tokens"] = dict.fromkeys(ids, 300) or {"none": 1}
     return make_policy(cls, {}, name, extra=extra)
 
 

@@ -148,6 +148,7 @@ class _Replica:
         self.num_decodes = 0
         self.next_running_check_s = _INF
         self.unreported: list[_Entry] = []  # new entries whose tier the engine has not seen
+        self.token_budget = 1 << 30  # the replica's step token budget, once a state showed it
 
 
 @dataclass
@@ -187,12 +188,12 @@ class SuperInferPolicy(BasePolicy):
     quantum_base_tokens: int = _opt(8192, "quantum of tier 0, tokens of service before demotion")
     quantum_growth: float = _opt(4.0, "quantum of tier t is quantum_base_tokens * growth**t")
     tier_weight_ratio: float = _opt(
-        4.0, "tier t's weight is ratio**(K-1-t): its share of a contended token budget"
+        8.0, "tier t's weight is ratio**(K-1-t): its share of a contended token budget"
     )
     deadline_class_tier: int = _opt(
         2, "initial tier of classes with only a deadline (latency classes start at 0)"
     )
-    rotation_unit_tokens: int = _opt(256, "tokens handed to a tier per stride-scheduling turn")
+    rotation_unit_tokens: int = _opt(128, "tokens handed to a tier per stride-scheduling turn")
     tpot_safety: float = _opt(
         0.9, "fraction of the smallest TPOT allowance a step may take (TPOT protection)"
     )
@@ -201,6 +202,9 @@ class SuperInferPolicy(BasePolicy):
     )
     ttft_boost: bool = _opt(
         True, "grow prefill chunks for a TTFT-urgent prefill when decodes have TPOT credit"
+    )
+    ttft_plan_fraction: float = _opt(
+        0.6, "the TTFT boost plans a prefill to end within this fraction of its slack"
     )
     credit_quantile: float = _opt(
         0.2, "quantile of a decode's remaining tokens counted as future TPOT credit (boost)"
@@ -296,7 +300,12 @@ class SuperInferPolicy(BasePolicy):
         for key in ("quantum_growth", "tier_weight_ratio"):
             if not getattr(self, key) >= 1.0:
                 raise ValueError(f"{n}: {key} must be >= 1, got {getattr(self, key)}")
-        for key in ("tpot_safety", "swap_budget_fraction", "step_time_forgetting"):
+        for key in (
+            "tpot_safety",
+            "swap_budget_fraction",
+            "step_time_forgetting",
+            "ttft_plan_fraction",
+        ):
             if not 0.0 < getattr(self, key) <= 1.0:
                 raise ValueError(f"{n}: {key} must be in (0, 1], got {getattr(self, key)}")
         if not 0.0 <= self.credit_quantile <= 1.0:
@@ -384,6 +393,7 @@ class SuperInferPolicy(BasePolicy):
         """
         rep = self._replica(state.replica)
         now = state.now_s
+        rep.token_budget = state.token_budget
         self._sync(rep, state)
         cpu = has_cpu_tier(state)
         if cpu:
@@ -568,7 +578,7 @@ class SuperInferPolicy(BasePolicy):
         """``(deadline, estimate, optimistic)`` of the most pressing target.
 
         ``estimate`` is the predicted time to meet it at the current load; ``optimistic`` a lower
-        bound on that time (its prefill at the full token budget, alone on the replica), or
+        bound on that time (its prefill in chunks of the whole token budget, alone), or
         ``-inf`` when no bound makes a miss certain: a mean TPOT can still recover until the
         last token, so TPOT alone never makes a request hopeless. ``deadline`` is infinite for a
         request without a pending target.
@@ -576,7 +586,7 @@ class SuperInferPolicy(BasePolicy):
         left = self._prefill_left(v)
         chunk = rep.prefill_chunk_tokens or 2048.0
         prefill = self.step_time.prefill_s(left, chunk, rep.num_decodes)
-        fastest = self.step_time.prefill_s(left, 1e9, 0.0) if left > 0 else 0.0
+        fastest = self.step_time.prefill_s(left, rep.token_budget, 0.0) if left > 0 else 0.0
         if e.ttft_s is not None and v.first_token_s is None:
             return e.arrival_s + e.ttft_s, prefill, fastest
         if e.deadline_s is not None:
@@ -870,8 +880,11 @@ class SuperInferPolicy(BasePolicy):
         model = self.step_time
         pending = urgent.view.pending_tokens
         per_step = model.base_s + model.decode_seq_s * len(decodes)
-        room_s = urgent.arrival_s + urgent.ttft_s - now - model.prefill_token_s * pending
+        slack = urgent.arrival_s + urgent.ttft_s - now
+        room_s = slack * self.ttft_plan_fraction - model.prefill_token_s * pending
         steps = int(room_s / per_step) if room_s > 0 else 0
+        if steps < 1:  # not within the plan: then within the whole slack, in as few steps
+            steps = int((slack - model.prefill_token_s * pending) / per_step)
         if steps < 1:
             return allow  # out of reach even in one step: best-effort demotion's business
         chunk = -(-pending // steps)
