@@ -8,7 +8,10 @@ call is timed (``time.perf_counter_ns``); building the state and applying the de
 KV memory is ample, so nothing is preempted.
 
 Writes ``results/benchmarks/policy_overhead.csv`` with columns ``policy, n_running, n_waiting,
-median_us, p99_us`` (then ``mean_us, calls``), one row per policy and size. The sizes are
+median_us, p99_us`` (wall clock, ``time.perf_counter_ns``), then ``cpu_median_us, cpu_p99_us``
+(the calling thread's CPU time, ``time.thread_time_ns``: on a shared machine the wall-clock tail
+includes time the process spent descheduled), ``mean_us`` and ``calls``; one row per policy and
+size. The sizes are
 256 running / 4,096 waiting and 10x that. ``superinfer`` and ``oracle`` run with
 ``max_waiting_per_tier`` raised above the queue size, so the rows time scheduling, not load
 shedding (with the default bound of 4,096 per tier they would shed at the 10x size).
@@ -22,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,7 +90,9 @@ class _Req:
 class _Engine:
     """A one-replica engine double: queues, decisions applied exactly, hooks fired."""
 
-    def __init__(self, policy: Any, specs: list[_Req], n_running: int, n_waiting: int) -> None:
+    def __init__(
+        self, policy: Any, specs: Iterator[_Req], n_running: int, n_waiting: int
+    ) -> None:
         self.policy = policy
         self.specs = iter(specs)
         self.n_running, self.n_waiting = n_running, n_waiting
@@ -179,40 +186,59 @@ class _Engine:
         self._refill()
 
 
-def _specs(count: int, seed: int) -> list[_Req]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(count):
+class _Specs:
+    """An endless, seeded stream of requests (70 % chat, 30 % batch, Azure-like lengths);
+    ``lengths`` holds the true output length of every request drawn so far (the oracle's)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.lengths: dict[str, int] = {}
+        self.count = 0
+
+    def __iter__(self) -> _Specs:
+        return self
+
+    def __next__(self) -> _Req:
+        rng = self.rng
         chat = rng.random() < 0.7
         prompt = int(rng.lognormvariate(6.8, 0.7)) + 1 if chat else int(rng.uniform(500, 7000))
         output = int(rng.lognormvariate(4.8, 0.9)) + 2 if chat else int(rng.uniform(2, 60))
-        out.append(
-            _Req(f"r{i}", 0.0, min(prompt, 8000), min(output, 1000), CHAT if chat else BATCH)
-        )
-    return out
+        rid = f"r{self.count}"
+        self.count += 1
+        self.lengths[rid] = min(output, 1000)
+        return _Req(rid, 0.0, min(prompt, 8000), min(output, 1000), CHAT if chat else BATCH)
 
 
-def measure(name: str, n_running: int, n_waiting: int, calls: int, warmup: int) -> list[float]:
-    """Microseconds of each timed ``schedule`` call of policy ``name`` at one size."""
-    specs = _specs(n_running + n_waiting + (calls + warmup) * 8 * n_running // 64, seed=0)
+def measure(
+    name: str, n_running: int, n_waiting: int, calls: int, warmup: int
+) -> tuple[list[float], list[float]]:
+    """Wall-clock and thread-CPU microseconds of each timed ``schedule`` call of ``name``."""
+    specs = _Specs(seed=0)
+    first = next(specs)  # the oracle is built before the engine draws the rest
     cls = available_policies()[name].load()
     extra = {}
     if getattr(cls, "needs_output_lengths", False):
-        extra["output_tokens"] = {r.rid: r.output for r in specs}
+        extra["output_tokens"] = specs.lengths  # filled as requests are drawn
     policy = make_policy(cls, BENCH_OPTIONS.get(name, {}), name, extra=extra)
-    engine = _Engine(policy, specs, n_running, n_waiting)
-    times = []
+    engine = _Engine(policy, itertools.chain([first], specs), n_running, n_waiting)
+    wall, cpu = [], []
     for i in range(warmup + calls):
         state = engine.state()
-        t0 = time.perf_counter_ns()
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
         decision = policy.schedule(state)
-        t1 = time.perf_counter_ns()
+        t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
         if i < 3:
             check_decision(state, decision)
         if i >= warmup:
-            times.append((t1 - t0) / 1e3)
+            wall.append((t1 - t0) / 1e3)
+            cpu.append((c1 - c0) / 1e3)
         engine.apply(decision)
-    return times
+    return wall, cpu
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,28 +247,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=200, help="untimed calls first")
     parser.add_argument("--policies", default="", help="comma-separated (default: all)")
     parser.add_argument("--out", default="results/benchmarks", help="output directory")
+    parser.add_argument(
+        "--sizes",
+        default=",".join(f"{r}x{w}" for r, w in SIZES),
+        help="comma-separated RUNNINGxWAITING sizes; calls shrink in proportion to RUNNING",
+    )
     args = parser.parse_args(argv)
     names = [p for p in args.policies.split(",") if p] or sorted(available_policies())
+    try:
+        sizes = [tuple(int(x) for x in size.split("x")) for size in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes {args.sizes!r}: expected RUNNINGxWAITING[,RUNNINGxWAITING]")
     rows = []
-    for n_running, n_waiting in SIZES:
-        scale = n_running // SIZES[0][0]
-        calls, warmup = max(args.calls // scale, 50), max(args.warmup // scale, 20)
+    for n_running, n_waiting in sizes:
+        scale = max(n_running // sizes[0][0], 1)
+        calls, warmup = max(args.calls // scale, 1), max(args.warmup // scale, 1)
         for name in names:
-            us = sorted(measure(name, n_running, n_waiting, calls, warmup))
-            p99 = us[min(len(us) - 1, int(0.99 * len(us)))]
+            us, cpu = measure(name, n_running, n_waiting, calls, warmup)
             row = {
                 "policy": name,
                 "n_running": n_running,
                 "n_waiting": n_waiting,
                 "median_us": round(statistics.median(us), 1),
-                "p99_us": round(p99, 1),
+                "p99_us": round(_p99(us), 1),
+                "cpu_median_us": round(statistics.median(cpu), 1),
+                "cpu_p99_us": round(_p99(cpu), 1),
                 "mean_us": round(statistics.fmean(us), 1),
                 "calls": len(us),
             }
             rows.append(row)
             print(
                 f"{name:11s} {n_running:5d} running {n_waiting:6d} waiting: "
-                f"median {row['median_us']:9.1f} us  p99 {row['p99_us']:9.1f} us",
+                f"median {row['median_us']:9.1f} us  p99 {row['p99_us']:9.1f} us  "
+                f"(cpu {row['cpu_median_us']:.1f} / {row['cpu_p99_us']:.1f})",
                 file=sys.stderr,
             )
     out = Path(args.out)

@@ -444,9 +444,6 @@ class SuperInferPolicy(BasePolicy):
             tier += 1  # skip-join: this tier's quantum would be spent in prefill
         return tier
 
-    def _push(self, heap: list[Any], item: tuple[Any, ...]) -> None:
-        heapq.heappush(heap, item)
-
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
@@ -465,16 +462,16 @@ class SuperInferPolicy(BasePolicy):
         else:
             rep.swapped[e.rid] = e
         if e.aged:
-            self._push(rep.aged, (e.queued_s, seq, e.rid, e.version))
+            heapq.heappush(rep.aged, (e.queued_s, seq, e.rid, e.version))
         elif where == _WAITING:
-            self._push(rep.heaps[e.tier], (e.key, seq, e.rid, e.version))
-            self._push(
+            heapq.heappush(rep.heaps[e.tier], (e.key, seq, e.rid, e.version))
+            heapq.heappush(
                 rep.shed_heaps[e.tier],
                 (0 if e.best_effort else 1, e.weight, -e.key, seq, e.rid, e.version),
             )
             rep.count[e.tier] += 1
         else:
-            self._push(rep.swap_heaps[e.tier], (e.key, seq, e.rid, e.version))
+            heapq.heappush(rep.swap_heaps[e.tier], (e.key, seq, e.rid, e.version))
         self._schedule_check(rep, e, now, checked=checked)
 
     def _dequeue(self, rep: _Replica, e: _Entry) -> None:
@@ -656,7 +653,7 @@ class SuperInferPolicy(BasePolicy):
         e.next_check_s = when
         e.check_version += 1
         if queued and when < _INF:
-            self._push(rep.due, (when, self._next_seq(), e.rid, e.check_version))
+            heapq.heappush(rep.due, (when, self._next_seq(), e.rid, e.check_version))
 
     def _apply_check(self, rep: _Replica, e: _Entry, outcome: str, step: _Step, now: float) -> None:
         queued = e.where in (_WAITING, _SWAPPED)
