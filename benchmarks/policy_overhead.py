@@ -90,9 +90,7 @@ class _Req:
 class _Engine:
     """A one-replica engine double: queues, decisions applied exactly, hooks fired."""
 
-    def __init__(
-        self, policy: Any, specs: Iterator[_Req], n_running: int, n_waiting: int
-    ) -> None:
+    def __init__(self, policy: Any, specs: Iterator[_Req], n_running: int, n_waiting: int) -> None:
         self.policy = policy
         self.specs = iter(specs)
         self.n_running, self.n_waiting = n_running, n_waiting
