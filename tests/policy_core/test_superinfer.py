@@ -422,6 +422,29 @@ class TestBooks:
         d = decide(p, make_state(waiting=[w], running=[r]))
         assert dict(d.num_tokens) == {"r": 1, "w": 32} and d.admit == ("w",)
 
+    def test_a_request_preempted_for_room_stays_in_the_books(self) -> None:
+        # c1 gets in by preempting the batch job; c2 then finds no room, so the rotation moves
+        # on to tier 2, where the batch job now waits: it must not be admitted back in the same
+        # decision, and the policy must keep it as waiting (no rebuild of its books needed).
+        p = policy()
+        batch = decoding("batch", 64, 1, slo=BATCH)  # 4 blocks
+        c1 = make_view("c1", prompt=48, arrival_s=9.9)  # 3 blocks
+        c2 = make_view("c2", prompt=48, arrival_s=9.95)
+        arrive(p, make_view("batch", prompt=64, slo=BATCH), c1, c2)
+        state = make_state(running=[batch], waiting=[c1, c2], free_blocks=0, total_blocks=4)
+        d = decide(p, state)
+        assert d.admit == ("c1",) and dict(d.preempt) == {"batch": RECOMPUTE}
+        rep = p._replica(0)
+        assert set(rep.waiting) == {"batch", "c2"}
+        after = make_state(
+            running=[make_view("c1", prompt=48, computed=48, generated=1, first_token_s=10.0)],
+            waiting=[make_view("batch", prompt=64, generated=1, slo=BATCH), c2],
+            free_blocks=1,
+            total_blocks=4,
+        )
+        p.schedule(after)
+        assert set(rep.waiting) == {"batch", "c2"} and rep.num_stale == 0
+
     def test_decode_only_steps_repeat_until_the_next_check(self) -> None:
         p = policy()
         arrive(p, make_view("r", prompt=32, slo=BATCH))

@@ -954,6 +954,8 @@ class SuperInferPolicy(BasePolicy):
             if not tiers:
                 break
             t = min(tiers, key=lambda i: (passes[i], i))
+            while ongoing[t] and ongoing[t][0].rid in step.preempt:
+                ongoing[t].pop(0)  # made room for a better tier earlier in this step
             e = ongoing[t][0] if ongoing[t] else None
             if e is None and cpu:
                 e = self._peek(rep.swap_heaps[t], _SWAPPED)
@@ -996,6 +998,8 @@ class SuperInferPolicy(BasePolicy):
         queued; preempts worse-tier running requests to make room. Returns tokens given."""
         state = step.state
         rid = e.rid
+        if rid in step.preempt or rid in step.reject:
+            return 0  # preempted or shed in this very decision: not in the state's queues
         queued = e.where in (_WAITING, _SWAPPED)
         v = self._fresh_view(rep, e, state) if queued else e.view
         if v is None:
