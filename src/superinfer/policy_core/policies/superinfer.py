@@ -22,6 +22,7 @@ the most urgent request goes first (earliest TTFT deadline, or least slack for a
   tokens are sized so the step ends within the smallest TPOT allowance among them
   (``tpot * generated - time since first token``, i.e. what keeps its mean TPOT on target),
   the Sarathi-Serve idea (Agrawal et al., OSDI 2024) driven by SLO slack instead of a constant.
+  A TTFT-urgent prefill may grow the step further, against the decodes' TPOT credit.
 * **Rotation through HBM** (RotaSched in SuperInfer, MLSys 2026, made engine-agnostic): with a
   CPU KV tier, running requests of worse tiers that have had their slice of service are swapped
   out proactively when better-tier work is blocked or HBM runs low, within the link's bytes per
@@ -33,7 +34,8 @@ the most urgent request goes first (earliest TTFT deadline, or least slack for a
 
 Per-call work is incremental: the policy keeps per-replica, per-tier heaps updated from the
 lifecycle hooks and its own decisions, walks ``state.running`` once, and touches
-``state.waiting`` only for requests it admits (see :meth:`SuperInferPolicy.schedule`).
+``state.waiting`` only for requests it admits (see :meth:`SuperInferPolicy.schedule`). Every rule
+and default is tabulated in ``docs/policies.md``.
 """
 
 from __future__ import annotations
