@@ -178,7 +178,7 @@ def test_sweep_and_fleet_mistakes_are_one_line_errors(tmp_path: Path) -> None:
         (["fleet", "plan", "--slo", "chat:ttft=5"], "error: --slo 'chat:ttft=5': 'ttft=5' is not"),
         (["fleet", "plan", "--slo", "chat:ttft_ms=-1"], "error: --slo chat: SLO 'chat': ttft_ms"),
         (["fleet", "plan", "--window-s", "soon"], "error: --window-s must be a number"),
-        (["fleet", "plan", "--policies", "superinfer"], "error: unknown policy 'superinfer'"),
+        (["fleet", "plan", "--policies", "nosuch"], "error: unknown policy 'nosuch'"),
         (["sweep", str(spec), "--address", "auto"], "error: "),
     ]
     for args, expected in cases:
@@ -186,3 +186,79 @@ def test_sweep_and_fleet_mistakes_are_one_line_errors(tmp_path: Path) -> None:
         assert proc.returncode == 2, (args, proc.stderr)
         assert proc.stderr.strip() == proc.stderr.strip().splitlines()[0], proc.stderr
         assert proc.stderr.startswith(expected), proc.stderr
+
+
+def test_policy_opt_reaches_the_policy_and_mistakes_are_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "opt"
+    args = ["--duration-s", "30", "--replicas", "1", "--policies", "superinfer"]
+    proc = run("bench", *args, "--policy-opt", "superinfer.aging_s=5", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((out / "manifest.json").read_text())
+    assert meta["config"]["policy_options"] == {"superinfer": {"aging_s": "5"}}
+    for opt, expected in [
+        ("superinfer.aging_s=soon", "error: policy 'superinfer': option aging_s='soon' is not"),
+        ("superinfer.aging_s=-1", "error: superinfer: aging_s must be > 0, got -1.0"),
+        ("nosuch=1", "error: --policy-opt 'nosuch=1': no selected policy has option 'nosuch'"),
+    ]:
+        proc = run("bench", *args, "--policy-opt", opt, "--out", str(out))
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip() == proc.stderr.strip().splitlines()[0], proc.stderr
+        assert proc.stderr.startswith(expected), proc.stderr
+
+
+def test_policies_lists_options_with_help() -> None:
+    proc = run("policies", "--options")
+    assert proc.returncode == 0
+    assert "    aging_s = 120.0: queueing time after which a request is aged, s" in proc.stdout
+    names = [line.split()[0] for line in proc.stdout.splitlines() if not line.startswith(" ")]
+    assert names == ["edf", "fcfs", "lpm", "mlfq", "oracle", "priority", "superinfer"]
+
+
+def test_headline_suite_writes_its_files(tmp_path: Path) -> None:
+    out = tmp_path / "headline"
+    proc = run(
+        "bench",
+        "--suite",
+        "headline",
+        "--duration-s",
+        "60",
+        "--replicas",
+        "1",
+        "--policies",
+        "fcfs,superinfer",
+        "--rate-scales",
+        "0.5,1",
+        "--rate-scale",
+        "1",
+        "--out",
+        str(out),
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary.columns[: len(SUMMARY_COLUMNS)]) == list(SUMMARY_COLUMNS)
+    assert "native" in summary.columns
+    assert summary.set_index(["policy", "slo_class"]).native.to_dict() == {
+        ("fcfs", "chat"): True,
+        ("fcfs", "all"): True,
+        ("superinfer", "chat"): False,
+        ("superinfer", "all"): False,
+    }
+    sweep = pd.read_csv(out / "sweep.csv")
+    assert list(sweep.columns) == ["rate_scale", "engine", "policy", "slo_class", "slo_attainment"]
+    assert sorted(sweep.rate_scale.unique()) == [0.5, 1.0]
+    starvation = pd.read_csv(out / "starvation.csv")
+    assert "max_batch_wait_s" in starvation.columns
+    for name in ("sweep.png", "starvation.png", "report.md", "manifest.json"):
+        assert (out / name).stat().st_size > 0
+    report = (out / "report.md").read_text()
+    assert "1 replica(s) × TP 4 = **4 GPUs**" in report and "×1" in report
+
+
+def test_rotation_suite_needs_a_cpu_tier(tmp_path: Path) -> None:
+    args = ["--suite", "rotation", "--duration-s", "20", "--cpu-kv-ratio", "0"]
+    proc = run("bench", *args, "--out", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(
+        "error: --suite rotation needs an engine with a CPU KV tier; sim:vllm showed the policy "
+        "none"
+    ), proc.stderr

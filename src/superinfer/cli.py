@@ -6,6 +6,7 @@ import contextlib
 import math
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,9 @@ from superinfer.policy_core.validation import PolicyError
 
 if TYPE_CHECKING:
     import pandas as pd
+    from rich.console import Console
+
+    from superinfer.harness.runner import BenchConfig
 
 __all__ = ["cli", "main"]
 
@@ -189,6 +193,14 @@ def cli() -> None:
     help="engine http: the server's kind, which sets how SLO, priority and forced output "
     "lengths are sent (docs/serve.md).",
 )
+@click.option(
+    "--policy-opt",
+    "policy_opt",
+    multiple=True,
+    metavar="[POLICY.]KEY=VALUE",
+    help="Policy hyperparameter; repeatable. KEY=VALUE sets it on every selected policy that "
+    "has it, POLICY.KEY=VALUE on that policy only (list them: superinfer policies --options).",
+)
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of every random choice.")
 @click.option(
     "--out",
@@ -196,6 +208,21 @@ def cli() -> None:
     type=click.Path(),
     help=f"Run directory to write [default: {DEFAULT_OUT}; {HF_OUT} when every engine is hf "
     f"or sim:hf-cpu; {HTTP_OUT} when every engine is http].",
+)
+@click.option(
+    "--suite",
+    type=click.Choice(["headline", "rotation"]),
+    default=None,
+    help="Run a fixed experiment instead of one run. headline: every policy on every engine "
+    "over a load sweep (defaults: the seven headline policies, --rate-scale 0.7 as the headline "
+    "load) -> results/headline/. rotation: superinfer with rotation through HBM on and off "
+    "(needs an engine with a CPU KV tier; defaults: --trace azure-conv, --replicas 1, "
+    "--duration-s 600) -> results/rotation/.",
+)
+@click.option(
+    "--rate-scales",
+    default=None,
+    help="--suite headline: comma-separated loads of the sweep [default: 0.5,0.7,1.0,1.3,1.6].",
 )
 @click.pass_context
 def bench(
@@ -221,8 +248,11 @@ def bench(
     engine_options: tuple[str, ...],
     url: str | None,
     backend: str,
+    policy_opt: tuple[str, ...],
     seed: int,
     out: str | None,
+    suite: str | None,
+    rate_scales: str | None,
 ) -> None:
     """Run a workload on an engine under each policy; write the run directory and print the table.
 
@@ -242,6 +272,11 @@ def bench(
     from superinfer.harness.runner import BenchConfig, build_bench_workload, run_bench
     from superinfer.harness.specs import load_spec
 
+    own = _suite_defaults(ctx, suite, workload is not None or trace is not None) if suite else {}
+    trace = own.get("trace", trace)
+    workload = own.get("workload", workload)
+    rate_scale = own.get("rate_scale", rate_scale)
+    duration_s = own.get("duration_s", duration_s)
     if workload is not None and trace is not None:
         raise UserError("give --workload or --trace, not both")
     options: dict[str, Any] = {
@@ -257,6 +292,7 @@ def bench(
         for key, value in load_spec(workload).bench.items():
             if ctx.get_parameter_source(key) == click.core.ParameterSource.DEFAULT:
                 options[key] = value
+    options.update({k: v for k, v in own.items() if k in options})
     engine_ids = _split(options["engines"])
     cpu_only = bool(engine_ids) and all(e in ("hf", "sim:hf-cpu") for e in engine_ids)
     if trace is None and workload is None:
@@ -284,6 +320,7 @@ def bench(
         kv_quant=kv_quant,
         kv_policy=kv_policy,
         policies=_split(options["policies"]),
+        policy_opts=policy_opt,
         seed=seed,
         workload=workload,
         engine_options=_key_values(engine_options, "--engine-option"),
@@ -292,6 +329,9 @@ def bench(
         **shaping,
     )
     console = Console(stderr=True)
+    if suite is not None:
+        _run_suite(suite, config, Path(out or f"results/{suite}"), rate_scales, console)
+        return
     with console.status(f"loading workload {workload or trace}"):
         wl = build_bench_workload(config)
     if console.is_terminal:
@@ -384,6 +424,75 @@ def _calibrate_hf(
     for name, value in model.to_dict().items():
         click.echo(f"  {name:12s} {value:.6g} s")
     click.echo(f"wrote {path} and {steps_path}")
+
+
+def _suite_defaults(ctx: click.Context, suite: str, workload_given: bool) -> dict[str, Any]:
+    """The suite's own defaults for the ``bench`` options the user did not give.
+
+    headline: the Azure hour (conv = chat, code = batch) at the headline load with the seven
+    headline policies. rotation: superinfer alone on Mooncake-length chat with fewer replicas
+    than the spec's, so live KV exceeds HBM (``harness.suites.ROTATION_DEFAULTS``).
+    """
+    from click.core import ParameterSource
+
+    from superinfer.harness.suites import (
+        HEADLINE_POLICIES,
+        HEADLINE_RATE_SCALE,
+        ROTATION_DEFAULTS,
+    )
+
+    own: dict[str, Any] = {}
+    if suite == "headline":
+        own.update(rate_scale=HEADLINE_RATE_SCALE, policies=",".join(HEADLINE_POLICIES))
+        if not workload_given:
+            own["trace"] = "azure"
+    else:
+        own.update(ROTATION_DEFAULTS)
+        if workload_given:
+            own.pop("workload", None)
+    return {
+        name: value
+        for name, value in own.items()
+        if name in ("trace", "workload") or ctx.get_parameter_source(name) is ParameterSource.DEFAULT
+    }
+
+
+def _run_suite(
+    suite: str, config: BenchConfig, out_dir: Path, rate_scales: str | None, console: Console
+) -> None:
+    import json
+
+    from superinfer.harness.results import manifest
+    from superinfer.harness.suites import (
+        SWEEP_RATE_SCALES,
+        run_headline,
+        run_rotation,
+        write_csv,
+        write_headline,
+        write_text,
+    )
+
+    if suite == "headline":
+        try:
+            rates = tuple(float(r) for r in _split(rate_scales)) or SWEEP_RATE_SCALES
+        except ValueError:
+            raise UserError(f"--rate-scales {rate_scales!r}: expected numbers like 0.5,1") from None
+        with console.status("running") as status:
+            result = run_headline(config, rate_scales=rates, progress=status.update)
+        write_headline(out_dir, result, command=sys.argv)
+        _print_table(result.summary)
+        console.print(
+            f"wrote {out_dir}/ (summary.csv, sweep.csv, starvation.csv, sweep.png, "
+            "starvation.png, report.md, manifest.json)"
+        )
+        return
+    with console.status("running") as status:
+        table = run_rotation(config, progress=status.update)
+    write_csv(out_dir / "summary.csv", table)
+    meta = manifest({"suite": "rotation", "config": asdict(config)}, command=sys.argv)
+    write_text(out_dir / "manifest.json", json.dumps(meta, indent=2, default=str) + "\n")
+    click.echo(table.to_string(index=False))
+    console.print(f"wrote {out_dir}/ (summary.csv, manifest.json)")
 
 
 def _print_table(summary: pd.DataFrame) -> None:
@@ -1312,10 +1421,22 @@ def cache_eval(
 
 
 @cli.command("policies")
-def list_policies() -> None:
-    """List the registered scheduling policies."""
+@click.option("--options", "show_options", is_flag=True, help="Also list each policy's options.")
+def list_policies(show_options: bool) -> None:
+    """List the registered scheduling policies (and their --policy-opt options)."""
+    from superinfer.adapters.manager import policy_options
+
     for name, ep in sorted(available_policies().items()):
         click.echo(f"{name:12s} {ep.value}")
+        if not show_options:
+            continue
+        loaded = ep.load()
+        for key, (default, text) in policy_options(
+            loaded if isinstance(loaded, type) else type(loaded)
+        ).items():
+            if key == "output_tokens":
+                continue  # set by the harness from the workload, not an option
+            click.echo(f"    {key} = {default!r}: {text}")
 
 
 def main() -> None:

@@ -119,10 +119,17 @@ def test_run_cell_is_deterministic_and_accounts_for_every_request() -> None:
     assert 0 < one["mfu"] < one["busy_fraction"] <= 1
 
 
-def test_native_resolves_to_the_profile_or_falls_back_with_a_note() -> None:
+def test_native_resolves_to_the_profile_or_falls_back_with_a_note(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert resolve_policy("native", "sim:trtllm") == ("fcfs", None)
+    assert resolve_policy("native", "sim:sglang") == ("lpm", None)
     assert resolve_policy("priority", "sim:sglang") == ("priority", None)
-    policy, note = resolve_policy("native", "sim:sglang")  # lpm: not registered on this branch
+    import superinfer.harness.cells as cells
+
+    without_lpm = {k: v for k, v in cells.available_policies().items() if k != "lpm"}
+    monkeypatch.setattr(cells, "available_policies", lambda: without_lpm)
+    policy, note = resolve_policy("native", "sim:sglang")
     assert policy == "fcfs" and note == (
         "sim:sglang's native policy 'lpm' is not registered: ran 'fcfs'"
     )

@@ -124,7 +124,7 @@ def test_bad_plans_are_user_errors() -> None:
         (dataclasses.replace(TINY, targets=(("video", 0.9),)), "no SLO class 'video'"),
         (dataclasses.replace(TINY, min_replicas=9), "need 1 <= --min-replicas <= --max-replicas"),
         (dataclasses.replace(TINY, engines=("sim:tgi",)), "unknown engine 'sim:tgi'"),
-        (dataclasses.replace(TINY, policies=("superinfer",)), "unknown policy 'superinfer'"),
+        (dataclasses.replace(TINY, policies=("nosuch",)), "unknown policy 'nosuch'"),
     ]
     for config, message in cases:
         with pytest.raises(UserError, match=message):

@@ -40,11 +40,14 @@ def test_grid_expands_in_file_order_and_resolves_native(tmp_path: Path) -> None:
     spec = load_spec(write(tmp_path, SPEC))
     assert spec.out == Path("somewhere") and spec.base.duration_s == 30.0
     cells, notes = spec.cells()
-    # native is fcfs on both (sglang's lpm is not registered here), so it folds into fcfs.
+    # native is fcfs on sim:vllm (folding into the fcfs cells) and lpm on sim:sglang.
     assert [(c.engine, c.policy, c.replicas) for c in cells] == [
-        (e, p, r) for e in ("sim:vllm", "sim:sglang") for p in ("fcfs", "priority") for r in (1, 2)
+        (e, p, r)
+        for e, native in (("sim:vllm", "fcfs"), ("sim:sglang", "lpm"))
+        for p in dict.fromkeys((native, "fcfs", "priority"))
+        for r in (1, 2)
     ]
-    assert notes == ["sim:sglang's native policy 'lpm' is not registered: ran 'fcfs'"]
+    assert notes == []
     assert all(c.model == "llama-3.1-8b" and c.start_s == 1200.0 for c in cells)
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "available_policies",
     "build_plugin_manager",
     "make_policy",
+    "policy_options",
 ]
 
 ENTRY_POINT_GROUP = "superinfer.policies"
@@ -61,6 +62,14 @@ class PolicyPlugin:
     @hookimpl
     def superinfer_request_finished(self, request: RequestView, now_s: float) -> None:
         self.policy.on_request_finished(request, now_s)
+
+    @hookimpl
+    def superinfer_request_aborted(self, request: RequestView, now_s: float, reason: str) -> None:
+        # Optional on a policy (BasePolicy has it): a policy that keeps its own queues must hear
+        # of requests the engine ends without finishing them.
+        aborted = getattr(self.policy, "on_request_aborted", None)
+        if aborted is not None:
+            aborted(request, now_s, reason)
 
     @hookimpl
     def superinfer_step_finished(self, stats: StepStats) -> None:
@@ -95,18 +104,44 @@ def _convert(raw: Any, hint: Any, key: str, policy: str) -> Any:
         ) from None
 
 
-def make_policy(cls: type, options: Mapping[str, Any], name: str) -> Any:
+def policy_options(cls: type) -> dict[str, tuple[Any, str]]:
+    """The options of policy class ``cls``: name -> (default, help text).
+
+    The options of a dataclass policy are its init fields except ``name``; the help text is the
+    field's ``metadata["help"]`` (empty when missing). A non-dataclass policy has none.
+    """
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    out: dict[str, tuple[Any, str]] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name == "name":
+            continue
+        default: Any = f.default
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        out[f.name] = (default, str(f.metadata.get("help", "")))
+    return out
+
+
+def make_policy(
+    cls: type, options: Mapping[str, Any], name: str, extra: Mapping[str, Any] | None = None
+) -> Any:
     """Instantiate policy class ``cls`` with ``options``, converting ``key=value`` strings.
 
-    Options of a dataclass policy are converted to each field's annotated type.
+    Options of a dataclass policy are converted to each field's annotated type. ``extra`` are
+    constructor arguments passed as they are (objects no command line can spell, such as the
+    ``oracle``'s true output lengths).
 
     Raises:
-        UnknownPolicyError: an option the policy does not have, or a value of the wrong type.
+        UnknownPolicyError: an option the policy does not have, a value of the wrong type, or
+            a value (or a default) the policy's validation refuses.
     """
-    if not options:
-        return cls()
-    if not dataclasses.is_dataclass(cls):
-        return cls(**options)
+    extra = dict(extra or {})
+    if not options or not dataclasses.is_dataclass(cls):
+        try:
+            return cls(**options, **extra)
+        except ValueError as exc:
+            raise UnknownPolicyError(f"policy {name!r}: {exc}") from None
     hints = get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls) if f.init and f.name != "name"}
     kwargs = {}
@@ -116,7 +151,7 @@ def make_policy(cls: type, options: Mapping[str, Any], name: str) -> Any:
             raise UnknownPolicyError(f"policy {name!r} has no option {key!r} (options: {known})")
         kwargs[key] = _convert(raw, hints.get(key, str), key, name)
     try:
-        return cls(**kwargs)
+        return cls(**kwargs, **extra)
     except ValueError as exc:
         raise UnknownPolicyError(str(exc)) from None
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pandas as pd
 
-from superinfer.adapters.manager import available_policies, build_plugin_manager
+from superinfer.adapters.manager import (
+    available_policies,
+    build_plugin_manager,
+    make_policy,
+    policy_options,
+)
 from superinfer.harness.errors import UserError
 from superinfer.harness.metrics import REQUEST_COLUMNS, add_latency_columns, summarize
 from superinfer.harness.specs import build_from_spec, load_spec
@@ -26,6 +31,8 @@ __all__ = [
     "BenchResult",
     "CellResult",
     "build_bench_workload",
+    "build_policy",
+    "resolve_policy_opts",
     "run_bench",
     "run_http_cell",
     "run_sim_cell",
@@ -50,6 +57,9 @@ class BenchConfig:
             ``None`` takes each engine profile's own, 0 disables the tier.
         policies: policy names; empty means every registered policy.
         policy_options: per policy name, constructor options.
+        policy_opts: ``--policy-opt`` strings, ``key=value`` (every selected policy that has
+            the option) or ``policy.key=value`` (that policy); resolved by
+            :func:`resolve_policy_opts` and applied over ``policy_options``.
         rate_scale: arrival-rate multiplier.
         duration_s: workload window in scaled seconds (``None``: the whole trace).
         seed: seed of every random choice (synthetic arrivals, sampling, timestamp spreading
@@ -84,6 +94,7 @@ class BenchConfig:
     cpu_kv_ratio: float | None = None
     policies: tuple[str, ...] = ()
     policy_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    policy_opts: tuple[str, ...] = ()
     rate_scale: float = 1.0
     duration_s: float | None = None
     seed: int = 0
@@ -238,7 +249,11 @@ def run_sim_cell(
         cpu_kv_ratio=config.cpu_kv_ratio,
         horizon_s=config.horizon_s,
     )
-    pm = build_plugin_manager(policy, config.policy_options.get(policy), kv_policy=config.kv_policy)
+    options = dict(config.policy_options.get(policy, {}))
+    built = build_policy(policy, options, workload)
+    pm = build_plugin_manager(
+        built, None if built is not policy else options, kv_policy=config.kv_policy
+    )
     if config.kv_quant:
         from superinfer.adapters.kv_precision import register_quant_planner
 
@@ -249,6 +264,11 @@ def run_sim_cell(
     t0 = time.perf_counter()
     result = Simulator(sim_config, pm.hook).run(workload.requests)
     wall = time.perf_counter() - t0
+    policy_stats: dict[str, int] = {}
+    for plugin in pm.get_plugins():
+        stats = getattr(getattr(plugin, "policy", plugin), "stats", None)
+        if callable(stats):
+            policy_stats = dict(stats())
     df = sim_requests_frame(result, engine=engine, policy=policy)
     peaks: dict[str, float] = {
         "all": max(result.peak_kv_blocks) * result.kv_block_bytes,
@@ -264,7 +284,7 @@ def run_sim_cell(
         ],
         columns=list(TIMELINE_COLUMNS),
     )
-    info = {
+    info: dict[str, Any] = {
         "wall_s": round(wall, 3),
         "num_steps": result.num_steps,
         "num_schedule_calls": result.num_schedule_calls,
@@ -273,6 +293,8 @@ def run_sim_cell(
         "kv_capacity_gb": result.kv_capacity_blocks * result.kv_block_bytes / 1e9,
         "counters": result.counters,
     }
+    if policy_stats:
+        info["policy_stats"] = policy_stats
     return CellResult(df, peaks, timeline, info)
 
 
@@ -301,6 +323,71 @@ RUNNERS: dict[str, Callable[[BenchConfig, str, str, Workload], CellResult]] = {
 #: Engine families whose policy runs on a server the harness does not control: ``--policies``
 #: only labels their rows (one label; ``server`` when none is given).
 LABEL_ONLY_FAMILIES = ("http",)
+
+
+def build_policy(name: str, options: Mapping[str, str], workload: Workload) -> str | object:
+    """What to hand :func:`build_plugin_manager` for policy ``name``: the name itself, or, for a
+    policy that declares ``needs_output_lengths`` (the clairvoyant ``oracle``), an instance built
+    with ``output_tokens`` = every request's true output length from ``workload``.
+
+    Raises:
+        UnknownPolicyError: a bad option.
+    """
+    entry = available_policies().get(name)
+    cls = entry.load() if entry is not None else None
+    if isinstance(cls, type) and getattr(cls, "needs_output_lengths", False):
+        lengths = {s.request_id: s.output_tokens for s in workload.requests}
+        built: object = make_policy(cls, options, name, extra={"output_tokens": lengths})
+        return built
+    return name
+
+
+def resolve_policy_opts(policies: Sequence[str], opts: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Per-policy options from ``--policy-opt`` strings.
+
+    ``key=value`` sets the option on every policy in ``policies`` that has it; ``policy.key=value``
+    sets it on that policy only. Later strings win.
+
+    Raises:
+        UserError: a string without ``=``, a policy that is not selected, or an option that no
+            selected policy (or not the named one) has; the message lists the options.
+    """
+    known = {name: policy_options(_policy_class(name)) for name in policies}
+    out: dict[str, dict[str, str]] = {name: {} for name in policies}
+    for opt in opts:
+        key, sep, value = opt.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserError(f"--policy-opt {opt!r}: expected key=value or policy.key=value")
+        target, dot, option = key.rpartition(".")
+        if dot:
+            if target not in known:
+                raise UserError(
+                    f"--policy-opt {opt!r}: policy {target!r} is not among the selected "
+                    f"({', '.join(policies)})"
+                )
+            if option not in known[target]:
+                names = ", ".join(sorted(known[target])) or "none"
+                raise UserError(
+                    f"--policy-opt {opt!r}: policy {target!r} has no option {option!r} "
+                    f"(options: {names})"
+                )
+            out[target][option] = value
+            continue
+        having = [name for name in policies if option in known[name]]
+        if not having:
+            raise UserError(
+                f"--policy-opt {opt!r}: no selected policy has option {option!r} "
+                "(see `superinfer policies --options`)"
+            )
+        for name in having:
+            out[name][option] = value
+    return out
+
+
+def _policy_class(name: str) -> type:
+    loaded = available_policies()[name].load()
+    return loaded if isinstance(loaded, type) else type(loaded)
 
 
 def _resolve_policies(names: Sequence[str]) -> list[str]:
@@ -385,6 +472,13 @@ def run_bench(
         policies = list(config.policies) or ["server"]
     else:
         policies = _resolve_policies(config.policies)
+        if config.policy_opts:
+            resolved = resolve_policy_opts(policies, config.policy_opts)
+            merged = {
+                name: {**config.policy_options.get(name, {}), **resolved[name]}
+                for name in policies
+            }
+            config = replace(config, policy_options=merged)
         if families & set(LABEL_ONLY_FAMILIES) and len(policies) > 1:
             raise UserError(
                 "engine http measures the server's own policy once: with http among the "

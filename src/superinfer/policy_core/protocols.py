@@ -58,5 +58,10 @@ class BasePolicy:
     def on_request_finished(self, request: RequestView, now_s: float) -> None:
         return None
 
+    def on_request_aborted(self, request: RequestView, now_s: float, reason: str) -> None:
+        """A request ended without finishing (rejected or failed); optional, not in the protocol,
+        forwarded by the plugin manager when a policy has it."""
+        return None
+
     def on_step_finished(self, stats: StepStats) -> None:
         return None

@@ -152,6 +152,9 @@ class RequestView:
             prefix-cache blocks included.
         shared_kv_blocks: of ``kv_blocks``, those owned by the prefix cache (shared with other
             requests); preempting the request does not free them.
+        replica: index of the engine replica whose queues hold it (0 for a single engine); set
+            before ``superinfer_request_arrived`` so a policy serving several replicas can keep
+            per-replica queues without scanning every state.
     """
 
     request_id: str
@@ -170,6 +173,7 @@ class RequestView:
     kv_location: KVLocation = KVLocation.UNALLOCATED
     kv_blocks: int = 0
     shared_kv_blocks: int = 0
+    replica: int = 0
 
     @property
     def own_kv_blocks(self) -> int:
@@ -217,6 +221,8 @@ class StepState:
         kv_block_bytes: bytes of one KV block across the replica's GPUs (FP16), for cost models.
         link_bytes_per_s: HBM<->CPU copy bandwidth per direction for swap and prefetch, bytes/s
             (0 without a CPU tier).
+        replica: index of the replica this state describes (0 for a single engine); one policy
+            object may serve every replica of a cluster.
     """
 
     now_s: float
@@ -235,6 +241,7 @@ class StepState:
     admission: AdmissionRule = AdmissionRule.CHUNK
     kv_block_bytes: int = 0
     link_bytes_per_s: float = 0.0
+    replica: int = 0
 
 
 @dataclass(frozen=True, slots=True)

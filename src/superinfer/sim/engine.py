@@ -312,6 +312,7 @@ class Replica:
             admission=self.profile.admission,
             kv_block_bytes=self.kv_block_bytes,
             link_bytes_per_s=self.link.bytes_per_s if self.cpu_total_blocks else 0.0,
+            replica=self.index,
         )
 
 

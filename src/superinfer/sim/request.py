@@ -141,5 +141,6 @@ class SimRequest:
                 kv_location=KVLocation.HBM if waiting and self.hit_blocks else self.location,
                 kv_blocks=self.hit_blocks if waiting else self.kv_blocks,
                 shared_kv_blocks=self.hit_blocks if waiting else self.shared_blocks,
+                replica=max(self.replica, 0),
             )
         return self._view

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from superinfer.policy_core.batching import fill_step
 from superinfer.policy_core.protocols import BasePolicy
@@ -32,7 +32,10 @@ class FCFSPolicy(BasePolicy):
         max_repeat_steps: most decode-only steps the engine may repeat without asking again.
     """
 
-    max_repeat_steps: int = DEFAULT_MAX_REPEAT_STEPS
+    max_repeat_steps: int = field(
+        default=DEFAULT_MAX_REPEAT_STEPS,
+        metadata={"help": "most decode-only steps the engine may repeat without asking again"},
+    )
     name: str = "fcfs"
 
     def __post_init__(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from superinfer.policy_core.batching import fill_step
 from superinfer.policy_core.policies.fcfs import DEFAULT_MAX_REPEAT_STEPS
@@ -29,7 +29,10 @@ class PriorityPolicy(BasePolicy):
         max_repeat_steps: most decode-only steps the engine may repeat without asking again.
     """
 
-    max_repeat_steps: int = DEFAULT_MAX_REPEAT_STEPS
+    max_repeat_steps: int = field(
+        default=DEFAULT_MAX_REPEAT_STEPS,
+        metadata={"help": "most decode-only steps the engine may repeat without asking again"},
+    )
     name: str = "priority"
 
     def __post_init__(self) -> None:

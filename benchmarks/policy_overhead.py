@@ -1,0 +1,295 @@
+"""Scheduling overhead: microseconds per ``schedule`` call, per policy, at two queue sizes.
+
+A small engine double drives each policy through a steady state: ``n_running`` requests decode
+or prefill (``max_num_seqs = n_running``, so a request is admitted only when one finishes),
+``n_waiting`` wait (arrivals top the queue up after every step), every lifecycle hook fires as
+an engine would call it, and time advances by a roofline-like step time. Only the ``schedule``
+call is timed (``time.perf_counter_ns``); building the state and applying the decision are not.
+KV memory is ample, so nothing is preempted.
+
+Writes ``results/benchmarks/policy_overhead.csv`` with columns ``policy, n_running, n_waiting,
+median_us, p99_us`` (wall clock, ``time.perf_counter_ns``), then ``cpu_median_us, cpu_p99_us``
+(the calling thread's CPU time, ``time.thread_time_ns``: on a shared machine the wall-clock tail
+includes time the process spent descheduled), ``mean_us`` and ``calls``; one row per policy and
+size. The sizes are
+256 running / 4,096 waiting and 10x that. ``superinfer`` and ``oracle`` run with
+``max_waiting_per_tier`` raised above the queue size, so the rows time scheduling, not load
+shedding (with the default bound of 4,096 per tier they would shed at the 10x size).
+
+Usage::
+
+    python benchmarks/policy_overhead.py [--calls 2000] [--policies fcfs,superinfer] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import random
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from superinfer.adapters.manager import available_policies, make_policy
+from superinfer.policy_core.types import (
+    SLO,
+    KVLocation,
+    RequestView,
+    ScheduleDecision,
+    StepState,
+    StepStats,
+)
+from superinfer.policy_core.validation import check_decision
+
+CHAT = SLO("chat", ttft_ms=1000.0, tpot_ms=100.0, priority=0)
+BATCH = SLO("batch", deadline_s=600.0, priority=1)
+BLOCK_TOKENS = 16
+SIZES = ((256, 4096), (2560, 40960))
+#: Options that make a policy's row time scheduling rather than shedding (module docstring).
+BENCH_OPTIONS: dict[str, dict[str, str]] = {
+    "superinfer": {"max_waiting_per_tier": str(1 << 20)},
+    "oracle": {"max_waiting_per_tier": str(1 << 20)},
+}
+
+
+@dataclass
+class _Req:
+    rid: str
+    arrival_s: float
+    prompt: int
+    output: int
+    slo: SLO
+    computed: int = 0
+    generated: int = 0
+    first_token_s: float | None = None
+    view: RequestView | None = None
+
+    def make_view(self) -> RequestView:
+        if self.view is None:
+            blocks = -(-self.computed // BLOCK_TOKENS)
+            self.view = RequestView(
+                request_id=self.rid,
+                arrival_s=self.arrival_s,
+                prompt_tokens=self.prompt,
+                max_output_tokens=1024,
+                slo=self.slo,
+                computed_tokens=self.computed,
+                generated_tokens=self.generated,
+                first_token_s=self.first_token_s,
+                kv_location=KVLocation.HBM if blocks else KVLocation.UNALLOCATED,
+                kv_blocks=blocks,
+            )
+        return self.view
+
+
+class _Engine:
+    """A one-replica engine double: queues, decisions applied exactly, hooks fired."""
+
+    def __init__(self, policy: Any, specs: Iterator[_Req], n_running: int, n_waiting: int) -> None:
+        self.policy = policy
+        self.specs = iter(specs)
+        self.n_running, self.n_waiting = n_running, n_waiting
+        self.now = 0.0
+        self.running: dict[str, _Req] = {}
+        self.waiting: dict[str, _Req] = {}
+        for _ in range(n_running):  # start warm: a full running batch, mid-decode
+            req = next(self.specs)
+            req.computed = req.prompt
+            req.generated = 1
+            req.first_token_s = 0.0
+            self.policy.on_request_arrived(req.make_view(), 0.0)
+            req.view = None
+            self.running[req.rid] = req
+        self._refill()
+
+    def _refill(self) -> None:
+        # The first fill spreads arrivals over the past minute, as a queue built up over time
+        # would be (all at one instant, they would all age at one instant too).
+        first = not self.waiting
+        missing = self.n_waiting - len(self.waiting)
+        for i in range(missing):
+            req = next(self.specs)
+            req.arrival_s = self.now - (60.0 * (missing - i) / missing if first else 0.0)
+            self.waiting[req.rid] = req
+            self.policy.on_request_arrived(req.make_view(), req.arrival_s)
+
+    def state(self) -> StepState:
+        return StepState(
+            now_s=self.now,
+            step_index=0,
+            waiting=tuple(r.make_view() for r in self.waiting.values()),
+            running=tuple(r.make_view() for r in self.running.values()),
+            swapped=(),
+            free_hbm_blocks=1 << 30,
+            total_hbm_blocks=1 << 30,
+            free_cpu_blocks=0,
+            total_cpu_blocks=0,
+            block_size_tokens=BLOCK_TOKENS,
+            token_budget=8 * self.n_running,
+            max_num_seqs=self.n_running,
+        )
+
+    def apply(self, decision: ScheduleDecision) -> None:
+        for rid in decision.reject:
+            req = self.waiting.pop(rid)
+            self.policy.on_request_aborted(req.make_view(), self.now, decision.reject[rid])
+        for rid in decision.preempt:
+            req = self.running.pop(rid)
+            req.computed, req.view = 0, None
+            self.waiting = {rid: req, **self.waiting}
+        for rid in decision.admit:
+            self.running[rid] = self.waiting.pop(rid)
+        prefill = decode = 0
+        finished = []
+        for rid, n in decision.num_tokens.items():
+            req = self.running[rid]
+            pending = req.prompt + req.generated - req.computed
+            if n == 1 and req.generated:
+                decode += 1
+            else:
+                prefill += n
+            req.computed += n
+            req.view = None
+            if n == pending:
+                req.generated += 1
+                if req.first_token_s is None:
+                    req.first_token_s = self.now
+                if req.generated >= req.output:
+                    finished.append(req)
+        duration = 0.02 + 1.4e-4 * prefill + 1e-4 * decode
+        self.now += duration
+        for req in finished:
+            del self.running[req.rid]
+            self.policy.on_request_finished(req.make_view(), self.now)
+        self.policy.on_step_finished(
+            StepStats(
+                now_s=self.now,
+                step_index=0,
+                duration_s=duration,
+                num_steps=1,
+                num_prefill_tokens=prefill,
+                num_decode_tokens=decode,
+                num_running=len(decision.num_tokens),
+                num_waiting=len(self.waiting),
+                used_hbm_blocks=0,
+                total_hbm_blocks=1 << 30,
+                finished_ids=tuple(r.rid for r in finished),
+            )
+        )
+        self._refill()
+
+
+class _Specs:
+    """An endless, seeded stream of requests (70 % chat, 30 % batch, Azure-like lengths);
+    ``lengths`` holds the true output length of every request drawn so far (the oracle's)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.lengths: dict[str, int] = {}
+        self.count = 0
+
+    def __iter__(self) -> _Specs:
+        return self
+
+    def __next__(self) -> _Req:
+        rng = self.rng
+        chat = rng.random() < 0.7
+        prompt = int(rng.lognormvariate(6.8, 0.7)) + 1 if chat else int(rng.uniform(500, 7000))
+        output = int(rng.lognormvariate(4.8, 0.9)) + 2 if chat else int(rng.uniform(2, 60))
+        rid = f"r{self.count}"
+        self.count += 1
+        self.lengths[rid] = min(output, 1000)
+        return _Req(rid, 0.0, min(prompt, 8000), min(output, 1000), CHAT if chat else BATCH)
+
+
+def measure(
+    name: str, n_running: int, n_waiting: int, calls: int, warmup: int
+) -> tuple[list[float], list[float]]:
+    """Wall-clock and thread-CPU microseconds of each timed ``schedule`` call of ``name``."""
+    specs = _Specs(seed=0)
+    first = next(specs)  # the oracle is built before the engine draws the rest
+    cls = available_policies()[name].load()
+    extra = {}
+    if getattr(cls, "needs_output_lengths", False):
+        extra["output_tokens"] = specs.lengths  # filled as requests are drawn
+    policy = make_policy(cls, BENCH_OPTIONS.get(name, {}), name, extra=extra)
+    engine = _Engine(policy, itertools.chain([first], specs), n_running, n_waiting)
+    wall, cpu = [], []
+    for i in range(warmup + calls):
+        state = engine.state()
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+        decision = policy.schedule(state)
+        t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+        if i < 3:
+            check_decision(state, decision)
+        if i >= warmup:
+            wall.append((t1 - t0) / 1e3)
+            cpu.append((c1 - c0) / 1e3)
+        engine.apply(decision)
+    return wall, cpu
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=2000, help="timed calls at the first size")
+    parser.add_argument("--warmup", type=int, default=200, help="untimed calls first")
+    parser.add_argument("--policies", default="", help="comma-separated (default: all)")
+    parser.add_argument("--out", default="results/benchmarks", help="output directory")
+    parser.add_argument(
+        "--sizes",
+        default=",".join(f"{r}x{w}" for r, w in SIZES),
+        help="comma-separated RUNNINGxWAITING sizes; calls shrink in proportion to RUNNING",
+    )
+    args = parser.parse_args(argv)
+    names = [p for p in args.policies.split(",") if p] or sorted(available_policies())
+    try:
+        sizes = [tuple(int(x) for x in size.split("x")) for size in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes {args.sizes!r}: expected RUNNINGxWAITING[,RUNNINGxWAITING]")
+    rows = []
+    for n_running, n_waiting in sizes:
+        scale = max(n_running // sizes[0][0], 1)
+        calls, warmup = max(args.calls // scale, 1), max(args.warmup // scale, 1)
+        for name in names:
+            us, cpu = measure(name, n_running, n_waiting, calls, warmup)
+            row = {
+                "policy": name,
+                "n_running": n_running,
+                "n_waiting": n_waiting,
+                "median_us": round(statistics.median(us), 1),
+                "p99_us": round(_p99(us), 1),
+                "cpu_median_us": round(statistics.median(cpu), 1),
+                "cpu_p99_us": round(_p99(cpu), 1),
+                "mean_us": round(statistics.fmean(us), 1),
+                "calls": len(us),
+            }
+            rows.append(row)
+            print(
+                f"{name:11s} {n_running:5d} running {n_waiting:6d} waiting: "
+                f"median {row['median_us']:9.1f} us  p99 {row['p99_us']:9.1f} us  "
+                f"(cpu {row['cpu_median_us']:.1f} / {row['cpu_p99_us']:.1f})",
+                file=sys.stderr,
+            )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "policy_overhead.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

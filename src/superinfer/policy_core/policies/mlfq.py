@@ -1,0 +1,67 @@
+"""``mlfq``: FastServe's skip-join multi-level feedback queue, without SLO awareness."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from superinfer.policy_core.batching import fill_step
+from superinfer.policy_core.protocols import BasePolicy
+from superinfer.policy_core.types import RequestView, ScheduleDecision, StepState
+
+__all__ = ["MLFQPolicy"]
+
+
+@dataclass
+class MLFQPolicy(BasePolicy):
+    """Skip-join MLFQ (FastServe, Wu et al., arXiv:2305.05920, §4.1), service in tokens.
+
+    Queue ``i`` of ``num_queues`` has a quantum of ``quantum_base_tokens * 2**i`` tokens of
+    service (FastServe doubles its per-queue quanta). A request joins the first queue whose
+    quantum covers its prompt (skip-join: its prefill would use up the quanta above), moves down
+    one queue each time it uses up the quantum of the queue it is in, and is served in
+    ``(queue, arrival)`` order. FastServe's starvation prevention: a request that has waited
+    ``starvation_s`` without its first token is served from queue 0. It knows nothing of SLOs.
+
+    The level is a pure function of a request's prompt length and service (``computed_tokens``),
+    so the policy keeps no state. It never repeats decisions, since levels change as requests
+    decode.
+    """
+
+    num_queues: int = field(default=8, metadata={"help": "number of queues"})
+    quantum_base_tokens: int = field(
+        default=256, metadata={"help": "quantum of queue 0; queue i has base * 2**i tokens"}
+    )
+    starvation_s: float = field(
+        default=60.0, metadata={"help": "wait without a first token after which queue 0 serves"}
+    )
+    name: str = "mlfq"
+
+    def __post_init__(self) -> None:
+        if self.num_queues < 1 or self.quantum_base_tokens < 1:
+            raise ValueError("mlfq: num_queues and quantum_base_tokens must be >= 1")
+        if not self.starvation_s > 0:
+            raise ValueError(f"mlfq: starvation_s must be > 0, got {self.starvation_s}")
+
+    def level(self, view: RequestView, now_s: float) -> int:
+        """The queue ``view`` is served from at ``now_s``."""
+        if view.first_token_s is None and now_s - view.arrival_s >= self.starvation_s:
+            return 0
+        last = self.num_queues - 1
+        level = 0
+        while level < last and view.prompt_tokens > self.quantum_base_tokens << level:
+            level += 1  # skip-join
+        left = max(view.computed_tokens - view.cached_tokens, 0)
+        while level < last and left >= self.quantum_base_tokens << level:
+            left -= self.quantum_base_tokens << level
+            level += 1  # demotion after each quantum used up
+        return level
+
+    def schedule(self, state: StepState) -> ScheduleDecision:
+        now = state.now_s
+
+        def key(view: RequestView) -> tuple[int, float, str]:
+            return (self.level(view, now), view.arrival_s, view.request_id)
+
+        running = sorted(state.running, key=key)
+        waiting = sorted(state.waiting, key=key)
+        return fill_step(state, running, waiting)
