@@ -222,7 +222,16 @@ def cli() -> None:
 @click.option(
     "--rate-scales",
     default=None,
-    help="--suite headline: comma-separated loads of the sweep [default: 0.5,0.7,1.0,1.3,1.6].",
+    help="--suite headline: comma-separated loads of the sweep "
+    "[default: 0.3,0.6,0.8,1.0,1.3,1.6].",
+)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=int,
+    help="--suite headline: processes running its loads x engines in parallel (the tables do "
+    "not depend on it).",
 )
 @click.pass_context
 def bench(
@@ -253,6 +262,7 @@ def bench(
     out: str | None,
     suite: str | None,
     rate_scales: str | None,
+    workers: int,
 ) -> None:
     """Run a workload on an engine under each policy; write the run directory and print the table.
 
@@ -330,7 +340,7 @@ def bench(
     )
     console = Console(stderr=True)
     if suite is not None:
-        _run_suite(suite, config, Path(out or f"results/{suite}"), rate_scales, console)
+        _run_suite(suite, config, Path(out or f"results/{suite}"), rate_scales, workers, console)
         return
     with console.status(f"loading workload {workload or trace}"):
         wl = build_bench_workload(config)
@@ -458,7 +468,12 @@ def _suite_defaults(ctx: click.Context, suite: str, workload_given: bool) -> dic
 
 
 def _run_suite(
-    suite: str, config: BenchConfig, out_dir: Path, rate_scales: str | None, console: Console
+    suite: str,
+    config: BenchConfig,
+    out_dir: Path,
+    rate_scales: str | None,
+    workers: int,
+    console: Console,
 ) -> None:
     import json
 
@@ -478,7 +493,9 @@ def _run_suite(
         except ValueError:
             raise UserError(f"--rate-scales {rate_scales!r}: expected numbers like 0.5,1") from None
         with console.status("running") as status:
-            result = run_headline(config, rate_scales=rates, progress=status.update)
+            result = run_headline(
+                config, rate_scales=rates, progress=status.update, workers=workers
+            )
         write_headline(out_dir, result, command=sys.argv)
         _print_table(result.summary)
         console.print(

@@ -11,7 +11,9 @@ the most urgent request goes first (earliest TTFT deadline, or least slack for a
   (latency classes 0, deadline classes ``deadline_class_tier``, others the last) and skips every
   tier whose quantum its prompt would exhaust in prefill.
 * **Demotion** after a request uses its tier's quantum; **aging** lifts any request queued for
-  ``aging_s`` above every tier, oldest first, which bounds every wait.
+  ``aging_s`` above every tier, oldest first, and keeps it there until its first token: it is
+  not demoted, rotated out or chosen to make room while any other request can be, so no
+  preemption sends it back to wait again, which bounds every wait for a first token.
 * **Deadline-aware promotion**: a request is moved to tier 0 when its estimated remaining time
   (prefill left at the current chunk size, plus predicted remaining output tokens times the
   current step time) exceeds its slack minus ``promotion_margin_s``. Remaining output comes from
@@ -33,8 +35,9 @@ the most urgent request goes first (earliest TTFT deadline, or least slack for a
   beyond that the least important one is rejected with a reason.
 
 Per-call work is incremental: the policy keeps per-replica, per-tier heaps updated from the
-lifecycle hooks and its own decisions, walks ``state.running`` once, and touches
-``state.waiting`` only for requests it admits (see :meth:`SuperInferPolicy.schedule`). Every rule
+lifecycle hooks and its own decisions, walks ``state.running`` once, and reads
+``state.waiting`` and ``state.swapped`` (one pass, into an index) only in calls that admit or
+resume (see :meth:`SuperInferPolicy.schedule`). Every rule
 and default is tabulated in ``docs/policies.md``.
 """
 
@@ -61,6 +64,9 @@ __all__ = ["SuperInferPolicy"]
 
 _WAITING, _RUNNING, _SWAPPED, _GONE = 0, 1, 2, 3
 _INF = math.inf
+#: In-tier key offset that puts best-effort requests behind every feasible one (keys are instants,
+#: s; 1e9 s is beyond any trace).
+_BEST_EFFORT_KEY = 1e9
 
 
 def _opt(default: Any, text: str) -> Any:
@@ -218,7 +224,14 @@ class SuperInferPolicy(BasePolicy):
         0.5, "waiting requests are re-checked this fraction of their estimate before it is due"
     )
     best_effort_demotion: bool = _opt(
-        True, "move requests that can no longer meet their SLO to the last tier"
+        True,
+        "requests that can no longer meet their SLO go behind every request that still can "
+        "(see best_effort_tier)",
+    )
+    best_effort_tier: str = _opt(
+        "keep",
+        "where best-effort requests go: 'keep' their tier, behind its feasible requests, so a "
+        "missed first token still comes before lower-tier work; 'last': the last tier",
     )
     reject_hopeless: bool = _opt(
         False, "reject (instead of demoting) waiting requests that can no longer meet their SLO"
@@ -324,6 +337,10 @@ class SuperInferPolicy(BasePolicy):
                 raise ValueError(f"{n}: {key} must be >= 0, got {getattr(self, key)}")
         if self.max_preemptions_per_step < 0:
             raise ValueError(f"{n}: max_preemptions_per_step must be >= 0")
+        if self.best_effort_tier not in ("keep", "last"):
+            raise ValueError(
+                f"{n}: best_effort_tier must be 'keep' or 'last', got {self.best_effort_tier!r}"
+            )
         if not 0 <= self.deadline_class_tier < self.num_tiers:
             raise ValueError(
                 f"{n}: deadline_class_tier must be in [0, {self.num_tiers}), "
@@ -556,7 +573,10 @@ class SuperInferPolicy(BasePolicy):
 
     def _key(self, e: _Entry, v: RequestView) -> float:
         """In-tier order (smaller first): the instant the request's most pressing target is
-        due, minus the work left before it for a deadline class (least slack)."""
+        due, minus the work left before it for a deadline class (least slack). Best-effort
+        requests come after every other, in arrival order."""
+        if e.best_effort:
+            return _BEST_EFFORT_KEY + e.arrival_s
         if e.ttft_s is not None and v.first_token_s is None:
             return e.arrival_s + e.ttft_s
         if e.tpot_s is not None and v.first_token_s is not None:
@@ -675,7 +695,7 @@ class SuperInferPolicy(BasePolicy):
             self._set_tier(e, 0)
         elif outcome == "hopeless":
             e.best_effort = True
-            self._set_tier(e, self.num_tiers - 1)
+            self._set_tier(e, self.num_tiers - 1 if self.best_effort_tier == "last" else e.tier)
         elif outcome == "promote":
             self._set_tier(e, 0)
             if where == _SWAPPED:
@@ -728,7 +748,12 @@ class SuperInferPolicy(BasePolicy):
                 self._make_resident(e, v)
             e.view = v
             computed = v.computed_tokens
-            if computed - v.cached_tokens + e.lost_tokens >= e.demote_at:
+            if e.aged and v.first_token_s is not None:
+                e.aged = False  # aging bounds the wait for the first token: that wait is over
+                self._set_tier(e, e.tier)
+            if e.aged:
+                pass  # an aged request keeps the top tier until its first token
+            elif computed - v.cached_tokens + e.lost_tokens >= e.demote_at:
                 self._set_tier(e, min(e.tier + 1, last))
                 self._counters["demotions"] += 1
                 step.changed.append(e)
@@ -767,14 +792,14 @@ class SuperInferPolicy(BasePolicy):
     def _make_resident(self, e: _Entry, v: RequestView) -> None:
         e.where = _RUNNING
         e.view = v
-        e.aged = False
         e.resident_service = max(v.computed_tokens - v.cached_tokens, 0) + e.lost_tokens
         e.next_check_s = -_INF
 
     @staticmethod
-    def _victim_rank(e: _Entry) -> tuple[bool, int, float]:
-        """Larger is preempted first: best effort, then the worst tier, then the least urgent."""
-        return (e.best_effort, e.tier, e.key)
+    def _victim_rank(e: _Entry) -> tuple[bool, bool, int, float]:
+        """Larger is preempted first: never an aged request while another is left, then best
+        effort, then the worst tier, then the least urgent."""
+        return (not e.aged, e.best_effort, e.tier, e.key)
 
     def _preempt(self, rep: _Replica, step: _Step, e: _Entry, *, rotation: bool) -> bool:
         """Preempt running ``e`` (swap or recompute, by the cost model); False if the link
@@ -942,7 +967,10 @@ class SuperInferPolicy(BasePolicy):
             aged = self._peek(rep.aged, _WAITING, _SWAPPED)
             if aged is None:
                 break
-            given = self._place(rep, step, aged, left, cpu, rank_below=-1)
+            # An aged request takes the next free seat and blocks before any tier, but makes
+            # no room by preemption: under overload every queued request ages, and aged ones
+            # preempting running work (which then ages again) collapsed throughput (x1.6 load).
+            given = self._place(rep, step, aged, left, cpu, rank_below=self.num_tiers)
             if not given:
                 break
             left -= given
@@ -1067,7 +1095,8 @@ class SuperInferPolicy(BasePolicy):
             and x.where == _RUNNING
             and x is not e
             and x.rid not in step.preempt
-            and (rank_below < 0 and not x.aged or x.tier > rank_below)
+            and not x.aged
+            and (rank_below < 0 or x.tier > rank_below)
         ]
         candidates.sort(key=self._victim_rank, reverse=True)
         budget = self.max_preemptions_per_step - len(step.preempt)
@@ -1107,7 +1136,7 @@ class SuperInferPolicy(BasePolicy):
         if best_waiting is None:
             return
         for e in sorted(running, key=self._victim_rank, reverse=True):
-            if e.tier <= best_waiting or e.rid in step.preempt:
+            if e.tier <= best_waiting or e.rid in step.preempt or e.aged:
                 continue
             v = e.view
             service = max(v.computed_tokens - v.cached_tokens, 0) + e.lost_tokens
