@@ -144,9 +144,26 @@ class TestPromotion:
 
 
 class TestHopeless:
-    def test_a_missed_ttft_goes_to_the_best_effort_tier(self) -> None:
+    def test_a_missed_ttft_stays_in_its_tier_behind_every_feasible_request(self) -> None:
         p = policy()
         late = make_view("late", prompt=100, arrival_s=8.0)  # TTFT deadline 9.0 < now 10.0
+        fresh = make_view("fresh", prompt=100, arrival_s=9.9)  # deadline 10.9: feasible
+        arrive(p, late, fresh)
+        # a budget of 100 tokens fits one prompt: the feasible one goes first although the
+        # late one's deadline is earlier (EDF would serve the lost cause)
+        d = decide(p, make_state(waiting=[late, fresh], token_budget=100))
+        assert d.admit == ("fresh",) and d.tiers == {}  # both stay in tier 0
+        assert p._entries["late"].best_effort and not p._entries["fresh"].best_effort
+        # and it still comes before lower-tier work
+        q = policy()
+        batch = make_view("batch", prompt=100, slo=BATCH, arrival_s=0.0)
+        arrive(q, late, batch)
+        d = decide(q, make_state(waiting=[batch, late], token_budget=100))
+        assert d.admit == ("late",)
+
+    def test_or_goes_to_the_last_tier(self) -> None:
+        p = policy(best_effort_tier="last")
+        late = make_view("late", prompt=100, arrival_s=8.0)
         arrive(p, late)
         d = decide(p, make_state(waiting=[late], free_blocks=0))
         assert d.tiers == {"late": 3} and p._entries["late"].best_effort
@@ -159,7 +176,7 @@ class TestHopeless:
         assert dict(d.reject) == {"late": "slo_unattainable"}
 
     def test_a_prompt_too_long_for_its_ttft_is_hopeless_on_arrival(self) -> None:
-        p = policy()
+        p = policy(best_effort_tier="last")
         # even alone, in one step: B * 20000 + A = 2.02 s > 1 s of slack
         huge = make_view("huge", prompt=20_000, arrival_s=10.0)
         arrive(p, huge)
@@ -184,13 +201,41 @@ class TestAging:
         # aged: served first, in tier 0 (which the engine already shows, so no tier update)
         assert d.admit == ("old",) and d.tiers == {} and p._entries["old"].tier == 0
 
-    def test_aged_requests_may_preempt_any_tier_to_get_in(self) -> None:
+    def test_aged_requests_take_the_next_seat_but_preempt_nobody(self) -> None:
         p = policy(aging_s=10.0)
         old = make_view("old", prompt=100, slo=BATCH, arrival_s=0.0)
         chat = decoding("chat", 64, 2, arrival_s=9.0, first_token_s=9.5)
-        arrive(p, old, make_view("chat", prompt=64, arrival_s=9.0))
-        d = decide(p, make_state(now_s=10.0, waiting=[old], running=[chat], max_num_seqs=1))
-        assert d.admit == ("old",) and dict(d.preempt) == {"chat": RECOMPUTE}
+        newer = make_view("newer", prompt=64, arrival_s=9.9)
+        arrive(p, old, make_view("chat", prompt=64, arrival_s=9.0), newer)
+        state = make_state(now_s=10.0, waiting=[old, newer], running=[chat], max_num_seqs=1)
+        d = decide(p, state)
+        assert d.admit == () and dict(d.preempt) == {} and d.num_tokens == {"chat": 1}
+        # the chat request finished: the seat goes to the aged request, not the newer chat
+        p.on_request_finished(chat, 10.1)
+        d = decide(p, make_state(now_s=10.1, waiting=[old, newer], max_num_seqs=1))
+        assert d.admit == ("old",)
+
+    def test_an_aged_request_is_never_preempted_until_its_first_token(self) -> None:
+        p = policy(aging_s=10.0, quantum_base_tokens=50)
+        old = make_view("old", prompt=1000, slo=BATCH, arrival_s=0.0)
+        arrive(p, old)
+        d = decide(p, make_state(now_s=10.0, waiting=[old], token_budget=100))
+        assert d.admit == ("old",) and p._entries["old"].aged
+        # mid-prefill, past every quantum: not demoted, and a new chat request waits for it
+        running = make_view("old", prompt=1000, computed=100, slo=BATCH, arrival_s=0.0)
+        chat = make_view("chat", prompt=64, arrival_s=10.0)
+        arrive(p, chat)
+        state = make_state(now_s=10.05, waiting=[chat], running=[running], max_num_seqs=1)
+        d = decide(p, state)
+        assert dict(d.preempt) == {} and d.admit == () and "old" not in d.tiers
+        assert p._entries["old"].tier == 0
+        # its first token ends the protection: it drops back to its tier's rules
+        done = make_view(
+            "old", prompt=1000, computed=1000, generated=1, slo=BATCH, arrival_s=0.0,
+            first_token_s=10.2,
+        )  # fmt: skip
+        decide(p, make_state(now_s=10.3, waiting=[chat], running=[done], max_num_seqs=2))
+        assert not p._entries["old"].aged
 
 
 class TestTPOTProtection:
@@ -407,7 +452,7 @@ class TestAdmissionControl:
         assert dict(d.reject) == {"c2": "shed: tier 0 queue full"}  # the latest deadline
 
     def test_best_effort_requests_are_shed_first(self) -> None:
-        p = policy(max_waiting_per_tier=1)
+        p = policy(max_waiting_per_tier=1, best_effort_tier="last")
         late = make_view("late", prompt=64, arrival_s=5.0)  # TTFT missed: best effort, tier 3
         other = SLO("other")
         views = [late, make_view("x", prompt=64, slo=other, arrival_s=9.9)]
