@@ -125,6 +125,15 @@ def cli() -> None:
     "memory pressure, chat never below int8); off: every request stores FP16 KV.",
 )
 @click.option(
+    "--kv-quant-opt",
+    "kv_quant_opts",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="With --kv-quant: a planner setting, repeatable (int8_pressure, int4_pressure, "
+    "hysteresis, floors such as 'chat=int8,batch=int4', default_floor, count_waiting; "
+    "docs/kv_quant.md).",
+)
+@click.option(
     "--policies",
     default=None,
     help="Comma-separated policy names [default: every registered policy].",
@@ -246,6 +255,7 @@ def bench(
     router: str,
     cpu_kv_ratio: float | None,
     kv_quant: bool,
+    kv_quant_opts: tuple[str, ...],
     kv_policy: str | None,
     policies: str | None,
     rate_scale: float | None,
@@ -289,6 +299,8 @@ def bench(
     duration_s = own.get("duration_s", duration_s)
     if workload is not None and trace is not None:
         raise UserError("give --workload or --trace, not both")
+    if kv_quant_opts and not kv_quant:
+        raise UserError("--kv-quant-opt needs --kv-quant")
     options: dict[str, Any] = {
         "model": model,
         "gpu": gpu,
@@ -328,6 +340,7 @@ def bench(
         router=options["router"],
         cpu_kv_ratio=cpu_kv_ratio,
         kv_quant=kv_quant,
+        kv_quant_options=_key_values(kv_quant_opts, "--kv-quant-opt"),
         kv_policy=kv_policy,
         policies=_split(options["policies"]),
         policy_opts=policy_opt,

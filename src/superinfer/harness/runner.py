@@ -100,6 +100,7 @@ class BenchConfig:
     seed: int = 0
     workload: str | None = None
     kv_quant: bool = False
+    kv_quant_options: Mapping[str, str] = field(default_factory=dict)
     kv_policy: str | None = None
     horizon_s: float | None = None
     start_s: float = 0.0
@@ -257,7 +258,7 @@ def run_sim_cell(
     if config.kv_quant:
         from superinfer.adapters.kv_precision import register_quant_planner
 
-        register_quant_planner(pm)
+        register_quant_planner(pm, make_quant_planner(config.kv_quant_options))
     for plugin in plugins:
         pm.register(plugin)
     pm.check_pending()
@@ -323,6 +324,23 @@ RUNNERS: dict[str, Callable[[BenchConfig, str, str, Workload], CellResult]] = {
 #: Engine families whose policy runs on a server the harness does not control: ``--policies``
 #: only labels their rows (one label; ``server`` when none is given).
 LABEL_ONLY_FAMILIES = ("http",)
+
+
+def make_quant_planner(options: Mapping[str, str]) -> Any:
+    """The KV quantization planner with ``--kv-quant-opt`` options (``QuantPlanner`` fields:
+    ``floors``, ``default_floor``, ``int8_pressure``, ``int4_pressure``, ``hysteresis``,
+    ``count_waiting``), converted to each field's type.
+
+    Raises:
+        UserError: an unknown option, a value of the wrong type, or values the planner refuses.
+    """
+    from superinfer.adapters.manager import UnknownPolicyError
+    from superinfer.policy_core.quant_planner import QuantPlanner
+
+    try:
+        return make_policy(QuantPlanner, dict(options), "quant")
+    except (UnknownPolicyError, ValueError) as exc:
+        raise UserError(f"--kv-quant-opt: {exc}") from None
 
 
 def build_policy(name: str, options: Mapping[str, str], workload: Workload) -> str | object:
