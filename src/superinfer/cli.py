@@ -231,8 +231,7 @@ def cli() -> None:
 @click.option(
     "--rate-scales",
     default=None,
-    help="--suite headline: comma-separated loads of the sweep "
-    "[default: 0.3,0.6,0.8,1.0,1.3,1.6].",
+    help="--suite headline: comma-separated loads of the sweep [default: 0.3,0.6,0.8,1.0,1.3,1.6].",
 )
 @click.option(
     "--workers",
@@ -473,10 +472,11 @@ def _suite_defaults(ctx: click.Context, suite: str, workload_given: bool) -> dic
         own.update(ROTATION_DEFAULTS)
         if workload_given:
             own.pop("workload", None)
+    default = ParameterSource.DEFAULT
     return {
         name: value
         for name, value in own.items()
-        if name in ("trace", "workload") or ctx.get_parameter_source(name) is ParameterSource.DEFAULT
+        if name in ("trace", "workload") or ctx.get_parameter_source(name) is default
     }
 
 

@@ -493,8 +493,7 @@ def run_bench(
         if config.policy_opts:
             resolved = resolve_policy_opts(policies, config.policy_opts)
             merged = {
-                name: {**config.policy_options.get(name, {}), **resolved[name]}
-                for name in policies
+                name: {**config.policy_options.get(name, {}), **resolved[name]} for name in policies
             }
             config = replace(config, policy_options=merged)
         if families & set(LABEL_ONLY_FAMILIES) and len(policies) > 1:

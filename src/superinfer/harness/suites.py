@@ -32,7 +32,6 @@ from superinfer.harness.metrics import SUMMARY_COLUMNS
 from superinfer.harness.report import format_value
 from superinfer.harness.results import CSV_FLOAT_FORMAT, manifest, write_atomic
 from superinfer.harness.runner import BenchConfig, build_bench_workload, run_bench
-from superinfer.harness.workload import Workload
 from superinfer.sim.profiles import PROFILES
 
 __all__ = [
