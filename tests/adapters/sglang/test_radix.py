@@ -49,6 +49,7 @@ class Placer:
         self.node_of = node_of
         self.actions = actions
         self.seen: list[tuple[PrefixNodeView, ...]] = []
+        self.sizes: list[tuple[int, int, int]] = []  # (free, needed, total) HBM blocks per call
 
     @hookimpl
     def superinfer_schedule(self, state: StepState) -> ScheduleDecision:
@@ -56,9 +57,15 @@ class Placer:
 
     @hookimpl
     def superinfer_kv_placement(
-        self, nodes: tuple[PrefixNodeView, ...], now_s: float, free_hbm_blocks: int
+        self,
+        nodes: tuple[PrefixNodeView, ...],
+        now_s: float,
+        free_hbm_blocks: int,
+        needed_hbm_blocks: int,
+        total_hbm_blocks: int,
     ) -> PlacementDecision:
         self.seen.append(nodes)
+        self.sizes.append((free_hbm_blocks, needed_hbm_blocks, total_hbm_blocks))
         return PlacementDecision({self.node_of[n]: act for n, act in self.actions.items()})
 
 
@@ -121,6 +128,22 @@ def test_eviction_follows_the_placement_on_the_python_core() -> None:
     assert cached(world) == ["D"]  # the pin survives eviction of everything else
     assert world.cache.protected_size() == 8 and world.cache.evictable_size() == 0
     assert adapter.book.band(int(placer.node_of["C"])) is Band.DROP
+    # every call carries the whole pool and asks for no blocks (it orders, it does not free)
+    assert {(needed, total) for _, needed, total in placer.sizes} == {(0, 64)}
+
+
+def test_the_registered_reuse_placement_policy_orders_a_real_cache() -> None:
+    """The real ``reuse`` plugin takes every argument of the hookspec: the adapter must pass them."""
+    from superinfer.adapters.manager import build_plugin_manager
+
+    world = World(64, "superinfer", "python")
+    fill(world)
+    pm = build_plugin_manager("fcfs", kv_policy="reuse")
+    adapter = SGLangAdapter(AdapterConfig(), pm.hook, EngineLimits())
+    adapter.bind(world.allocator, world.cache)
+    world.cache.tree_core.eviction_strategy = SuperinferEvictionStrategy(lambda: adapter.book)
+    evict(adapter, world, 8)
+    assert len(cached(world)) == 3  # one of the four 8-token prompts evicted, none lost
 
 
 def test_without_a_placement_the_order_is_sglangs_priority_then_lru() -> None:

@@ -252,6 +252,7 @@ class FixedPlacement:
     def __init__(self, placements: Sequence[Placement]) -> None:
         self.placements = list(placements)
         self.calls: list[tuple[tuple[PrefixNodeView, ...], int, int]] = []
+        self.sizes: list[tuple[int, int]] = []  # (needed_hbm_blocks, total_hbm_blocks) per call
 
     @hookimpl
     def superinfer_kv_placement(
@@ -260,8 +261,11 @@ class FixedPlacement:
         now_s: float,
         free_hbm_blocks: int,
         free_cpu_blocks: int,
+        needed_hbm_blocks: int,
+        total_hbm_blocks: int,
     ) -> PlacementDecision:
         self.calls.append((nodes, free_hbm_blocks, free_cpu_blocks))
+        self.sizes.append((needed_hbm_blocks, total_hbm_blocks))
         return PlacementDecision(
             {n.node_id: p for n, p in zip(nodes, self.placements, strict=False)}
         )

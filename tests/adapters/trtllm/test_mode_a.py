@@ -211,6 +211,7 @@ def test_placement_becomes_retention_priorities_in_the_engine(trtllm12: ModuleTy
         ("a#2", "a#1", 0),
     ]
     assert (free_hbm, free_cpu) == (16, 0)
+    assert placement.sizes == [(0, gate.kv_capacity_blocks)]  # 3 new blocks fit in the 16 free
     engine_request = gate.llm._engine.waiting_queue[0][1]
     ranges = engine_request.kv_cache_retention_config.token_range_retention_configs
     assert [(r.token_start, r.token_end, r.priority) for r in ranges] == [
@@ -337,3 +338,13 @@ def test_async_generate_streams_and_raises_for_rejected(trtllm12: ModuleType) ->
     assert isinstance(results[4], RequestNotAdmittedError)
     assert "rejected: batch_not_served" in str(results[4])
     assert not gate.held and not gate.in_flight
+
+
+def test_the_registered_reuse_placement_policy_runs_behind_the_gate(trtllm12: ModuleType) -> None:
+    """The real ``reuse`` plugin takes every argument of the hookspec: the gate must pass them."""
+    pm = build_plugin_manager("fcfs", kv_policy="reuse")
+    llm = make_llm()
+    gate = TrtllmGate(llm, pm.hook, clock=llm._clock)
+    first = gate.submit(list(_prompt(0, 28)), sampling(2), slo=CHAT, request_id="a")
+    assert gate.counters.num_placement_calls == 1  # asked, answered (keep: the engine default)
+    assert first.retention == () and "a" in gate.in_flight  # submitted to the engine

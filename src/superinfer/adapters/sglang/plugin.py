@@ -482,6 +482,8 @@ class SGLangAdapter:
             now_s=self.clock.now_s,
             free_hbm_blocks=allocator.available_size() // self.limits.page_size,
             free_cpu_blocks=0,
+            needed_hbm_blocks=0,  # called after a step: pins and order, nothing to free now
+            total_hbm_blocks=allocator.size // self.limits.page_size,
         )
         if decision is not None:
             self.book.apply(cache, decision, views)

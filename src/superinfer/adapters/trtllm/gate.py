@@ -522,6 +522,9 @@ class TrtllmGate:
                 now_s=now,
                 free_hbm_blocks=free_hbm_blocks,
                 free_cpu_blocks=self._free_cpu_blocks(),
+                # the blocks this request will store, beyond what is free
+                needed_hbm_blocks=max(0, len(nodes) - len(path) - free_hbm_blocks),
+                total_hbm_blocks=self.kv_capacity_blocks,
             )
             if decision is not None:
                 placements = [decision.actions.get(n.node_id, Placement.KEEP) for n in nodes]
