@@ -133,7 +133,7 @@ def test_eviction_follows_the_placement_on_the_python_core() -> None:
 
 
 def test_the_registered_reuse_placement_policy_orders_a_real_cache() -> None:
-    """The real ``reuse`` plugin takes every argument of the hookspec: the adapter must pass them."""
+    """The real ``reuse`` plugin takes every hookspec argument: the adapter must pass them."""
     from superinfer.adapters.manager import build_plugin_manager
 
     world = World(64, "superinfer", "python")
