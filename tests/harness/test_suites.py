@@ -1,0 +1,44 @@
+"""The headline suite: its tables do not depend on how many processes ran it."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from superinfer.harness.errors import UserError
+from superinfer.harness.runner import BenchConfig
+from superinfer.harness.suites import native_policy, run_headline
+
+TINY = BenchConfig(
+    trace="azure",
+    engines=("sim:vllm", "sim:trtllm"),
+    policies=("fcfs", "superinfer"),
+    replicas=1,
+    duration_s=40.0,
+    rate_scale=1.0,
+)
+
+
+def test_workers_do_not_change_the_tables() -> None:
+    one = run_headline(TINY, rate_scales=(0.5,), workers=1)
+    two = run_headline(TINY, rate_scales=(0.5,), workers=2)
+    for a, b in ((one.summary, two.summary), (one.sweep, two.sweep)):
+        pd.testing.assert_frame_equal(a, b)
+    pd.testing.assert_frame_equal(one.starvation, two.starvation)
+    # every load x engine x policy once, each with its classes and "all"
+    cells = one.sweep.groupby(["rate_scale", "engine", "policy"]).slo_class.apply(list)
+    assert len(cells) == 2 * 2 * 2 and all(classes[-1] == "all" for classes in cells)
+    native = one.summary.set_index(["engine", "policy", "slo_class"]).native
+    assert native.to_dict() == {
+        (e, p, c): p == native_policy(e) for e, p, c in native.index
+    } and set(native.index.get_level_values(1)) == set(TINY.policies)
+    assert native.sum() == len(native) // 2  # fcfs is native on both engines here
+    assert set(one.summary.rate_scale) == {1.0}
+    assert set(one.info["runs"]) == {"x0.5", "x1"}
+
+
+def test_bad_workers_and_loads_are_user_errors() -> None:
+    with pytest.raises(UserError, match="--workers must be >= 1, got 0"):
+        run_headline(TINY, rate_scales=(0.5,), workers=0)
+    with pytest.raises(UserError, match="--rate-scales must all be > 0"):
+        run_headline(TINY, rate_scales=(0.0,))
