@@ -42,3 +42,24 @@ def test_bad_workers_and_loads_are_user_errors() -> None:
         run_headline(TINY, rate_scales=(0.5,), workers=0)
     with pytest.raises(UserError, match="--rate-scales must all be > 0"):
         run_headline(TINY, rate_scales=(0.0,))
+
+
+def test_a_bench_with_placement_planner_and_superinfer_runs_and_keeps_its_stats() -> None:
+    """The placement plugins are unhashable dataclasses: collecting the scheduling policy's
+    counters must not put plugins in a set (it did, and `bench --kv-policy` crashed)."""
+    from superinfer.harness.runner import run_bench
+
+    config = BenchConfig(
+        workload="mooncake-chat",
+        engines=("sim:vllm",),
+        policies=("superinfer",),
+        replicas=1,
+        duration_s=20.0,
+        kv_policy="reuse",
+        kv_quant=True,
+    )
+    result = run_bench(config)
+    every = result.summary[result.summary.slo_class == "all"].iloc[0]
+    assert every.n_requests == every.n_finished + every.n_rejected + every.n_failed > 0
+    stats = result.info["cells"]["sim:vllm/superinfer"]["policy_stats"]
+    assert stats["saw_cpu_tier"] == 1 and stats["rejected"] == every.n_rejected

@@ -266,9 +266,11 @@ def run_sim_cell(
     result = Simulator(sim_config, pm.hook).run(workload.requests)
     wall = time.perf_counter() - t0
     policy_stats: dict[str, int] = {}
-    for plugin in pm.get_plugins():
+    # list_name_plugin, not get_plugins: that builds a set, and dataclass plugins (the KV
+    # placement policies) are unhashable
+    for _, plugin in pm.list_name_plugin():
         stats = getattr(getattr(plugin, "policy", plugin), "stats", None)
-        if callable(stats):
+        if callable(stats):  # the scheduling policy's counters (superinfer, oracle)
             policy_stats = dict(stats())
     df = sim_requests_frame(result, engine=engine, policy=policy)
     peaks: dict[str, float] = {

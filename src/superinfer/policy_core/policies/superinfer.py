@@ -64,6 +64,14 @@ __all__ = ["SuperInferPolicy"]
 
 _WAITING, _RUNNING, _SWAPPED, _GONE = 0, 1, 2, 3
 _INF = math.inf
+
+
+def _decode_blocks(v: RequestView, bs: int) -> int:
+    """HBM blocks a running request's next decode token takes, as ``step_blocks(v, 1, state,
+    admit=False)`` counts them (the engines' decision check): the FP16 pages its tokens fill minus
+    the blocks it holds. For a request whose KV is quantized that overstates its growth (its
+    blocks hold more tokens), the same way for the policy and the check."""
+    return -(-(v.computed_tokens + 1) // bs) - v.kv_blocks
 #: In-tier key offset that puts best-effort requests behind every feasible one (keys are instants,
 #: s; 1e9 s is beyond any trace).
 _BEST_EFFORT_KEY = 1e9
@@ -771,8 +779,9 @@ class SuperInferPolicy(BasePolicy):
             generated = v.generated_tokens
             if generated and v.prompt_tokens + generated - computed == 1:
                 decodes.append(e)
-                if computed >= v.kv_blocks * bs:
-                    need += 1
+                grow = -(-(computed + 1) // bs) - v.kv_blocks  # = step_blocks(v, 1, admit=False)
+                if grow > 0:
+                    need += grow
                 tpot = e.tpot_s
                 first = v.first_token_s
                 if tpot is not None and first is not None and not e.best_effort:
@@ -838,8 +847,8 @@ class SuperInferPolicy(BasePolicy):
                 return
             v = e.view
             decoding = v.generated_tokens and v.pending_tokens == 1
-            if decoding and v.computed_tokens >= v.kv_blocks * bs:
-                need -= 1
+            if decoding:
+                need -= max(_decode_blocks(v, bs), 0)
             self._preempt(rep, step, e, rotation=False)
 
     def _schedule_decodes(
@@ -851,14 +860,14 @@ class SuperInferPolicy(BasePolicy):
         passes, weights = rep.passes, self._weights
         if step.preempt or len(decodes) > step.budget:
             decodes = [e for e in decodes if e.rid not in step.preempt][: max(step.budget, 0)]
-            need = sum(1 for e in decodes if e.view.computed_tokens >= e.view.kv_blocks * bs)
+            need = sum(max(_decode_blocks(e.view, bs), 0) for e in decodes)
         step.tokens.update(dict.fromkeys([e.rid for e in decodes], 1))
         step.budget -= len(decodes)
         if need:
             for e in decodes:
-                v = e.view
-                if v.computed_tokens >= v.kv_blocks * bs:
-                    step.new_blocks[e.rid] = 1
+                grow = _decode_blocks(e.view, bs)
+                if grow > 0:
+                    step.new_blocks[e.rid] = grow
             step.free -= need
         per_tier = [0] * self.num_tiers
         for e in decodes:
