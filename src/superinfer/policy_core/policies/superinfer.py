@@ -72,6 +72,8 @@ def _decode_blocks(v: RequestView, bs: int) -> int:
     the blocks it holds. For a request whose KV is quantized that overstates its growth (its
     blocks hold more tokens), the same way for the policy and the check."""
     return -(-(v.computed_tokens + 1) // bs) - v.kv_blocks
+
+
 #: In-tier key offset that puts best-effort requests behind every feasible one (keys are instants,
 #: s; 1e9 s is beyond any trace).
 _BEST_EFFORT_KEY = 1e9
