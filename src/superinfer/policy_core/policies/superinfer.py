@@ -761,9 +761,8 @@ class SuperInferPolicy(BasePolicy):
             if e.aged and v.first_token_s is not None:
                 e.aged = False  # aging bounds the wait for the first token: that wait is over
                 self._set_tier(e, e.tier)
-            if e.aged:
-                pass  # an aged request keeps the top tier until its first token
-            elif computed - v.cached_tokens + e.lost_tokens >= e.demote_at:
+            # an aged request keeps the top tier until its first token
+            if not e.aged and computed - v.cached_tokens + e.lost_tokens >= e.demote_at:
                 self._set_tier(e, min(e.tier + 1, last))
                 self._counters["demotions"] += 1
                 step.changed.append(e)
