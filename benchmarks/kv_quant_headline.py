@@ -28,9 +28,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from superinfer.harness.cells import resolve_policy
 from superinfer.harness.results import CSV_FLOAT_FORMAT, write_atomic
 from superinfer.harness.runner import BenchConfig, run_bench
-from superinfer.harness.suites import HEADLINE_RATE_SCALE, ROTATION_DEFAULTS, native_policy
+from superinfer.harness.suites import HEADLINE_RATE_SCALE, ROTATION_DEFAULTS
 
 ENGINES = ("sim:vllm", "sim:sglang", "sim:trtllm")
 PLANNERS: dict[str, dict[str, str] | None] = {
@@ -72,7 +73,7 @@ def main() -> int:
     rows = []
     for wl_name, base in WORKLOADS.items():
         for engine in args.engines.split(","):
-            policy = native_policy(engine) or "fcfs"
+            policy, _ = resolve_policy("native", engine)  # the fleet tools' own rule
             fp16_peak = None
             for planner, options in PLANNERS.items():
                 cfg = replace(
