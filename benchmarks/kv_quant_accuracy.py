@@ -131,7 +131,7 @@ def main() -> None:
         "kernels under the interpreter, see tests/kernels) or the Triton kernels (on CPU only "
         "with TRITON_INTERPRET=1, hours slower)",
     )
-    parser.add_argument("--out", type=Path, default=Path("results/kv_quant_accuracy.csv"))
+    parser.add_argument("--out", type=Path, default=Path("results/kv_quant/kv_quant_accuracy.csv"))
     args = parser.parse_args()
     formats = parse_formats(args.formats)
     torch.set_num_threads(args.threads)

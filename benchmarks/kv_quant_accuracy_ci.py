@@ -1,8 +1,9 @@
-"""95% bootstrap confidence intervals (resampling prompts) for ``results/kv_quant_accuracy.csv``.
+"""95% bootstrap confidence intervals (resampling prompts) for the KV quantization accuracy.
 
 Reads the per-prompt sums that ``kv_quant_accuracy.py`` writes beside its result
-(``*_per_prompt.csv``) and writes ``results/kv_quant_accuracy_ci.csv``. Prompts, not tokens, are
-resampled: tokens of one reply are not independent. Deterministic (seeded).
+``results/kv_quant/kv_quant_accuracy.csv`` (``*_per_prompt.csv``) and writes
+``results/kv_quant/kv_quant_accuracy_ci.csv``. Prompts, not tokens, are resampled: tokens of one
+reply are not independent. Deterministic (seeded).
 
 Usage: ``python benchmarks/kv_quant_accuracy_ci.py [--per-prompt PATH] [--out PATH]``.
 """
@@ -22,9 +23,11 @@ RESAMPLES = 2000
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--per-prompt", type=Path, default=Path("results/kv_quant_accuracy_per_prompt.csv")
+        "--per-prompt", type=Path, default=Path("results/kv_quant/kv_quant_accuracy_per_prompt.csv")
     )
-    parser.add_argument("--out", type=Path, default=Path("results/kv_quant_accuracy_ci.csv"))
+    parser.add_argument(
+        "--out", type=Path, default=Path("results/kv_quant/kv_quant_accuracy_ci.csv")
+    )
     args = parser.parse_args()
     if not args.per_prompt.is_file():
         sys.exit(f"error: {args.per_prompt}: not found (run benchmarks/kv_quant_accuracy.py)")

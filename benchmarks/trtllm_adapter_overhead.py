@@ -6,7 +6,7 @@ the adapter adds per step. With ``max_repeat_steps=1`` the policy is asked at ev
 the policy call, the decision check, the reordering); with the policies' default (1024) a
 decode-only decision is replayed while the active list is unchanged, as in a steady decode phase.
 The double's inner scheduler is a Python reference of the C++ one, so only the difference carries
-over to a real engine. Writes ``results/trtllm_adapter_overhead.csv``.
+over to a real engine. Writes ``results/benchmarks/trtllm_adapter_overhead.csv``.
 
     .venv/bin/python benchmarks/trtllm_adapter_overhead.py [--sizes 8,64,256] [--repeats 200]
 """
@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", default="fcfs,priority")
     p.add_argument("--max-repeat-steps", default="1,1024")
     p.add_argument("--repeats", type=int, default=200)
-    p.add_argument("--out", default=str(ROOT / "results" / "trtllm_adapter_overhead.csv"))
+    p.add_argument(
+        "--out", default=str(ROOT / "results" / "benchmarks" / "trtllm_adapter_overhead.csv")
+    )
     args = p.parse_args(argv)
     rows = []
     for policy in args.policies.split(","):
