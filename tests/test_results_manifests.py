@@ -1,9 +1,9 @@
 """Every committed result sits in a folder whose ``MANIFEST.md`` names it, with the command that
 made it, the git sha, the machine and the date.
 
-The files checked are those git tracks or would track (``git ls-files --cached --others
---exclude-standard``), so outputs that ``.gitignore`` keeps out of the repository
-(``requests.parquet``, ``cells/``) need no row.
+The files checked are those git tracks (``git ls-files``: committed or staged), so outputs that
+are not committed (``requests.parquet``, ``cells/``, a local ``superinfer report`` into
+``results/compare/``) need no row until they are added.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ ROW = re.compile(
 
 
 def _result_files() -> dict[Path, set[str]]:
-    """Files under results/, by folder (relative to results/), as git sees them."""
+    """Tracked files under results/, by folder (relative to results/)."""
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("needs a git checkout")
     out = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "results"],
+        ["git", "ls-files", "--", "results"],
         cwd=ROOT,
         capture_output=True,
         text=True,
