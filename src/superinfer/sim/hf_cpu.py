@@ -144,7 +144,7 @@ def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list[int
 
 def shape_of(pieces: Sequence[tuple[int, int, bool]]) -> BatchShape:
     """The :class:`BatchShape` of a step, from ``(computed_tokens, num_tokens, samples)`` per
-    request, classified as ``Simulator._start_run`` does (one token = a decode)."""
+    request, classified as ``sim.steps.build_run`` does (one token = a decode)."""
     pairs = 0.0
     prefill_kv = decode_kv = samples = 0
     for c, n, sampled in pieces:
