@@ -17,9 +17,14 @@ __all__ = ["SimConfig", "SimResult", "StepTimeModel", "kv_capacity_blocks"]
 class StepTimeModel(Protocol):
     """What the engine needs from a step-time model."""
 
-    def step_time_s(self, shape: BatchShape) -> float: ...
+    def step_time_s(self, shape: BatchShape) -> float:
+        """Duration of one step running ``shape``, s."""
+        ...
 
-    def decode_coefficients(self, num_seqs: int) -> tuple[float, float]: ...
+    def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:
+        """Step time of a pure-decode batch of ``num_seqs`` as ``(a, b)``: ``a + b x`` s for
+        ``x`` KV tokens read (FP16-equivalent)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

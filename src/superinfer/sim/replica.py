@@ -104,6 +104,7 @@ class Replica:
 
     @property
     def transit_blocks(self) -> int:
+        """HBM blocks of swap-outs whose copy to CPU is still in flight."""
         return sum(blocks for _, blocks in self.transits)
 
     @property
@@ -118,6 +119,7 @@ class Replica:
 
     @property
     def cpu_free_blocks(self) -> int:
+        """CPU-tier blocks held by neither swapped requests nor offloaded prefix nodes."""
         return self.cpu_total_blocks - self.own_cpu_blocks - self.cache.cpu_blocks
 
     def release_transits(self, now_s: float) -> None:
