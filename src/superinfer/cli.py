@@ -786,7 +786,7 @@ def _serve_hf(
 
     try:
         from superinfer.adapters.hf.engine import EngineConfig, ModelNotInstalledError
-        from superinfer.adapters.hf.server import DEFAULT_SLO_CLASSES, ServeConfig, serve_forever
+        from superinfer.serve import DEFAULT_SLO_CLASSES, ServeConfig, serve_forever
     except ImportError as exc:
         raise UserError(
             f"serve --engine hf needs the hf and serve extras ({exc}); run `make install-serve`"

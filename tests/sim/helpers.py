@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from superinfer.adapters.hookspecs import hookimpl
 from superinfer.adapters.manager import build_plugin_manager
 from superinfer.policy_core.types import SLO, StepStats
-from superinfer.sim.engine import SimConfig, SimResult, Simulator
+from superinfer.sim.config import SimConfig, SimResult
+from superinfer.sim.engine import Simulator
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.profiles import SIM_VLLM
 from superinfer.sim.request import RequestSpec

@@ -10,7 +10,8 @@ import pytest
 
 from superinfer.adapters.manager import build_plugin_manager
 from superinfer.policy_core.types import SLO
-from superinfer.sim.engine import SimConfig, Simulator
+from superinfer.sim.config import SimConfig
+from superinfer.sim.engine import Simulator
 from superinfer.sim.hf_cpu import (
     FEATURES,
     HOST_CPU,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from superinfer.sim.engine import kv_capacity_blocks
+from superinfer.sim.config import kv_capacity_blocks
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.profiles import SIM_VLLM
 from superinfer.sim.step_time import (

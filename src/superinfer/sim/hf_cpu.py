@@ -31,13 +31,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from superinfer.policy_core.types import AdmissionRule
+from superinfer.sim.config import SimConfig
 from superinfer.sim.hardware import GPUSpec, ModelSpec
 from superinfer.sim.profiles import EngineProfile
 from superinfer.sim.step_time import BatchShape
@@ -51,6 +52,7 @@ __all__ = [
     "FitReport",
     "HFCPUStepTime",
     "StepSample",
+    "hf_cpu_sim_config",
     "shape_of",
     "shape_of_totals",
 ]
@@ -105,6 +107,40 @@ SIM_HF_CPU = EngineProfile(
     native_policy="fcfs",
 )
 
+
+def hf_cpu_sim_config(
+    *,
+    page_size_tokens: int = 32,
+    num_blocks: int = 256,
+    max_batch_tokens: int = 256,
+    max_num_seqs: int = 32,
+) -> SimConfig:
+    """The simulation of the real CPU engine with these settings (its ``--engine-option`` keys,
+    defaults as :data:`SIM_HF_CPU`): one replica of SmolLM2-135M on :data:`HOST_CPU` with a pool
+    of ``num_blocks`` KV blocks (``SimConfig.num_gpu_blocks_override``).
+
+    Args:
+        page_size_tokens: tokens per KV block.
+        num_blocks: KV blocks of the pool.
+        max_batch_tokens: token budget of a step.
+        max_num_seqs: most requests per step.
+
+    Run it with :class:`HFCPUStepTime` as the step-time model (the simulator's default, a GPU
+    roofline, does not apply to this host).
+    """
+    profile = replace(
+        SIM_HF_CPU,
+        block_size_tokens=page_size_tokens,
+        token_budget=max_batch_tokens,
+        token_budget_large_gpu=max_batch_tokens,
+        max_num_seqs=max_num_seqs,
+        max_num_seqs_large_gpu=max_num_seqs,
+    )
+    return SimConfig(
+        profile, SMOLLM2_135M, HOST_CPU, tp=1, replicas=1, num_gpu_blocks_override=num_blocks
+    )
+
+
 #: A step this many (normal-scaled) median absolute deviations of relative error slower than the
 #: fit is an outlier.
 OUTLIER_MADS = 3.0
@@ -144,7 +180,7 @@ def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list[int
 
 def shape_of(pieces: Sequence[tuple[int, int, bool]]) -> BatchShape:
     """The :class:`BatchShape` of a step, from ``(computed_tokens, num_tokens, samples)`` per
-    request, classified as ``Simulator._start_run`` does (one token = a decode)."""
+    request, classified as ``sim.steps.build_run`` does (one token = a decode)."""
     pairs = 0.0
     prefill_kv = decode_kv = samples = 0
     for c, n, sampled in pieces:

@@ -17,7 +17,9 @@ import pytest
 pytest.importorskip("starlette", reason="starlette missing: run `make install-serve`")
 pytest.importorskip("prometheus_client", reason="prometheus-client missing: make install-serve")
 
-from superinfer.adapters.hf.server import (  # noqa: E402
+from superinfer.policy_core.policies.fcfs import FCFSPolicy  # noqa: E402
+from superinfer.policy_core.types import SLO, ScheduleDecision, StepState  # noqa: E402
+from superinfer.serve import (  # noqa: E402
     DEFAULT_SLO_CLASSES,
     RequestError,
     ServeConfig,
@@ -26,8 +28,6 @@ from superinfer.adapters.hf.server import (  # noqa: E402
     priority_rank,
     resolve_slo,
 )
-from superinfer.policy_core.policies.fcfs import FCFSPolicy  # noqa: E402
-from superinfer.policy_core.types import SLO, ScheduleDecision, StepState  # noqa: E402
 
 CONFIG = ServeConfig()
 CHAT, BATCH = DEFAULT_SLO_CLASSES["chat"], DEFAULT_SLO_CLASSES["batch"]

@@ -1,0 +1,117 @@
+"""What a simulation takes and gives: :class:`SimConfig`, :class:`SimResult`, the step-time
+interface the engine needs, and one replica's KV capacity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from superinfer.sim.hardware import GPUSpec, ModelSpec
+from superinfer.sim.profiles import EngineProfile
+from superinfer.sim.request import SimRequest
+from superinfer.sim.step_time import BatchShape
+
+__all__ = ["SimConfig", "SimResult", "StepTimeModel", "kv_capacity_blocks"]
+
+
+class StepTimeModel(Protocol):
+    """What the engine needs from a step-time model."""
+
+    def step_time_s(self, shape: BatchShape) -> float:
+        """Duration of one step running ``shape``, s."""
+        ...
+
+    def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:
+        """Step time of a pure-decode batch of ``num_seqs`` as ``(a, b)``: ``a + b x`` s for
+        ``x`` KV tokens read (FP16-equivalent)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """What to simulate.
+
+    Attributes:
+        profile: the engine's mechanics.
+        model: the model served.
+        gpu: the GPU type.
+        tp: tensor-parallel degree (GPUs per replica).
+        replicas: number of replicas behind the router.
+        router: one of ``sim.routers.ROUTERS``: ``round_robin``; ``least_tokens`` (fewest
+            outstanding tokens: prompt tokens not yet computed plus output caps not yet generated);
+            ``slo_aware`` (requests with a TTFT target go where the fewest prompt tokens wait for
+            prefill, the others by ``least_tokens``); ``cache_aware`` (the replica whose prefix
+            cache holds the longest prefix of the prompt, balanced by load, as SGLang's gateway
+            does: ``sim.routers.CACHE_THRESHOLD``).
+        horizon_s: stop simulating at this instant; requests still live then fail with reason
+            ``"simulation_horizon"``. ``None`` runs until every request ends.
+        num_gpu_blocks_override: KV blocks per replica instead of the ones memory allows (as
+            vLLM's ``--num-gpu-blocks-override``); for what-if runs and tests.
+        cpu_kv_ratio: CPU-tier capacity as a multiple of HBM KV capacity; ``None`` takes the
+            profile's, 0 disables the tier (no swap, no prefix offload).
+        host_link_bytes_s: HBM<->CPU bandwidth per GPU and direction; ``None`` takes the GPU's.
+        timeline_interval_s: a replica's KV use and queue lengths are sampled at the end of its
+            first step at least this long after the previous sample.
+        kv_group_size: quantization group size of INT8/INT4 KV (KIVI ``G``).
+    """
+
+    profile: EngineProfile
+    model: ModelSpec
+    gpu: GPUSpec
+    tp: int = 1
+    replicas: int = 1
+    router: str = "round_robin"
+    horizon_s: float | None = None
+    num_gpu_blocks_override: int | None = None
+    cpu_kv_ratio: float | None = None
+    host_link_bytes_s: float | None = None
+    timeline_interval_s: float = 1.0
+    kv_group_size: int = 32
+
+
+def kv_capacity_blocks(profile: EngineProfile, model: ModelSpec, gpu: GPUSpec, tp: int) -> int:
+    """KV blocks one replica holds in HBM: the profile's KV bytes per GPU over one block's bytes
+    on one GPU (FP16, the block's tokens across all layers, ``kv_heads / tp`` heads).
+
+    Raises:
+        ValueError: the weights leave no room for KV.
+    """
+    block_bytes = model.kv_bytes_per_token() / tp * profile.block_size_tokens
+    blocks = int(profile.kv_bytes_per_gpu(model, gpu, tp) // block_bytes)
+    if blocks <= 0:
+        raise ValueError(f"{model.name} at TP{tp} leaves no KV memory on {gpu.name}")
+    return blocks
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """Outcome of a simulation.
+
+    Attributes:
+        requests: every request, in workload order, in a terminal state.
+        end_s: instant the last event ran, s.
+        kv_block_bytes: bytes of one KV block across the replica's GPUs.
+        peak_kv_blocks: per replica, the peak of HBM KV blocks in use (prefix cache included).
+        peak_active_kv_blocks: per replica, the peak of HBM KV blocks requests use (cached
+            prefixes nobody uses excluded).
+        peak_class_kv_blocks: per replica, per SLO class, the peak of own blocks of that class.
+        num_steps: engine steps run, all replicas.
+        num_schedule_calls: scheduling decisions asked of the policy, all replicas.
+        kv_capacity_blocks: KV blocks of one replica.
+        timeline: samples ``(replica, time_s, used_hbm_blocks, num_waiting, num_running)``.
+        counters: totals over replicas: ``prefill_tokens``, ``cached_tokens`` (prefill skipped by
+            prefix hits), ``swap_out_bytes``, ``swap_in_bytes``, ``offloaded_blocks``,
+            ``onboarded_blocks``, ``dropped_blocks``.
+    """
+
+    requests: tuple[SimRequest, ...]
+    end_s: float
+    kv_block_bytes: float
+    peak_kv_blocks: tuple[int, ...]
+    peak_active_kv_blocks: tuple[int, ...]
+    peak_class_kv_blocks: tuple[dict[str, int], ...]
+    num_steps: int
+    num_schedule_calls: int
+    kv_capacity_blocks: int
+    timeline: tuple[tuple[int, float, int, int, int], ...] = ()
+    counters: dict[str, int] | None = None
