@@ -1,10 +1,10 @@
 """Prefix-cache placement plugins behind ``superinfer_kv_placement``: the reuse predictor with the
-tier planner (``reuse``), and LRU / LFU through the same planner (``lru``, ``lfu``).
+placement planner (``reuse``), and LRU / LFU through the same planner (``lru``, ``lfu``).
 
 They are registered in the entry-point group ``superinfer.kv_policies`` and enabled with
 ``build_plugin_manager(policy, kv_policy="reuse")``. Each keeps the access history of the nodes
 it is shown (a bounded ghost table, so a node's history survives its eviction), scores the nodes
-and lets :class:`TierPlanner` decide. Pure logic lives in ``policy_core``; this module only
+and lets :class:`PlacementPlanner` decide. Pure logic lives in ``policy_core``; this module only
 translates views to arrays and back.
 """
 
@@ -17,13 +17,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from superinfer.adapters.hookspecs import hookimpl
+from superinfer.policy_core.kv_placement_plan import PlacementPlanner, ScoreFn, parent_index
 from superinfer.policy_core.reuse import (
     NodeColumns,
     NodeHistory,
     ReusePredictor,
     ReusePredictorConfig,
 )
-from superinfer.policy_core.tiers import ScoreFn, TierPlanner, parent_index
 from superinfer.policy_core.types import (
     KVLocation,
     Placement,
@@ -56,13 +56,13 @@ class _Placement:
     offload_min_score: float = 0.0
     prefetch_reserve_frac: float = 0.05
     history_max_keys: int = 1_000_000
-    planner: TierPlanner = field(init=False, repr=False)
+    planner: PlacementPlanner = field(init=False, repr=False)
     history: NodeHistory = field(init=False, repr=False)
     num_calls: int = field(default=0, init=False)
     _classes: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.planner = TierPlanner(
+        self.planner = PlacementPlanner(
             max_pinned_frac=self.max_pinned_frac,
             pin_min_score=self.pin_min_score,
             offload_min_score=self.offload_min_score,
@@ -190,7 +190,7 @@ class LFUPlacement(_Placement):
 
 @dataclass
 class ReusePlacement(_Placement):
-    """The reuse predictor (one model for HBM, one for the CPU tier) with the tier planner.
+    """The reuse predictor (one model for HBM, one for the CPU tier) with the placement planner.
 
     Attributes:
         fallback: cold-start order, ``lru`` or ``lfu``.
