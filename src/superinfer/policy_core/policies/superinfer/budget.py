@@ -15,6 +15,23 @@ from superinfer.policy_core.policies.superinfer.records import (
     _Step,
 )
 
+#: Bound on a token or step count derived from SLO seconds: 2**62, beyond any step budget (ints
+#: far below) and any prompt length a result file can hold (int64).
+_MAX_COUNT = float(2**62)
+
+
+def _count(x: float) -> int:
+    """``int(x)`` clamped to ``[-2**62, 2**62]``.
+
+    A ratio of seconds over seconds-per-token is ``inf`` for SLOs the validators accept
+    (``tpot_ms=1.7e308`` or ``inf``, issue 20), and ``int(inf)`` raises OverflowError. Every
+    count clamped here is then capped by the step's token budget or divides a prompt length (a
+    chunk of ``ceil(pending / steps)`` is 1 for any ``steps >= pending``), so the clamp changes
+    no decision that did not overflow. ``x`` is never NaN: each quotient has a finite positive
+    divisor and a dividend that is finite or ``+inf``.
+    """
+    return int(min(max(x, -_MAX_COUNT), _MAX_COUNT))
+
 
 class _StepBudget(_Promotion):
     """Layer 6: how many tokens decodes and prefills get this step."""
@@ -110,7 +127,7 @@ class _StepBudget(_Promotion):
             return step.budget
         model = self.step_time
         room_s = cap_s * self.tpot_safety - model.step_s(0.0, num_decodes)
-        tokens = int(room_s / model.prefill_token_s) if room_s > 0 else 0
+        tokens = _count(room_s / model.prefill_token_s) if room_s > 0 else 0
         return max(self.min_prefill_tokens, tokens)
 
     def _ttft_boost(
@@ -145,9 +162,9 @@ class _StepBudget(_Promotion):
         per_step = model.base_s + model.decode_seq_s * len(decodes)
         slack = urgent.arrival_s + urgent.ttft_s - now
         room_s = slack * self.ttft_plan_fraction - model.prefill_token_s * pending
-        steps = int(room_s / per_step) if room_s > 0 else 0
+        steps = _count(room_s / per_step) if room_s > 0 else 0
         if steps < 1:  # not within the plan: then within the whole slack, in as few steps
-            steps = int((slack - model.prefill_token_s * pending) / per_step)
+            steps = _count((slack - model.prefill_token_s * pending) / per_step)
         if steps < 1:
             return allow  # out of reach even in one step: best-effort demotion's business
         chunk = -(-pending // steps)
@@ -168,5 +185,5 @@ class _StepBudget(_Promotion):
         if credit == _INF:
             return max(allow, min(chunk, step.budget))
         room = credit * self.tpot_safety - model.step_s(0.0, len(decodes))
-        most = int(room / model.prefill_token_s) if room > 0 else 0
+        most = _count(room / model.prefill_token_s) if room > 0 else 0
         return max(allow, min(chunk, most, step.budget))
