@@ -460,6 +460,31 @@ class TestAdmissionControl:
         d = decide(p, make_state(waiting=views, free_blocks=0))
         assert dict(d.reject) == {"late": "shed: tier 3 queue full"}
 
+    def test_a_request_preempted_in_this_decision_is_shed_at_the_next(self) -> None:
+        # Admitting c1 preempts the batch job (recompute: no CPU tier) back into tier 2, which
+        # then holds 2 > 1 waiting requests, and the batch job (latest deadline) is the least
+        # important. It is still in the state's running queue, so rejecting it in the same
+        # decision failed check_decision ("reject names 'batch', which is not in the right
+        # queue", a PolicyError that ended a simulation; found at 3x Azure load with
+        # max_waiting_per_tier=20). It is shed at the next call, from the waiting queue.
+        p = policy(max_waiting_per_tier=1)
+        batch = decoding("batch", 64, 1, slo=BATCH, first_token_s=9.0)  # 4 blocks
+        b2 = make_view("b2", prompt=32, slo=BATCH, arrival_s=0.0)  # 2 blocks: no room left
+        c1 = make_view("c1", prompt=48, arrival_s=9.9)  # 3 blocks
+        arrive(p, make_view("batch", prompt=64, slo=BATCH, arrival_s=5.0), b2, c1)
+        state = make_state(running=[batch], waiting=[b2, c1], free_blocks=0, total_blocks=4)
+        d = decide(p, state)
+        assert d.admit == ("c1",) and dict(d.preempt) == {"batch": RECOMPUTE}
+        assert dict(d.reject) == {}
+        after = make_state(
+            running=[make_view("c1", prompt=48, computed=48, generated=1, first_token_s=10.0)],
+            waiting=[make_view("batch", prompt=64, generated=1, slo=BATCH, arrival_s=5.0), b2],
+            free_blocks=1,
+            total_blocks=4,
+        )
+        d = decide(p, after)
+        assert dict(d.reject) == {"batch": "shed: tier 2 queue full"}
+
 
 class TestBooks:
     def test_requests_it_was_never_told_about_are_adopted(self) -> None:

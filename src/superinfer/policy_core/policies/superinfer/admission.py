@@ -81,11 +81,16 @@ class _Admission(_Preemption):
 
     def _shed(self, rep: _Replica, step: _Step) -> None:
         """Admission control: a tier over ``max_waiting_per_tier`` sheds its least important
-        waiting requests (best effort first, then the lowest SLO weight, then the latest)."""
+        waiting requests (best effort first, then the lowest SLO weight, then the latest).
+
+        A request preempted in this very decision is still in the state's running queue, where
+        an engine cannot reject it (``check_decision``): when it is the least important, the
+        tier sheds nothing more now, and it is shed at the next call, from the waiting queue.
+        """
         for t in range(self.num_tiers):
             heap = rep.shed_heaps[t]
             while rep.count[t] > self.max_waiting_per_tier:
                 e = self._peek(heap, _WAITING)
-                if e is None:
+                if e is None or e.rid in step.preempt:
                     break
                 self._reject(rep, e, step, f"shed: tier {t} queue full")
