@@ -39,6 +39,21 @@ lifecycle hooks and its own decisions, walks ``state.running`` once, and reads
 ``state.waiting`` and ``state.swapped`` (one pass, into an index) only in calls that admit or
 resume (see :meth:`SuperInferPolicy.schedule`). Every rule
 and default is tabulated in ``docs/policies.md``.
+
+Modules, bottom layer first (each imports only the ones before it; the policy class is the
+top of one inheritance chain through them):
+
+* ``records``: what is remembered per request and per replica, and the decision being built;
+* ``config``: the hyperparameters (``--policy-opt``), their validation, the initial books;
+* ``estimates``: remaining output, work left, the in-tier key, when a request is next checked;
+* ``queues``: initial tier (skip-join), tier changes, the waiting and swapped heaps per tier;
+* ``preemption``: the victim ranking, swap or recompute, making room, KV shortage relief;
+* ``admission``: admitting and resuming into a step; bounded queues and shedding;
+* ``promotion``: aging, best-effort demotion (or rejection), deadline-aware promotion;
+* ``budget``: the pass over running requests, decodes, TPOT protection and the TTFT boost;
+* ``rotation``: stride scheduling of prefill tokens across tiers, rotation through HBM,
+  prefetch of promoted swapped requests;
+* ``policy``: :class:`SuperInferPolicy`, the lifecycle hooks and ``schedule()``.
 """
 
 # ``_opt`` (the field helper subclasses such as the oracle use) stays importable from here.
