@@ -1,6 +1,6 @@
 """Cost of a placement decision: scoring N cached prefix nodes and planning, per call.
 
-Two paths: the array path the offline evaluator uses (``ReusePredictor.scores`` + ``TierPlanner
+Two paths: the array path the offline evaluator uses (``ReusePredictor.scores`` + ``PlacementPlanner
 .plan_arrays``), and the hook path an engine uses (``superinfer_kv_placement`` on N
 ``PrefixNodeView``s through pluggy, with the bounded history and the CPU-tier model). Writes
 ``results/cache/placement_overhead.csv`` (one row per path x N: median and p90 ms per call).
@@ -20,8 +20,8 @@ import pandas as pd
 
 from superinfer.adapters.kv_placement import ReusePlacement
 from superinfer.adapters.manager import build_plugin_manager
+from superinfer.policy_core.kv_placement_plan import PlacementPlanner
 from superinfer.policy_core.reuse import NodeColumns, ReusePredictor, ReusePredictorConfig
-from superinfer.policy_core.tiers import TierPlanner
 from superinfer.policy_core.types import KVLocation, PrefixNodeView
 
 SIZES = (1_000, 10_000, 100_000)
@@ -50,7 +50,7 @@ def _trained(rng: np.random.Generator) -> ReusePredictor:
 def bench_arrays(n: int, rng: np.random.Generator) -> list[float]:
     parent, depth = _forest(n, rng)
     pred = _trained(rng)
-    planner = TierPlanner()
+    planner = PlacementPlanner()
     cols = NodeColumns(
         age_s=rng.uniform(0, 600, n),
         since_first_s=rng.uniform(600, 1200, n),

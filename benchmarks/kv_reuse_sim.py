@@ -4,9 +4,9 @@ Runs the ``mooncake-chat`` workload (real Kimi chat traffic with 512-token block
 engine profile under ``fcfs``, behind each router (round robin spreads a conversation's turns
 over replicas; ``cache_aware`` sends them where their prefix is cached), once with the engine's
 own eviction (``lru``) and once with the ``reuse`` placement plugin (``policy_core.reuse`` +
-``policy_core.tiers``), and writes ``results/cache/sim_mooncake.csv``: per router, engine and kv
-policy, TTFT p50/p99, SLO attainment, prompt tokens served from the cache and the share of the
-prompt tokens that hit (the prefill saved).
+``policy_core.kv_placement_plan``), and writes ``results/cache/sim_mooncake.csv``: per router,
+engine and kv policy, TTFT p50/p99, SLO attainment, prompt tokens served from the cache and the
+share of the prompt tokens that hit (the prefill saved).
 
 Usage: ``python benchmarks/kv_reuse_sim.py [--duration-s 1200] [--out results/cache]``.
 """

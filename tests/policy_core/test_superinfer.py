@@ -460,6 +460,31 @@ class TestAdmissionControl:
         d = decide(p, make_state(waiting=views, free_blocks=0))
         assert dict(d.reject) == {"late": "shed: tier 3 queue full"}
 
+    def test_a_request_preempted_in_this_decision_is_shed_at_the_next(self) -> None:
+        # Admitting c1 preempts the batch job (recompute: no CPU tier) back into tier 2, which
+        # then holds 2 > 1 waiting requests, and the batch job (latest deadline) is the least
+        # important. It is still in the state's running queue, so rejecting it in the same
+        # decision failed check_decision ("reject names 'batch', which is not in the right
+        # queue", a PolicyError that ended a simulation; found at 3x Azure load with
+        # max_waiting_per_tier=20). It is shed at the next call, from the waiting queue.
+        p = policy(max_waiting_per_tier=1)
+        batch = decoding("batch", 64, 1, slo=BATCH, first_token_s=9.0)  # 4 blocks
+        b2 = make_view("b2", prompt=32, slo=BATCH, arrival_s=0.0)  # 2 blocks: no room left
+        c1 = make_view("c1", prompt=48, arrival_s=9.9)  # 3 blocks
+        arrive(p, make_view("batch", prompt=64, slo=BATCH, arrival_s=5.0), b2, c1)
+        state = make_state(running=[batch], waiting=[b2, c1], free_blocks=0, total_blocks=4)
+        d = decide(p, state)
+        assert d.admit == ("c1",) and dict(d.preempt) == {"batch": RECOMPUTE}
+        assert dict(d.reject) == {}
+        after = make_state(
+            running=[make_view("c1", prompt=48, computed=48, generated=1, first_token_s=10.0)],
+            waiting=[make_view("batch", prompt=64, generated=1, slo=BATCH, arrival_s=5.0), b2],
+            free_blocks=1,
+            total_blocks=4,
+        )
+        d = decide(p, after)
+        assert dict(d.reject) == {"batch": "shed: tier 2 queue full"}
+
 
 class TestBooks:
     def test_requests_it_was_never_told_about_are_adopted(self) -> None:
@@ -514,3 +539,52 @@ class TestBooks:
     def test_invalid_hyperparameters_are_refused(self, key: str, value: object) -> None:
         with pytest.raises(ValueError, match=key):
             SuperInferPolicy(**{key: value})  # type: ignore[arg-type]
+
+
+class TestExtremeSLOs:
+    """Issue 20, item 1: every SLO the validators accept (any target > 0, up to ``inf``) keeps
+    the policy's arithmetic finite; ``tpot_ms=1.7e308`` used to end in ``int(inf)``."""
+
+    HUGE_TPOT = SLO("huge", ttft_ms=2000.0, tpot_ms=1.7e308)
+
+    def test_a_tpot_of_1_7e308_ms_caps_no_prefill(self) -> None:
+        # allowance 1.7e305 s * 2 tokens: room_s / B is inf, once int(inf) (OverflowError)
+        p = policy()
+        dec = decoding("dec", 32, 2, first_token_s=9.9, slo=self.HUGE_TPOT)
+        new = make_view("new", prompt=5000, arrival_s=10.0, slo=self.HUGE_TPOT)
+        arrive(p, make_view("dec", prompt=32, slo=self.HUGE_TPOT), new)
+        d = decide(p, make_state(running=[dec], waiting=[new], free_blocks=1000))
+        assert dict(d.num_tokens) == {"dec": 1, "new": 2047} and d.admit == ("new",)
+        assert p._replica(0).prefill_chunk_tokens == float(2**62)
+
+    @pytest.mark.parametrize(
+        "ttft_ms, step_s", [(float("inf"), A), (1.7e308, 1e-4)], ids=["inf", "1.7e308"]
+    )
+    def test_a_huge_ttft_target_needs_no_ttft_boost(self, ttft_ms: float, step_s: float) -> None:
+        # the boost's steps = int(room_s / per_step) was int(inf): slack inf, or 1.7e305 s / 1e-4
+        p = policy(min_prefill_tokens=1, prior_step_s=step_s)
+        dec = decoding("dec", 32, 2, first_token_s=9.9)  # CHAT: 0.1 s of TPOT allowance
+        far = make_view("far", prompt=2400, arrival_s=9.3, slo=SLO("far", ttft_ms=ttft_ms))
+        arrive(p, make_view("dec", prompt=32), far)
+        d = decide(p, make_state(running=[dec], waiting=[far], token_budget=4096, free_blocks=1000))
+        expected = int(((0.1 * 2 - (10.0 - 9.9)) * 0.9 - step_s) / B)  # TPOT protection alone
+        assert dict(d.num_tokens) == {"dec": 1, "far": expected}
+
+    @pytest.mark.parametrize("name", ["superinfer", "oracle"])
+    def test_the_simulator_runs_a_class_with_tpot_1_7e308_ms(self, name: str) -> None:
+        from superinfer.policy_core.policies.oracle import OraclePolicy
+        from superinfer.sim.request import RequestStatus
+        from tests.sim.helpers import simulate, spec
+
+        specs = [
+            spec(f"r{i}", 0.05 * i, 300 + 40 * i, 20 + i, slo=self.HUGE_TPOT) for i in range(12)
+        ]
+        chosen: SuperInferPolicy = (
+            SuperInferPolicy()
+            if name == "superinfer"
+            else OraclePolicy(output_tokens={s.request_id: s.output_tokens for s in specs})
+        )
+        result, _ = simulate(specs, chosen)
+        assert [(r.status, r.generated_tokens) for r in result.requests] == [
+            (RequestStatus.FINISHED, 20 + i) for i in range(12)
+        ]

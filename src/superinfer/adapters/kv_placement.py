@@ -1,74 +1,28 @@
 """Prefix-cache placement plugins behind ``superinfer_kv_placement``: the reuse predictor with the
-tier planner (``reuse``), and LRU / LFU through the same planner (``lru``, ``lfu``).
+placement planner (``reuse``), and LRU / LFU through the same planner (``lru``, ``lfu``).
 
 They are registered in the entry-point group ``superinfer.kv_policies`` and enabled with
-``build_plugin_manager(policy, kv_policy="reuse")``. Each keeps the access history of the nodes
-it is shown (a bounded ghost table, so a node's history survives its eviction), scores the nodes
-and lets :class:`TierPlanner` decide. Pure logic lives in ``policy_core``; this module only
-translates views to arrays and back.
+``build_plugin_manager(policy, kv_policy="reuse")``. Each plugin is its pure policy of
+:mod:`superinfer.policy_core.kv_placement` (the same options, state and decisions) plus the hook
+implementation, which only forwards to :meth:`PlacementPolicy.decide`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
-
-import numpy as np
-from numpy.typing import NDArray
-
 from superinfer.adapters.hookspecs import hookimpl
-from superinfer.policy_core.reuse import (
-    NodeColumns,
-    NodeHistory,
-    ReusePredictor,
-    ReusePredictorConfig,
+from superinfer.policy_core.kv_placement import (
+    LFUPlacementPolicy,
+    LRUPlacementPolicy,
+    PlacementPolicy,
+    ReusePlacementPolicy,
 )
-from superinfer.policy_core.tiers import ScoreFn, TierPlanner, parent_index
-from superinfer.policy_core.types import (
-    KVLocation,
-    Placement,
-    PlacementDecision,
-    PrefixNodeView,
-)
+from superinfer.policy_core.types import PlacementDecision, PrefixNodeView
 
 __all__ = ["KV_POLICIES", "LFUPlacement", "LRUPlacement", "ReusePlacement"]
 
-FloatArray = NDArray[np.float64]
-_MAX_CLASSES = 4
 
-
-@dataclass
-class _Placement:
-    """Shared translation: views -> history and columns -> planner -> decision.
-
-    Attributes:
-        max_pinned_frac: most HBM blocks pinned, as a fraction of the HBM blocks.
-        pin_min_score: calibrated score from which a node is pinned.
-        offload_min_score: calibrated score under which a victim is dropped, not offloaded.
-        prefetch_reserve_frac: HBM fraction a prefetch leaves free.
-        history_max_keys: node ids remembered across evictions.
-    """
-
-    name: ClassVar[str] = "base"
-
-    max_pinned_frac: float = 0.2
-    pin_min_score: float = 0.5
-    offload_min_score: float = 0.0
-    prefetch_reserve_frac: float = 0.05
-    history_max_keys: int = 1_000_000
-    planner: TierPlanner = field(init=False, repr=False)
-    history: NodeHistory = field(init=False, repr=False)
-    num_calls: int = field(default=0, init=False)
-    _classes: dict[str, int] = field(default_factory=dict, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.planner = TierPlanner(
-            max_pinned_frac=self.max_pinned_frac,
-            pin_min_score=self.pin_min_score,
-            offload_min_score=self.offload_min_score,
-            prefetch_reserve_frac=self.prefetch_reserve_frac,
-        )
-        self.history = NodeHistory(max_keys=self.history_max_keys)
+class _PlacementHook(PlacementPolicy):
+    """The hook implementation every placement plugin shares."""
 
     @hookimpl
     def superinfer_kv_placement(
@@ -81,189 +35,30 @@ class _Placement:
         total_hbm_blocks: int,
     ) -> PlacementDecision:
         """Score ``nodes`` and plan; see ``hookspecs.superinfer_kv_placement``."""
-        self.num_calls += 1
-        if not nodes:
-            return PlacementDecision()
-        n = len(nodes)
-        ids = [nd.node_id for nd in nodes]
-        slots = self.history.update(
-            ids, (nd.last_access_s for nd in nodes), (nd.hit_count for nd in nodes)
-        )
-        parent = parent_index(nodes, {nid: i for i, nid in enumerate(ids)})
-        in_hbm = np.fromiter((nd.location is KVLocation.HBM for nd in nodes), bool, n)
-        num_blocks = np.fromiter((max(nd.num_blocks, 1) for nd in nodes), np.int64, n)
-        depth = np.fromiter((nd.depth for nd in nodes), np.int64, n)
-        cols = self.history.columns(
-            slots,
+        return self.decide(
+            nodes,
             now_s,
-            depth=depth.astype(np.float64),
-            tokens_per_block=np.fromiter((nd.num_tokens for nd in nodes), np.float64, n)
-            / num_blocks,
-            num_children=np.bincount(parent[parent >= 0], minlength=n).astype(np.float64),
-            class_mask=self._class_mask(nodes),
-        )
-        has_cpu_tier = free_cpu_blocks > 0 or not bool(in_hbm.all())
-        keys = np.asarray(ids, dtype=object)
-        score, cpu_score, calibrated = self._scores(keys, cols, now_s, has_cpu_tier)
-        plan = self.planner.plan_arrays(
-            score=score,
-            cpu_score=cpu_score,
-            parent=parent,
-            depth=depth,
-            num_blocks=num_blocks,
-            in_hbm=in_hbm,
-            in_use=np.fromiter((nd.in_use for nd in nodes), bool, n),
-            waiting_refs=np.fromiter((nd.num_waiting_refs for nd in nodes), np.int64, n),
-            needed_hbm_blocks=needed_hbm_blocks,
-            free_hbm_blocks=free_hbm_blocks,
-            free_cpu_blocks=free_cpu_blocks,
-            total_hbm_blocks=total_hbm_blocks,
-            has_cpu_tier=has_cpu_tier,
-            calibrated=calibrated,
-        )
-        hbm_victims = np.concatenate([plan.drop[in_hbm[plan.drop]], plan.offload])
-        self._observe(cols.age_s[hbm_victims], cols.age_s[plan.drop])
-        actions: dict[str, Placement] = {}
-        for idx, placement in (
-            (plan.drop, Placement.DROP),
-            (plan.offload, Placement.OFFLOAD),
-            (plan.pin, Placement.PIN),
-        ):
-            for i in idx.tolist():
-                actions[ids[i]] = placement
-        return PlacementDecision(
-            actions=actions, prefetch=tuple(ids[i] for i in plan.prefetch.tolist())
+            free_hbm_blocks,
+            free_cpu_blocks,
+            needed_hbm_blocks,
+            total_hbm_blocks,
         )
 
-    def metrics(self) -> dict[str, Any]:
-        """Counters for logs and reports."""
-        return {"policy": self.name, "num_calls": self.num_calls, "history_keys": len(self.history)}
 
-    def _scores(
-        self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
-    ) -> tuple[FloatArray | ScoreFn, FloatArray | ScoreFn | None, bool]:
-        raise NotImplementedError
-
-    def _observe(self, hbm_ages_s: FloatArray, dropped_ages_s: FloatArray) -> None:
-        return None
-
-    def _class_mask(self, nodes: tuple[PrefixNodeView, ...]) -> FloatArray | None:
-        rows: dict[tuple[str, ...], int] = {}
-        which = np.fromiter(
-            (rows.setdefault(nd.slo_classes, len(rows)) for nd in nodes), np.int64, len(nodes)
-        )
-        if len(rows) == 1 and not next(iter(rows)):
-            return None  # no node carries a class
-        table = np.zeros((len(rows), _MAX_CLASSES))
-        for classes, r in rows.items():
-            for name in classes:
-                c = self._classes.setdefault(name, min(len(self._classes), _MAX_CLASSES - 1))
-                table[r, c] = 1.0
-        mask: FloatArray = table[which]
-        return mask
+class LRUPlacement(_PlacementHook, LRUPlacementPolicy):
+    """The ``lru`` plugin: :class:`~superinfer.policy_core.kv_placement.LRUPlacementPolicy`."""
 
 
-@dataclass
-class LRUPlacement(_Placement):
-    """Least recently used nodes leave HBM first (deeper first on ties); never pins."""
-
-    name: ClassVar[str] = "lru"
-
-    def _scores(
-        self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
-    ) -> tuple[FloatArray | ScoreFn, FloatArray | ScoreFn | None, bool]:
-        return -cols.age_s, None, False
+class LFUPlacement(_PlacementHook, LFUPlacementPolicy):
+    """The ``lfu`` plugin: :class:`~superinfer.policy_core.kv_placement.LFUPlacementPolicy`."""
 
 
-@dataclass
-class LFUPlacement(_Placement):
-    """Least frequently used nodes (accesses remembered, evictions notwithstanding) leave HBM
-    first, ties by recency; never pins."""
-
-    name: ClassVar[str] = "lfu"
-
-    def _scores(
-        self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
-    ) -> tuple[FloatArray | ScoreFn, FloatArray | ScoreFn | None, bool]:
-        return cols.num_accesses + 1.0 / (1.0 + cols.age_s), None, False
-
-
-@dataclass
-class ReusePlacement(_Placement):
-    """The reuse predictor (one model for HBM, one for the CPU tier) with the tier planner.
-
-    Attributes:
-        fallback: cold-start order, ``lru`` or ``lfu``.
-        min_labels: labels before the model replaces the fallback.
-        min_labels_per_class: of those, positives and negatives each.
-        samples_per_call: training examples sampled per call.
-        learning_rate: AdaGrad step size.
-        horizon_scale: label horizon as a multiple of the tier's characteristic time.
-        initial_horizon_s: label horizon before the first eviction, in s.
-        seed: sampling seed.
-    """
-
-    name: ClassVar[str] = "reuse"
-
-    fallback: str = "lru"
-    min_labels: int = 1000
-    min_labels_per_class: int = 50
-    samples_per_call: int = 16
-    learning_rate: float = 0.1
-    horizon_scale: float = 1.0
-    initial_horizon_s: float = 60.0
-    seed: int = 0
-    hbm_model: ReusePredictor = field(init=False, repr=False)
-    cpu_model: ReusePredictor | None = field(default=None, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.hbm_model = ReusePredictor(
-            ReusePredictorConfig(
-                fallback=self.fallback,
-                min_labels=self.min_labels,
-                min_labels_per_class=self.min_labels_per_class,
-                samples_per_call=self.samples_per_call,
-                learning_rate=self.learning_rate,
-                horizon_scale=self.horizon_scale,
-                initial_horizon_s=self.initial_horizon_s,
-                seed=self.seed,
-            )
-        )
-
-    def metrics(self) -> dict[str, Any]:
-        out = super().metrics()
-        out["hbm_model"] = self.hbm_model.metrics()
-        out["cpu_model"] = self.cpu_model.metrics() if self.cpu_model else None
-        return out
-
-    def _scores(
-        self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
-    ) -> tuple[FloatArray | ScoreFn, FloatArray | ScoreFn | None, bool]:
-        if has_cpu_tier and self.cpu_model is None:
-            cfg = self.hbm_model.config
-            self.cpu_model = ReusePredictor(replace(cfg, seed=cfg.seed + 1))
-        hbm = self._learn_and_score(self.hbm_model, keys, cols, now_s)
-        cpu = None
-        if self.cpu_model is not None:
-            cpu = self._learn_and_score(self.cpu_model, keys, cols, now_s)
-        return hbm, cpu, self.hbm_model.calibrated
-
-    def _learn_and_score(
-        self, model: ReusePredictor, keys: NDArray[Any], cols: NodeColumns, now_s: float
-    ) -> FloatArray:
-        model.learn(now_s, self.history.last_access_of)
-        idx = model.sample_indices(len(keys))
-        model.add_samples(keys[idx], cols.take(idx), now_s)
-        return model.scores(cols)
-
-    def _observe(self, hbm_ages_s: FloatArray, dropped_ages_s: FloatArray) -> None:
-        self.hbm_model.observe_evictions(hbm_ages_s)
-        if self.cpu_model is not None:
-            self.cpu_model.observe_evictions(dropped_ages_s)
+class ReusePlacement(_PlacementHook, ReusePlacementPolicy):
+    """The ``reuse`` plugin: :class:`~superinfer.policy_core.kv_placement.ReusePlacementPolicy`
+    (its options are that class's attributes)."""
 
 
 #: Placement plugins by the name their entry point has.
-KV_POLICIES: dict[str, type[_Placement]] = {
+KV_POLICIES: dict[str, type[PlacementPolicy]] = {
     cls.name: cls for cls in (LRUPlacement, LFUPlacement, ReusePlacement)
 }

@@ -16,7 +16,7 @@ Model of the replay (the same for every policy):
   HBM evictions go to CPU (exclusive tiers); a CPU hit counts as a hit in both rates (it saves
   the prefill) and costs a PCIe load, counted separately in ``hit_rates_detail.csv``
   (``cpu_block_hit_rate``, ``offloaded_blocks``).
-- LRU, LFU and the predictor evict through the same :class:`TierPlanner` (leaves only, lowest
+- LRU, LFU and the predictor evict through the same :class:`PlacementPlanner` (leaves only, lowest
   keep-score first, deeper first on ties); they differ only in the score: LRU the last access
   instant, LFU the accesses since insertion (ties by recency), the predictor P(reuse within its
   horizon) after its LRU cold start.
@@ -50,8 +50,8 @@ from superinfer.harness.data import trace_path
 from superinfer.harness.errors import DataError, TraceFormatError, UserError
 from superinfer.harness.results import CSV_FLOAT_FORMAT, manifest, write_atomic
 from superinfer.harness.traces import MOONCAKE_BLOCK_TOKENS, TraceRow, load_mooncake_jsonl
+from superinfer.policy_core.kv_placement_plan import PlacementPlanner, ScoreFn
 from superinfer.policy_core.reuse import NodeColumns, ReusePredictor, ReusePredictorConfig
-from superinfer.policy_core.tiers import ScoreFn, TierPlanner
 
 __all__ = [
     "CACHE_TRACES",
@@ -364,7 +364,7 @@ def replay_belady(
 def replay_ordered(
     trace: BlockTrace, policy: str, capacity_frac: float, hbm_blocks: int, cpu_blocks: int = 0
 ) -> ReplayResult:
-    """LRU or LFU in the :class:`TierPlanner`'s exact order, with lazy heaps.
+    """LRU or LFU in the :class:`PlacementPlanner`'s exact order, with lazy heaps.
 
     The planner evicts the leaf with the least key (score, -depth, block id); LRU's score orders
     like the last access instant, LFU's like (accesses since insertion, last access). Neither
@@ -449,7 +449,7 @@ def _pop_least(
 
 
 # -------------------------------------------------------------------------------------------------
-# Online policies through the tier planner
+# Online policies through the placement planner
 # -------------------------------------------------------------------------------------------------
 
 
@@ -503,7 +503,7 @@ def replay(
     cpu_blocks: int = 0,
     *,
     predictor_config: ReusePredictorConfig | None = None,
-    planner: TierPlanner | None = None,
+    planner: PlacementPlanner | None = None,
     via_planner: bool = False,
 ) -> ReplayResult:
     """Replay ``trace`` under ``policy`` with ``hbm_blocks`` of HBM and ``cpu_blocks`` of CPU.
@@ -515,7 +515,7 @@ def replay(
         hbm_blocks: HBM prefix-cache capacity in blocks (>= 1).
         cpu_blocks: CPU tier capacity in blocks (0: no CPU tier).
         predictor_config: the predictor's hyperparameters (``predictor`` only).
-        planner: the tier planner (default :class:`TierPlanner`).
+        planner: the placement planner (default :class:`PlacementPlanner`).
         via_planner: run LRU / LFU through the planner too, rather than
             :func:`replay_ordered` (same result, O(cache) work per request).
 
@@ -531,7 +531,7 @@ def replay(
     if hbm_blocks < 1 or cpu_blocks < 0:
         raise UserError(f"capacity must be >= 1 HBM block, got {hbm_blocks} (CPU {cpu_blocks})")
     start = time.perf_counter()
-    planner = planner or TierPlanner()
+    planner = planner or PlacementPlanner()
     hbm_model = cpu_model = None
     if policy == "predictor":
         # One model per tier: each learns "reused before this tier would evict it", with the

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from superinfer.policy_core.policies.superinfer import SuperInferPolicy, _opt
+from superinfer.policy_core.policies.superinfer import SuperInferPolicy
+from superinfer.policy_core.policies.superinfer.config import _opt
 from superinfer.policy_core.types import RequestView
 
 __all__ = ["OraclePolicy"]

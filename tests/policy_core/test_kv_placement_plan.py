@@ -1,4 +1,5 @@
-"""TierPlanner: leaf-first eviction order, offload vs drop, the pin cap, in-use nodes, prefetch."""
+"""PlacementPlanner: leaf-first eviction order, offload vs drop, the pin cap, in-use nodes,
+prefetch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from superinfer.policy_core.tiers import TierPlan, TierPlanner
+from superinfer.policy_core.kv_placement_plan import PlacementPlan, PlacementPlanner
 from superinfer.policy_core.types import KVLocation, Placement, PrefixNodeView
 from superinfer.policy_core.validation import check_placement
 
@@ -35,12 +36,12 @@ def plan(
     total_hbm: int = 7,
     cpu: bool = False,
     calibrated: bool = False,
-    planner: TierPlanner | None = None,
+    planner: PlacementPlanner | None = None,
     parent: Sequence[int] = PARENT,
     depth: Sequence[int] = DEPTH,
-) -> TierPlan:
+) -> PlacementPlan:
     n = len(parent)
-    return (planner or TierPlanner()).plan_arrays(
+    return (planner or PlacementPlanner()).plan_arrays(
         score=np.asarray(score, dtype=np.float64),
         parent=np.asarray(parent, dtype=np.int64),
         depth=np.asarray(depth, dtype=np.int64),
@@ -65,8 +66,8 @@ def test_a_lazy_score_function_gives_the_same_plan_and_scores_only_candidates() 
         seen.extend(idx.tolist())
         return score[idx]
 
-    def lazy(need: int) -> TierPlan:
-        return TierPlanner().plan_arrays(
+    def lazy(need: int) -> PlacementPlan:
+        return PlacementPlanner().plan_arrays(
             score=fn,
             parent=np.asarray(PARENT),
             depth=np.asarray(DEPTH),
@@ -138,7 +139,7 @@ def test_a_victim_below_every_cpu_leaf_is_dropped_not_offloaded() -> None:
 
 
 def test_offload_min_score_drops_hopeless_victims() -> None:
-    planner = TierPlanner(offload_min_score=0.1)
+    planner = PlacementPlanner(offload_min_score=0.1)
     score = [0.9, 0.8, 0.05, 0.7, 0.6, 0.5, 0.95]
     res = plan(score, need=2, cpu=True, free_cpu=10, calibrated=True, planner=planner)
     assert res.drop.tolist() == [2] and res.offload.tolist() == [5]
@@ -148,7 +149,7 @@ def test_offload_min_score_drops_hopeless_victims() -> None:
 
 def test_pins_best_first_from_roots_within_the_cap() -> None:
     score = [0.9, 0.8, 0.95, 0.3, 0.6, 0.99, 0.7]
-    planner = TierPlanner(max_pinned_frac=0.5, pin_min_score=0.5)  # cap = 3 of 7 blocks
+    planner = PlacementPlanner(max_pinned_frac=0.5, pin_min_score=0.5)  # cap = 3 of 7 blocks
     res = plan(score, need=0, calibrated=True, planner=planner)
     # Roots 0 (0.9), 6 (0.7): 0; then children 1 (0.8), 4 (0.6) join: 1; then 2 (0.95).
     assert res.pin.tolist() == [0, 1, 2]
@@ -158,7 +159,7 @@ def test_pins_best_first_from_roots_within_the_cap() -> None:
 def test_prefetch_loads_waiting_cpu_nodes_parents_first_within_budget() -> None:
     in_hbm = [True, False, False, False, True, False, True]
     waiting = [2, 2, 1, 2, 0, 0, 0]
-    planner = TierPlanner(prefetch_reserve_frac=0.0)
+    planner = PlacementPlanner(prefetch_reserve_frac=0.0)
     res = plan(
         [0.5] * 7, need=0, in_hbm=in_hbm, waiting=waiting, cpu=True, free_hbm=2, planner=planner
     )
@@ -213,7 +214,7 @@ def test_planner_invariants(
     nodes, need, free_cpu = case
     rng = np.random.default_rng(len(nodes) + need)
     scores = rng.random(len(nodes))
-    planner = TierPlanner(max_pinned_frac=cap_frac, pin_min_score=0.2)
+    planner = PlacementPlanner(max_pinned_frac=cap_frac, pin_min_score=0.2)
     decision = planner.plan(
         nodes,
         scores,
@@ -257,4 +258,4 @@ def test_planner_invariants(
 
 def test_planner_rejects_bad_fractions() -> None:
     with pytest.raises(ValueError, match="max_pinned_frac must be in"):
-        TierPlanner(max_pinned_frac=1.5)
+        PlacementPlanner(max_pinned_frac=1.5)

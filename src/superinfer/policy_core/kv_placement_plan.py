@@ -1,4 +1,5 @@
-"""Tier planner (DESIGN §6): from HBM / CPU capacities and keep-scores, pin, offload or drop nodes.
+"""KV placement planner (DESIGN §6): from HBM / CPU capacities and keep-scores, pin, offload or
+drop prefix-cache nodes.
 
 Nodes form a forest (``parent`` links); a node is only useful while its whole prefix is cached,
 so eviction always takes leaves, as SGLang's radix cache does (``RadixCache.evict``, v0.5): a
@@ -26,7 +27,7 @@ from numpy.typing import NDArray
 
 from superinfer.policy_core.types import KVLocation, Placement, PlacementDecision, PrefixNodeView
 
-__all__ = ["ScoreFn", "TierPlan", "TierPlanner", "parent_index"]
+__all__ = ["ScoreFn", "PlacementPlan", "PlacementPlanner", "parent_index"]
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -36,7 +37,7 @@ ScoreFn = Callable[[IntArray], FloatArray]
 
 
 @dataclass(frozen=True, slots=True)
-class TierPlan:
+class PlacementPlan:
     """A plan as indices into the node arrays it was made from (each sorted ascending).
 
     Attributes:
@@ -53,8 +54,8 @@ class TierPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class TierPlanner:
-    """Decides pin / offload / drop per node from keep-scores and tier capacities.
+class PlacementPlanner:
+    """Decides pin / offload / drop per node from keep-scores and the HBM and CPU capacities.
 
     Attributes:
         max_pinned_frac: most HBM blocks pinned, as a fraction of ``total_hbm_blocks``; the rest
@@ -103,7 +104,7 @@ class TierPlanner:
         waiting_refs: IntArray | None = None,
         cpu_score: FloatArray | ScoreFn | None = None,
         pins: bool = True,
-    ) -> TierPlan:
+    ) -> PlacementPlan:
         """Plan for N nodes given as arrays of shape (N,).
 
         Args:
@@ -202,7 +203,7 @@ class TierPlanner:
                     strict=True,
                     reachable=in_hbm & ~victim_mask,
                 )
-        return TierPlan(
+        return PlacementPlan(
             drop=np.flatnonzero(drop_mask),
             offload=np.flatnonzero(offload_mask),
             pin=np.sort(pin),

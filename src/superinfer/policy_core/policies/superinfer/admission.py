@@ -1,0 +1,96 @@
+"""Admission and shedding: a queued request admitted (or a swapped one resumed) into a step as
+far as seats, KV blocks and the link allow, and the bounded per-tier queues that shed the least
+important waiting requests."""
+
+from __future__ import annotations
+
+from superinfer.policy_core.batching import step_blocks
+from superinfer.policy_core.policies.superinfer.preemption import _Preemption
+from superinfer.policy_core.policies.superinfer.records import (
+    _RUNNING,
+    _SWAPPED,
+    _WAITING,
+    _Entry,
+    _Replica,
+    _Step,
+)
+
+
+class _Admission(_Preemption):
+    """Layer 4: tokens for one request in the step being built, and rejections."""
+
+    def _place(
+        self, rep: _Replica, step: _Step, e: _Entry, unit: int, cpu: bool, rank_below: int
+    ) -> int:
+        """Give ``e`` up to ``unit`` more tokens this step, admitting or resuming it if it is
+        queued; preempts worse-tier running requests to make room. Returns tokens given."""
+        state = step.state
+        rid = e.rid
+        if rid in step.preempt or rid in step.reject:
+            return 0  # preempted or shed in this very decision: not in the state's queues
+        queued = e.where in (_WAITING, _SWAPPED)
+        v = self._fresh_view(rep, e, step) if queued else e.view
+        if v is None:
+            return 0
+        if queued:
+            e.view = v
+        given = step.tokens.get(rid, 0)
+        n = min(unit, v.pending_tokens - given, step.budget)
+        if n <= 0:
+            return 0
+        # KV blocks charged the way the engine's decision check charges them (step_blocks):
+        # an admission pays its admission rule's reservation, a swapped request all its blocks.
+        admitting = e.where == _WAITING or rid in step.admit
+        before = step_blocks(v, given, state, admit=admitting) if given else 0
+        extra = max(step_blocks(v, given + n, state, admit=admitting) - before, 0)
+        swapping = e.where == _SWAPPED
+        nbytes = v.kv_blocks * state.kv_block_bytes if swapping else 0
+        if swapping and (not cpu or nbytes > step.swap_in_bytes and step.resume):
+            return 0
+        # Once anything is admitted this step, every later block taken must leave the headroom
+        # the engine reserves for running requests (StepState.reserved_hbm_blocks) intact.
+        floor = state.reserved_hbm_blocks if admitting or step.admit else 0
+        if queued:
+            floor += int(self.kv_watermark * state.total_hbm_blocks)
+        if step.seats <= 0 and queued or step.free - extra < floor:
+            if not self._make_room(rep, step, e, extra + floor, rank_below):
+                return 0
+        if queued:
+            self._dequeue(rep, e)
+            self._make_resident(e, v)
+            e.where = _RUNNING
+            if swapping:
+                step.resume.append(rid)
+                step.swap_in_bytes -= nbytes
+                self._counters["swap_in_bytes"] += nbytes
+            else:
+                step.admit.append(rid)
+            step.seats -= 1
+            self._schedule_check(rep, e, state.now_s)
+        step.tokens[rid] = given + n
+        step.new_blocks[rid] = step.new_blocks.get(rid, 0) + extra
+        step.free -= extra
+        step.budget -= n
+        return n
+
+    def _reject(self, rep: _Replica, e: _Entry, step: _Step, reason: str) -> None:
+        self._counters["rejected"] += 1
+        self._dequeue(rep, e)
+        step.reject[e.rid] = reason
+        self._entries.pop(e.rid, None)
+
+    def _shed(self, rep: _Replica, step: _Step) -> None:
+        """Admission control: a tier over ``max_waiting_per_tier`` sheds its least important
+        waiting requests (best effort first, then the lowest SLO weight, then the latest).
+
+        A request preempted in this very decision is still in the state's running queue, where
+        an engine cannot reject it (``check_decision``): when it is the least important, the
+        tier sheds nothing more now, and it is shed at the next call, from the waiting queue.
+        """
+        for t in range(self.num_tiers):
+            heap = rep.shed_heaps[t]
+            while rep.count[t] > self.max_waiting_per_tier:
+                e = self._peek(heap, _WAITING)
+                if e is None or e.rid in step.preempt:
+                    break
+                self._reject(rep, e, step, f"shed: tier {t} queue full")

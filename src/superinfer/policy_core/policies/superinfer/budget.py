@@ -1,0 +1,189 @@
+"""Step budget and TPOT protection: the one pass over the running requests (demotion, due
+checks, decodes and their KV growth), one token per decode, and the prefill allowance that keeps
+TPOT-class decodes on target, grown for a TTFT-urgent prefill against the decodes' credit."""
+
+from __future__ import annotations
+
+from superinfer.policy_core.policies.superinfer.promotion import _Promotion
+from superinfer.policy_core.policies.superinfer.records import (
+    _INF,
+    _RUNNING,
+    _WAITING,
+    _decode_blocks,
+    _Entry,
+    _Replica,
+    _Step,
+)
+
+#: Bound on a token or step count derived from SLO seconds: 2**62, beyond any step budget (ints
+#: far below) and any prompt length a result file can hold (int64).
+_MAX_COUNT = float(2**62)
+
+
+def _count(x: float) -> int:
+    """``int(x)`` clamped to ``[-2**62, 2**62]``.
+
+    A ratio of seconds over seconds-per-token is ``inf`` for SLOs the validators accept
+    (``tpot_ms=1.7e308`` or ``inf``, issue 20), and ``int(inf)`` raises OverflowError. Every
+    count clamped here is then capped by the step's token budget or divides a prompt length (a
+    chunk of ``ceil(pending / steps)`` is 1 for any ``steps >= pending``), so the clamp changes
+    no decision that did not overflow. ``x`` is never NaN: each quotient has a finite positive
+    divisor and a dividend that is finite or ``+inf``.
+    """
+    return int(min(max(x, -_MAX_COUNT), _MAX_COUNT))
+
+
+class _StepBudget(_Promotion):
+    """Layer 6: how many tokens decodes and prefills get this step."""
+
+    def _scan_running(
+        self, rep: _Replica, step: _Step, now: float
+    ) -> tuple[list[_Entry], list[_Entry], float, int]:
+        """One pass over ``state.running``: refresh views, demote, run due checks, and collect
+        the decodes, the prefills, the smallest TPOT allowance and the KV blocks the decodes
+        need. This loop is most of a call's cost; it keeps per-request work to a few compares."""
+        entries = self._entries
+        bs = step.state.block_size_tokens
+        decodes: list[_Entry] = []
+        prefills: list[_Entry] = []
+        cap = _INF
+        need = 0
+        worst = -1
+        next_check = _INF
+        last = self.num_tiers - 1
+        for v in step.state.running:
+            e = entries.get(v.request_id)
+            if e is None or e.where != _RUNNING:
+                e = self._adopt(rep, v)
+                self._make_resident(e, v)
+            e.view = v
+            computed = v.computed_tokens
+            if e.aged and v.first_token_s is not None:
+                e.aged = False  # aging bounds the wait for the first token: that wait is over
+                self._set_tier(e, e.tier)
+            # an aged request keeps the top tier until its first token
+            if not e.aged and computed - v.cached_tokens + e.lost_tokens >= e.demote_at:
+                self._set_tier(e, min(e.tier + 1, last))
+                self._counters["demotions"] += 1
+                step.changed.append(e)
+                e.next_check_s = now  # its promotion rule may apply now
+            if now >= e.next_check_s:
+                outcome = self._check(rep, e, step, now)
+                if outcome:
+                    self._apply_check(rep, e, outcome, step, now)
+                else:
+                    self._schedule_check(rep, e, now, checked=True)
+            if e.next_check_s < next_check:
+                next_check = e.next_check_s
+            if e.tier > worst:
+                worst = e.tier
+            generated = v.generated_tokens
+            if generated and v.prompt_tokens + generated - computed == 1:
+                decodes.append(e)
+                grow = -(-(computed + 1) // bs) - v.kv_blocks  # = step_blocks(v, 1, admit=False)
+                if grow > 0:
+                    need += grow
+                tpot = e.tpot_s
+                first = v.first_token_s
+                if tpot is not None and first is not None and not e.best_effort:
+                    allowance = tpot * generated - (now - first)
+                    if allowance < cap:
+                        cap = allowance
+            else:
+                prefills.append(e)
+        step.worst_tier = worst
+        rep.next_running_check_s = next_check
+        return decodes, prefills, cap, need
+
+    def _schedule_decodes(
+        self, rep: _Replica, step: _Step, decodes: list[_Entry], need: int
+    ) -> None:
+        """One token for every decode that was not preempted; each is charged to its tier's
+        stride pass, so decodes count against their tier's share of the budget."""
+        bs = step.state.block_size_tokens
+        passes, weights = rep.passes, self._weights
+        if step.preempt or len(decodes) > step.budget:
+            decodes = [e for e in decodes if e.rid not in step.preempt][: max(step.budget, 0)]
+            need = sum(max(_decode_blocks(e.view, bs), 0) for e in decodes)
+        step.tokens.update(dict.fromkeys([e.rid for e in decodes], 1))
+        step.budget -= len(decodes)
+        if need:
+            for e in decodes:
+                grow = _decode_blocks(e.view, bs)
+                if grow > 0:
+                    step.new_blocks[e.rid] = grow
+            step.free -= need
+        per_tier = [0] * self.num_tiers
+        for e in decodes:
+            per_tier[e.tier] += 1
+        for t, count in enumerate(per_tier):
+            if count:
+                passes[t] += count / weights[t]
+
+    def _prefill_allowance(self, step: _Step, num_decodes: int, cap_s: float) -> int:
+        """Prefill tokens this step may run: all of the budget, or with TPOT-class decodes
+        running, what fits in ``tpot_safety`` of their smallest allowance."""
+        if cap_s == _INF:
+            return step.budget
+        model = self.step_time
+        room_s = cap_s * self.tpot_safety - model.step_s(0.0, num_decodes)
+        tokens = _count(room_s / model.prefill_token_s) if room_s > 0 else 0
+        return max(self.min_prefill_tokens, tokens)
+
+    def _ttft_boost(
+        self,
+        rep: _Replica,
+        step: _Step,
+        decodes: list[_Entry],
+        prefills: list[_Entry],
+        allow: int,
+        now: float,
+    ) -> int:
+        """Grow the prefill allowance so the most urgent TTFT prefill (running, or at the head of
+        a tier) can still meet its deadline, as far as the decodes' TPOT credit allows.
+
+        The chunk it needs is ``ceil(pending / steps)`` with ``steps`` the whole steps that fit
+        in its slack after its prefill compute. A decode's credit is its banked allowance plus
+        ``(tpot - typical step) * r`` for the ``r`` tokens it will still produce with
+        probability ``1 - credit_quantile`` (the estimator's conditional quantile): a longer step
+        now is repaid by the faster steps it still has to come.
+        """
+        urgent = None
+        heads = [self._peek(heap, _WAITING) for heap in rep.heaps]
+        for e in [*prefills, *heads]:
+            if e is None or e.ttft_s is None or e.best_effort or e.view.first_token_s is not None:
+                continue
+            if e.rid not in step.preempt and (urgent is None or e.key < urgent.key):
+                urgent = e
+        if urgent is None or urgent.ttft_s is None:
+            return allow
+        model = self.step_time
+        pending = urgent.view.pending_tokens
+        per_step = model.base_s + model.decode_seq_s * len(decodes)
+        slack = urgent.arrival_s + urgent.ttft_s - now
+        room_s = slack * self.ttft_plan_fraction - model.prefill_token_s * pending
+        steps = _count(room_s / per_step) if room_s > 0 else 0
+        if steps < 1:  # not within the plan: then within the whole slack, in as few steps
+            steps = _count((slack - model.prefill_token_s * pending) / per_step)
+        if steps < 1:
+            return allow  # out of reach even in one step: best-effort demotion's business
+        chunk = -(-pending // steps)
+        if chunk <= allow:
+            return allow
+        credit = _INF
+        typical = self._typical_step_s()
+        for e in decodes:
+            v = e.view
+            tpot = e.tpot_s
+            if tpot is None or e.best_effort or v.first_token_s is None:
+                continue
+            later = self.credit_tokens(v)
+            c = tpot * v.generated_tokens - (now - v.first_token_s)
+            c += max(tpot - typical, 0.0) * (later - 1)
+            if c < credit:
+                credit = c
+        if credit == _INF:
+            return max(allow, min(chunk, step.budget))
+        room = credit * self.tpot_safety - model.step_s(0.0, len(decodes))
+        most = _count(room / model.prefill_token_s) if room > 0 else 0
+        return max(allow, min(chunk, most, step.budget))

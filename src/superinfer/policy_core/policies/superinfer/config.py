@@ -1,0 +1,193 @@
+"""The ``superinfer`` policy's hyperparameters, their validation, and the state it starts with.
+
+:class:`SuperInferConfig` is the bottom of the policy's layers (config -> estimates -> queues ->
+preemption -> admission -> promotion -> step budget -> rotation -> the policy): every field is a
+``--policy-opt`` of :class:`~superinfer.policy_core.policies.superinfer.SuperInferPolicy`, in
+the order ``superinfer policies`` lists them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from superinfer.policy_core.estimators import OutputLengthEstimator, StepTimeModel
+from superinfer.policy_core.policies.superinfer.records import _INF, _Entry, _Replica
+from superinfer.policy_core.protocols import BasePolicy
+
+__all__ = ["SuperInferConfig"]
+
+
+def _opt(default: Any, text: str) -> Any:
+    """A config field with a default and its ``--policy-opt`` help text."""
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class SuperInferConfig(BasePolicy):
+    """Hyperparameters of the rotation scheduler (``superinfer bench --policy-opt key=value``),
+    validated on construction, and the books every layer above reads.
+
+    Raises:
+        ValueError: on construction, naming the first invalid hyperparameter.
+    """
+
+    num_tiers: int = _opt(4, "number of tiers K (tier 0 is served most)")
+    quantum_base_tokens: int = _opt(8192, "quantum of tier 0, tokens of service before demotion")
+    quantum_growth: float = _opt(4.0, "quantum of tier t is quantum_base_tokens * growth**t")
+    tier_weight_ratio: float = _opt(
+        8.0, "tier t's weight is ratio**(K-1-t): its share of a contended token budget"
+    )
+    deadline_class_tier: int = _opt(
+        2, "initial tier of classes with only a deadline (latency classes start at 0)"
+    )
+    rotation_unit_tokens: int = _opt(128, "tokens handed to a tier per stride-scheduling turn")
+    tpot_safety: float = _opt(
+        0.9, "fraction of the smallest TPOT allowance a step may take (TPOT protection)"
+    )
+    min_prefill_tokens: int = _opt(
+        256, "prefill tokens a step may always run, whatever the TPOT allowance"
+    )
+    ttft_boost: bool = _opt(
+        True, "grow prefill chunks for a TTFT-urgent prefill when decodes have TPOT credit"
+    )
+    ttft_plan_fraction: float = _opt(
+        0.6, "the TTFT boost plans a prefill to end within this fraction of its slack"
+    )
+    credit_quantile: float = _opt(
+        0.2, "quantile of a decode's remaining tokens counted as future TPOT credit (boost)"
+    )
+    promotion: bool = _opt(True, "deadline-aware promotion to tier 0")
+    promotion_margin_s: float = _opt(0.0, "promote when estimate > slack - margin, s")
+    estimate_lookahead: float = _opt(
+        0.5, "waiting requests are re-checked this fraction of their estimate before it is due"
+    )
+    best_effort_demotion: bool = _opt(
+        True,
+        "requests that can no longer meet their SLO go behind every request that still can "
+        "(see best_effort_tier)",
+    )
+    best_effort_tier: str = _opt(
+        "keep",
+        "where best-effort requests go: 'keep' their tier, behind its feasible requests, so a "
+        "missed first token still comes before lower-tier work; 'last': the last tier",
+    )
+    reject_hopeless: bool = _opt(
+        False, "reject (instead of demoting) waiting requests that can no longer meet their SLO"
+    )
+    aging: bool = _opt(True, "lift requests queued longer than aging_s above every tier")
+    aging_s: float = _opt(120.0, "queueing time after which a request is aged, s")
+    max_waiting_per_tier: int = _opt(
+        4096, "bounded queue: waiting requests per tier and replica before shedding"
+    )
+    rotation: bool = _opt(
+        True, "rotation through HBM: proactive swap-out and resume (needs a CPU KV tier)"
+    )
+    rotation_slice_tokens: int = _opt(
+        512, "service a tier-0 request keeps in HBM before it may rotate out (x growth**tier)"
+    )
+    rotation_watermark: float = _opt(
+        0.05, "free HBM fraction below which rotation swaps out proactively"
+    )
+    swap_budget_fraction: float = _opt(
+        1.0, "fraction of the link's bytes per step that rotation may use, each direction"
+    )
+    kv_watermark: float = _opt(0.01, "free HBM fraction admissions leave for decode growth")
+    max_preemptions_per_step: int = _opt(8, "most requests preempted to admit better-tier work")
+    recheck_s: float = _opt(1.0, "a running request's deadline is re-checked at least this often")
+    max_repeat_steps: int = _opt(1024, "most decode-only steps the engine may repeat unasked")
+    estimator_window: int = _opt(4096, "finished requests per class the length estimator keeps")
+    estimator_min_samples: int = _opt(32, "finished requests before the estimator is used")
+    prior_step_s: float = _opt(0.02, "step-time prior: fixed cost per step, s")
+    prior_prefill_token_s: float = _opt(1.5e-4, "step-time prior: s per prefill token")
+    prior_decode_seq_s: float = _opt(1e-4, "step-time prior: s per decoding sequence")
+    step_time_forgetting: float = _opt(0.995, "forgetting factor of the step-time fit")
+    name: str = "superinfer"
+
+    def __post_init__(self) -> None:
+        self._validate()
+        k = self.num_tiers
+        self._quanta = [self.quantum_base_tokens * self.quantum_growth**t for t in range(k)]
+        self._quanta[-1] = _INF
+        self._weights = [self.tier_weight_ratio ** (k - 1 - t) for t in range(k)]
+        self._slices = [self.rotation_slice_tokens * self.quantum_growth**t for t in range(k)]
+        self._entries: dict[str, _Entry] = {}
+        self._replicas: dict[int, _Replica] = {}
+        self._seq = 0
+        self._step_ewma_s = 0.0
+        self._counters = {
+            "saw_cpu_tier": 0,
+            "swap_out_bytes": 0,
+            "swap_in_bytes": 0,
+            "prefetch_bytes": 0,
+            "promotions": 0,
+            "demotions": 0,
+            "best_effort": 0,
+            "aged": 0,
+            "rejected": 0,
+        }
+        self.estimator = OutputLengthEstimator(
+            window=self.estimator_window, min_samples=self.estimator_min_samples
+        )
+        self.step_time = StepTimeModel(
+            prior_step_s=self.prior_step_s,
+            prior_prefill_token_s=self.prior_prefill_token_s,
+            prior_decode_seq_s=self.prior_decode_seq_s,
+            forgetting=self.step_time_forgetting,
+        )
+
+    def _validate(self) -> None:
+        n = self.name
+        positive_ints = (
+            "num_tiers",
+            "quantum_base_tokens",
+            "rotation_unit_tokens",
+            "min_prefill_tokens",
+            "max_waiting_per_tier",
+            "rotation_slice_tokens",
+            "max_repeat_steps",
+            "estimator_window",
+            "estimator_min_samples",
+        )
+        for key in positive_ints:
+            if getattr(self, key) < 1:
+                raise ValueError(f"{n}: {key} must be >= 1, got {getattr(self, key)}")
+        for key in ("quantum_growth", "tier_weight_ratio"):
+            if not getattr(self, key) >= 1.0:
+                raise ValueError(f"{n}: {key} must be >= 1, got {getattr(self, key)}")
+        for key in (
+            "tpot_safety",
+            "swap_budget_fraction",
+            "step_time_forgetting",
+            "ttft_plan_fraction",
+        ):
+            if not 0.0 < getattr(self, key) <= 1.0:
+                raise ValueError(f"{n}: {key} must be in (0, 1], got {getattr(self, key)}")
+        if not 0.0 <= self.credit_quantile <= 1.0:
+            raise ValueError(f"{n}: credit_quantile must be in [0, 1], got {self.credit_quantile}")
+        for key in ("rotation_watermark", "kv_watermark"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ValueError(f"{n}: {key} must be in [0, 1), got {getattr(self, key)}")
+        for key in ("aging_s", "recheck_s", "prior_step_s", "prior_prefill_token_s"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{n}: {key} must be > 0, got {getattr(self, key)}")
+        for key in ("promotion_margin_s", "estimate_lookahead", "prior_decode_seq_s"):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"{n}: {key} must be >= 0, got {getattr(self, key)}")
+        if self.max_preemptions_per_step < 0:
+            raise ValueError(f"{n}: max_preemptions_per_step must be >= 0")
+        if self.best_effort_tier not in ("keep", "last"):
+            raise ValueError(
+                f"{n}: best_effort_tier must be 'keep' or 'last', got {self.best_effort_tier!r}"
+            )
+        if not 0 <= self.deadline_class_tier < self.num_tiers:
+            raise ValueError(
+                f"{n}: deadline_class_tier must be in [0, {self.num_tiers}), "
+                f"got {self.deadline_class_tier}"
+            )
+
+    def stats(self) -> dict[str, int]:
+        """Counts of what this policy decided so far, for reports: KV bytes it swapped out,
+        resumed and prefetched (blocks x ``kv_block_bytes``), tier moves, rejections, and
+        whether any state it saw had a CPU KV tier (``saw_cpu_tier``, 0 or 1)."""
+        return dict(self._counters)

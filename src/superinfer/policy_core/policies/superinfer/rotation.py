@@ -1,0 +1,143 @@
+"""Rotation: the step's prefill tokens rotated across tiers by stride scheduling on their
+weights (Waldspurger and Weihl, MIT/LCS/TM-528, 1995), and rotation through HBM: residents of
+worse tiers swapped out proactively, promoted swapped requests prefetched."""
+
+from __future__ import annotations
+
+from superinfer.policy_core.policies.superinfer.budget import _StepBudget
+from superinfer.policy_core.policies.superinfer.records import (
+    _RUNNING,
+    _SWAPPED,
+    _WAITING,
+    _Entry,
+    _entry_key,
+    _Replica,
+    _Step,
+)
+
+
+class _Rotation(_StepBudget):
+    """Layer 7: who gets the prefill tokens, and who rotates out of HBM."""
+
+    def _allocate_prefill(
+        self, rep: _Replica, step: _Step, prefills: list[_Entry], allow: int, cpu: bool
+    ) -> None:
+        """Hand ``allow`` prefill tokens out: aged requests first, then the tiers by stride
+        scheduling on their weights; inside a tier, running prefills continue before swapped
+        requests resume and before waiting ones are admitted, each in urgency order."""
+        k = self.num_tiers
+        ongoing: list[list[_Entry]] = [[] for _ in range(k)]
+        for p in prefills:
+            if p.rid not in step.preempt:
+                ongoing[p.tier].append(p)
+        for group in ongoing:
+            if len(group) > 1:
+                group.sort(key=_entry_key)
+        left = allow
+        while left > 0:
+            aged = self._peek(rep.aged, _WAITING, _SWAPPED)
+            if aged is None:
+                break
+            # An aged request takes the next free seat and blocks before any tier, but makes
+            # no room by preemption: under overload every queued request ages, and aged ones
+            # preempting running work (which then ages again) collapsed throughput (x1.6 load).
+            given = self._place(rep, step, aged, left, cpu, rank_below=self.num_tiers)
+            if not given:
+                break
+            left -= given
+        passes, weights, active = rep.passes, self._weights, rep.active
+        demand = [self._has_demand(rep, ongoing, t, cpu) for t in range(k)]
+        floor = min((passes[t] for t in range(k) if demand[t] and active[t]), default=None)
+        for t in range(k):  # a tier that was idle joins at the current virtual time
+            if demand[t] and not active[t] and floor is not None:
+                passes[t] = max(passes[t], floor)
+            active[t] = demand[t]
+        blocked = [False] * k
+        while left > 0:
+            tiers = [t for t in range(k) if demand[t] and not blocked[t]]
+            if not tiers:
+                break
+            t = min(tiers, key=lambda i: (passes[i], i))
+            while ongoing[t] and ongoing[t][0].rid in step.preempt:
+                ongoing[t].pop(0)  # made room for a better tier earlier in this step
+            e = ongoing[t][0] if ongoing[t] else None
+            if e is None and cpu:
+                e = self._peek(rep.swap_heaps[t], _SWAPPED)
+            if e is None:
+                e = self._peek(rep.heaps[t], _WAITING)
+            if e is None:
+                demand[t] = False
+                continue
+            was_queued = e.where != _RUNNING
+            given = self._place(rep, step, e, min(self.rotation_unit_tokens, left), cpu, t)
+            if not given:
+                blocked[t] = True
+                continue
+            left -= given
+            passes[t] += given / weights[t]
+            if self._pending_after(step, e) <= 0:
+                if not was_queued:
+                    ongoing[t].pop(0)
+            elif was_queued:
+                ongoing[t].insert(0, e)  # a request admitted mid-prefill keeps the next turn
+            demand[t] = self._has_demand(rep, ongoing, t, cpu)
+        low = min(passes)
+        if low > 1e9:  # keep the virtual times small; only differences matter
+            rep.passes = [p - low for p in passes]
+
+    def _has_demand(self, rep: _Replica, ongoing: list[list[_Entry]], t: int, cpu: bool) -> bool:
+        if ongoing[t]:
+            return True
+        if cpu and self._peek(rep.swap_heaps[t], _SWAPPED) is not None:
+            return True
+        return self._peek(rep.heaps[t], _WAITING) is not None
+
+    def _pending_after(self, step: _Step, e: _Entry) -> int:
+        return e.view.pending_tokens - step.tokens.get(e.rid, 0)
+
+    def _rotate_proactively(self, rep: _Replica, step: _Step, running: list[_Entry]) -> None:
+        """Swap out residents of worse tiers whose slice is used while better-tier work waits
+        and HBM is below the watermark, within the link's bytes for this step."""
+        state = step.state
+        if step.free >= self.rotation_watermark * state.total_hbm_blocks:
+            return
+        best_waiting = next(
+            (
+                t
+                for t in range(self.num_tiers)
+                if self._peek(rep.heaps[t], _WAITING) is not None
+                or self._peek(rep.swap_heaps[t], _SWAPPED) is not None
+            ),
+            None,
+        )
+        if best_waiting is None:
+            return
+        for e in sorted(running, key=self._victim_rank, reverse=True):
+            if e.tier <= best_waiting or e.rid in step.preempt or e.aged:
+                continue
+            v = e.view
+            service = max(v.computed_tokens - v.cached_tokens, 0) + e.lost_tokens
+            if service - e.resident_service < self._slices[e.tier]:
+                continue
+            if not self._preempt(rep, step, e, rotation=True):
+                break
+
+    def _prefetch_promoted(self, step: _Step) -> list[str]:
+        """The swapped requests promoted in this decision that are prefetched: in promotion order,
+        as far as HBM (leaving the engine's reserve once anything was admitted) and the link's
+        bytes for this step allow."""
+        prefetch: list[str] = []
+        floor = step.state.reserved_hbm_blocks if step.admit else 0
+        for rid in step.prefetch:  # promoted swapped requests, as far as HBM and the link allow
+            fetched = self._entries.get(rid)
+            if fetched is None or fetched.where != _SWAPPED or rid in step.reject:
+                continue
+            blocks = fetched.view.kv_blocks
+            nbytes = blocks * step.state.kv_block_bytes
+            if step.free - blocks < floor or nbytes > step.swap_in_bytes:
+                continue
+            step.free -= blocks
+            step.swap_in_bytes -= nbytes
+            prefetch.append(rid)
+            self._counters["prefetch_bytes"] += nbytes
+        return prefetch
