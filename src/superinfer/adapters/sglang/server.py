@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -45,15 +46,44 @@ _CAUSE = re.compile(
 )
 
 
+_BIND_ERROR = "error while attempting to bind on address"
+
+
 class ServerStartError(RuntimeError):
     """The server did not come up; the message is one line: the cause and the log's last line."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now (the OS's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+#: SGLang draws its rendezvous port from 22000-29999 (``utils/network.py::
+#: get_free_port_below_ephemeral``); the server port comes from outside that range.
+_SGLANG_PORTS = range(22000, 30000)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "127.0.0.1", attempts: int = 64) -> int:
+    """A TCP port free on ``host`` now, below the kernel's ephemeral range.
+
+    Not a ``bind(0)`` port: the kernel hands such a port out again to the next ``bind(0)``, and
+    the scheduler's gloo transport binds ephemeral ports while the server starts (seen: the
+    server's own port taken, uvicorn failing with "address already in use").
+
+    Raises:
+        OSError: no free port found in ``attempts`` tries.
+    """
+    candidates = [p for p in range(10000, _ephemeral_low()) if p not in _SGLANG_PORTS]
+    for port in random.sample(candidates, min(attempts, len(candidates))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free TCP port on {host} below the ephemeral range")
 
 
 def _log_cause(lines: Sequence[str]) -> str | None:
@@ -193,6 +223,9 @@ class SGLangServer:
             code = self.proc.poll()
             if code is not None:
                 raise self._fail(f"exited with code {code} before /health answered")
+            bind_error = next((ln for ln in self._log_lines() if _BIND_ERROR in ln), None)
+            if bind_error is not None:  # uvicorn does not exit after this; the scheduler lives
+                raise self._fail(f"cannot listen on port {self.port}")
             if time.monotonic() - begin > self.start_timeout_s:
                 raise self._fail(f"did not answer /health within {self.start_timeout_s:.0f} s")
             try:
