@@ -41,5 +41,6 @@ def test_a_start_up_failure_is_one_line_naming_the_cause(tmp_path) -> None:
         bad.start()
     message = str(err.value)
     assert "\n" not in message and message.startswith("sglang server (native) exited with code")
-    assert "--max-total-tokens: invalid int value: 'lots'" in message
+    cause = "sglang serve: error: argument --max-total-tokens: Invalid integer value: 'lots'."
+    assert f"before /health answered: {cause}" in message
     assert f"[log {log}, last line: " in message and log.exists()
