@@ -640,14 +640,22 @@ def _calibrate_gpu(out: str, install: bool) -> None:
     "--engine",
     type=click.Choice(["sglang", "hf"]),
     required=True,
-    help="sglang: SGLang's own server with the policy plugged in (CUDA GPU). hf: an "
+    help="sglang: SGLang's own server with the policy plugged in (CPU recipe without a CUDA "
+    "GPU). hf: an "
     "OpenAI-compatible server on the real CPU engine (SmolLM2-135M, transformers continuous "
     "batching) with the policy deciding every step.",
 )
 @click.option(
     "--policy",
     default=None,
-    help="Policy name [sglang: the config's, else fcfs; hf: superinfer if registered, else fcfs].",
+    help="Policy name [sglang: the config's, else fcfs; native, lpm, priority: SGLang's own "
+    "scheduling, no plugin; hf: superinfer if registered, else fcfs].",
+)
+@click.option(
+    "--kv-policy",
+    "serve_kv_policy",
+    default=None,
+    help="sglang: prefix-cache placement policy through the plugin (lru, lfu, reuse).",
 )
 @click.option(
     "--policy-opt",
@@ -709,6 +717,7 @@ def serve(
     engine: str,
     policy: str | None,
     policy_opts: tuple[str, ...],
+    serve_kv_policy: str | None,
     config_path: str | None,
     host: str | None,
     port: int | None,
@@ -727,9 +736,12 @@ def serve(
     superinfer serve --engine sglang -- ARGS
         ARGS go to `python -m sglang.launch_server`; superinfer adds the plugin switches
         (SUPERINFER_SGLANG=1, policy, config), --enable-priority-scheduling and its eviction
-        policy. Needs a CUDA GPU.
+        policy; --policy native|lpm|priority runs SGLang's own scheduling without the plugin.
+        Without a CUDA GPU the CPU recipe is applied (one log line; docs/adapters.md).
     """
     if engine == "hf":
+        if serve_kv_policy is not None:
+            raise UserError("--kv-policy applies to serve --engine sglang only")
         hf_only = ("config_path", "engine_args")
         given = [k for k in hf_only if ctx.params[k]]
         if given:
@@ -762,10 +774,14 @@ def serve(
         passed += ("--port", str(port))
     try:
         argv, env = launch_command(
-            passed, policy=policy, policy_opts=policy_opts, config_path=config_path
+            passed,
+            policy=policy,
+            policy_opts=policy_opts,
+            config_path=config_path,
+            kv_policy=serve_kv_policy,
         )
         exec_server(argv, env)
-    except (ConfigError, ServeError) as exc:
+    except (ConfigError, ServeError, UnknownPolicyError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
