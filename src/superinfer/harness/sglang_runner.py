@@ -17,9 +17,12 @@ Engine options (``--engine-option``) read here, the rest go to the ``http`` engi
   ``"--max-total-tokens 2048 --max-running-requests 4"``);
 * ``sglang_log_dir``: where server logs go (default: a temporary folder);
 * ``sglang_start_timeout_s``: the start-up bound (default
-  :data:`~superinfer.adapters.sglang.server.DEFAULT_START_TIMEOUT_S`).
+  :data:`~superinfer.adapters.sglang.server.DEFAULT_START_TIMEOUT_S`);
+* ``sglang_config``: the adapter's JSON configuration file (``SUPERINFER_CONFIG``, e.g. its
+  ``clock``; docs/adapters.md), for plugin policies.
 
-``config.kv_policy`` is passed to the plugin (``SUPERINFER_KV_POLICY``) for plugin policies.
+``config.kv_policy`` and ``config.policy_options[policy]`` (``--policy-opt``) are passed to the
+plugin (``SUPERINFER_KV_POLICY``, ``SUPERINFER_POLICY_OPTS``) for plugin policies.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ __all__ = ["SGLANG_ENGINE", "SGLANG_OPTION_KEYS", "run_sglang_cell"]
 SGLANG_ENGINE = "sglang"
 
 #: Engine options this runner consumes (not passed on to the ``http`` engine).
-SGLANG_OPTION_KEYS = ("sglang_args", "sglang_log_dir", "sglang_start_timeout_s")
+SGLANG_OPTION_KEYS = ("sglang_args", "sglang_log_dir", "sglang_start_timeout_s", "sglang_config")
 
 
 def run_sglang_cell(
@@ -81,12 +84,19 @@ def run_sglang_cell(
     except ValueError:
         raise UserError(f"sglang_start_timeout_s={raw_timeout!r} is not a number") from None
     log_dir.mkdir(parents=True, exist_ok=True)
-    kv_policy = None if policy in NATIVE_POLICIES else config.kv_policy
+    config_path = options.pop("sglang_config", "") or None
+    plugin = policy not in NATIVE_POLICIES
+    kv_policy = config.kv_policy if plugin else None
+    policy_opts = (
+        [f"{k}={v}" for k, v in config.policy_options.get(policy, {}).items()] if plugin else []
+    )
     try:
         server = SGLangServer(
             policy,
             args,
             kv_policy=kv_policy,
+            policy_opts=policy_opts,
+            config_path=config_path if plugin else None,
             log_path=log_dir / f"sglang-{policy}.log",
             start_timeout_s=timeout_s,
         )

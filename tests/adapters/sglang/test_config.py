@@ -19,7 +19,15 @@ from superinfer.adapters.sglang.config import AdapterConfig, ConfigError, load_c
 from superinfer.adapters.sglang.cpu_compat import PTH_NAME
 from superinfer.adapters.sglang.fixture import TINY_LLAMA, build_fixture, ensure_fixture
 from superinfer.adapters.sglang.launch import STAND_IN_PATH, cpu_recipe, launch_command
-from superinfer.adapters.sglang.view import LogicalClock, SLOFieldError, resolve_slo
+from superinfer.adapters.sglang.view import (
+    LogicalClock,
+    SLOFieldError,
+    WallClock,
+    clock_for,
+    make_clock,
+    resolve_slo,
+    single_rank,
+)
 from superinfer.policy_core.types import SLO
 
 
@@ -112,6 +120,77 @@ def test_the_logical_clock_counts_steps_and_tokens() -> None:
     assert clock.advance(100) == pytest.approx(0.03)
     assert clock.advance(0) == pytest.approx(0.02)
     assert (clock.step_index, clock.num_tokens, clock.now_s) == (2, 100, pytest.approx(0.05))
+
+
+def test_the_logical_clock_ignores_measured_step_times() -> None:
+    clock = LogicalClock(step_s=0.02, token_s=1e-4)
+    assert clock.advance(100, busy_s=0.7) == pytest.approx(0.03)
+    assert clock.now_s == pytest.approx(0.03)
+
+
+class FakeTime:
+    """A settable time source, s."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_wall_clock_reads_its_time_source_and_the_measured_step() -> None:
+    t = FakeTime(1000.0)
+    clock = WallClock(t)
+    assert clock.now_s == 0.0
+    t.t = 1000.25
+    assert clock.now_s == 0.25
+    assert clock.advance(512, busy_s=0.125) == 0.125  # the batch's own run time
+    t.t = 1001.0
+    assert clock.advance(3) == 0.75  # unmeasured: the time since the previous batch ended
+    assert (clock.step_index, clock.num_tokens, clock.now_s) == (2, 515, 1.0)
+
+
+def scheduler(tp: int = 1, pp: int = 1, dp_attention: bool = False) -> types.SimpleNamespace:
+    args = types.SimpleNamespace(tp_size=tp, pp_size=pp, enable_dp_attention=dp_attention)
+    return types.SimpleNamespace(tp_size=tp, server_args=args)
+
+
+def test_which_schedulers_decide_alone() -> None:
+    assert single_rank(scheduler()) is True
+    assert single_rank(scheduler(tp=2)) is False
+    assert single_rank(scheduler(pp=2)) is False
+    assert single_rank(scheduler(dp_attention=True)) is False
+    assert single_rank(types.SimpleNamespace(server_args=types.SimpleNamespace(tp_size=4))) is False
+
+
+def test_clock_modes() -> None:
+    t = FakeTime(5.0)
+    assert isinstance(make_clock("auto", 0.02, 1e-4, single=True, time_fn=t), WallClock)
+    assert make_clock("auto", 0.02, 1e-4, single=False) == LogicalClock(0.02, 1e-4)
+    assert make_clock("auto", 0.02, 1e-4, single=None) == LogicalClock(0.02, 1e-4)
+    assert make_clock("logical", 0.03, 0.0, single=True) == LogicalClock(0.03, 0.0)
+    assert isinstance(make_clock("wall", 0.02, 1e-4, single=None), WallClock)
+    with pytest.raises(ValueError, match=r"clock.mode 'wall' needs a lone scheduler rank"):
+        make_clock("wall", 0.02, 1e-4, single=False)
+    with pytest.raises(ValueError, match=r"clock.mode 'tsc': use one of auto, wall, logical"):
+        make_clock("tsc", 0.02, 1e-4, single=True)
+    config = AdapterConfig()
+    assert config.clock_mode == "auto"
+    assert isinstance(clock_for(config), LogicalClock)  # before a scheduler is bound
+    assert isinstance(clock_for(config, scheduler()), WallClock)
+    assert isinstance(clock_for(config, scheduler(tp=2)), LogicalClock)
+
+
+def test_clock_mode_in_the_config_file(tmp_path: Path) -> None:
+    path = write(tmp_path, '{"clock": {"mode": "logical", "step_s": 0.05}}')
+    config = load_config({"SUPERINFER_CONFIG": path})
+    assert (config.clock_mode, config.step_s, config.token_s) == ("logical", 0.05, 1e-4)
+    bad = write(tmp_path, '{"clock": {"mode": "sundial"}}')
+    with pytest.raises(ConfigError, match=r"clock.mode 'sundial': use one of auto, wall, logical"):
+        load_config({"SUPERINFER_CONFIG": bad})
+    extra = write(tmp_path, '{"clock": {"tick_s": 1}}')
+    with pytest.raises(ConfigError, match=r"clock must be an object with mode, step_s, token_s"):
+        load_config({"SUPERINFER_CONFIG": extra})
 
 
 def test_launch_command_adds_the_switches(tmp_path: Path) -> None:

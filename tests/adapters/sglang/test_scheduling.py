@@ -160,6 +160,32 @@ def test_admission_follows_the_policy_and_sglang_can_only_refuse_more() -> None:
     assert rids(adder.can_run_list) == ["c1"]
 
 
+def test_a_partial_allotment_waits_in_the_bank_until_it_covers_the_prompt() -> None:
+    # SGLang would run all 8 prompt tokens of b1 at once: the policy's 3 per pass are banked, and
+    # the real adder gets b1 on the third pass (3 + 3 + 3 >= 8).
+    world = World(256, "priority", "python")
+    policy = Scripted(lambda s: ScheduleDecision(num_tokens={"b1": 3}, admit=("b1",)))
+    adapter = make_adapter(policy, world=world)
+    queue: list[Any] = []
+    arrive(adapter, queue, make_req("b1", 8, first=0, slo="batch"))
+    results = []
+    for _ in range(3):
+        adapter.calc_priority(
+            SchedulePolicy.calc_priority,
+            sglang_fcfs_with_priority(world),
+            queue,
+            ScheduleBatch(reqs=[]),
+        )
+        adder = PrefillAdder(
+            1, world.cache, world.allocator, ScheduleBatch(reqs=[]), 0.7, 16384, None
+        )
+        (req,) = queue
+        req.init_next_round_input(world.cache)
+        results.append(adapter.add_one_req(PrefillAdder.add_one_req, adder, req, False, None))
+    assert results == [AddReqResult.OTHER, AddReqResult.OTHER, AddReqResult.CONTINUE]
+    assert rids(adder.can_run_list) == ["b1"] and adapter.bank.tokens == {"b1": 9}
+
+
 def test_victims_are_the_policys_released_through_the_real_prefill_adder() -> None:
     world = World(128, "priority", "python")
     wanted = ("x", "z")  # not SGLang's pick: it takes the least important, newest first (y)
@@ -376,6 +402,28 @@ def test_steps_advance_the_logical_clock_and_report_finishes() -> None:
     assert (stats.used_hbm_blocks, stats.total_hbm_blocks, stats.finished_ids) == (16, 256, ("b",))
     assert policy.events[-1] == ("finished", "b")
     assert adapter.records["a"].first_token_s == adapter.clock.now_s and "b" not in adapter.records
+
+
+def test_a_wall_clock_times_steps_by_their_measured_run_time() -> None:
+    from superinfer.adapters.sglang.view import WallClock
+
+    world = World(256, "priority", "python")
+    policy = Scripted(lambda s: ScheduleDecision())
+    adapter = make_adapter(policy, world=world)
+    now = [100.0]
+    adapter.clock = WallClock(lambda: now[0])
+    reqs = [make_req("a", 10, first=0, slo="chat"), make_req("b", 6, first=50, slo="batch")]
+    now[0] = 100.5
+    arrive(adapter, [], *reqs)  # arrival at 0.5 s (its arrival hook's advance(0) counts a batch)
+    assert adapter.records["a"].arrival_s == 0.5
+    batch = world.prefill(reqs)
+    now[0] = 101.25
+    adapter.telemetry.step.add(0.625)  # what the run_batch hook measured for this batch
+    scheduler = types.SimpleNamespace(token_to_kv_pool_allocator=world.allocator, waiting_queue=[])
+    adapter.on_batch_result(None, scheduler, batch, None)
+    (stats,) = policy.steps
+    assert (stats.now_s, stats.duration_s, stats.num_prefill_tokens) == (1.25, 0.625, 16)
+    assert adapter.records["a"].first_token_s == 1.25
 
 
 def test_precision_is_planned_once_per_request_and_only_logged(

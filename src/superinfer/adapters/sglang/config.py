@@ -19,7 +19,11 @@ from typing import Any
 
 from superinfer.policy_core.types import SLO
 
+#: ``clock.mode`` values (:func:`superinfer.adapters.sglang.view.make_clock`).
+CLOCK_MODES = ("auto", "wall", "logical")
+
 __all__ = [
+    "CLOCK_MODES",
     "DEFAULT_SLO_CLASSES",
     "ENV_CONFIG",
     "ENV_KV_POLICY",
@@ -44,12 +48,14 @@ DEFAULT_SLO_CLASSES: Mapping[str, SLO] = {
     "batch": SLO("batch", deadline_s=600.0, priority=1),
 }
 
-#: Nominal logical-clock rates. Decisions must be identical on every tensor-parallel rank, so the
-#: adapter never reads a wall clock: time advances per executed batch by ``step_s`` plus ``token_s``
-#: per token it ran (SGLang's own HRRN ages by tokens for the same reason,
+#: Nominal logical-clock rates. Decisions must be identical on every tensor-parallel rank, so there
+#: the adapter never reads a wall clock: time advances per executed batch by ``step_s`` plus
+#: ``token_s`` per token it ran (SGLang's own HRRN ages by tokens for the same reason,
 #: ``srt/managers/schedule_policy.py::_sort_by_hrrn``). These defaults are placeholders of the right
 #: order (a decode step of tens of ms, prefill near 10k tokens/s); set them from the server's
 #: measured step time (SGLang logs ``gen throughput`` per decode step) before trusting deadlines.
+#: A scheduler that decides alone (TP = PP = 1) uses its wall clock instead (``clock.mode``
+#: ``auto``, the default; :func:`.view.make_clock`).
 DEFAULT_STEP_S = 0.02
 DEFAULT_TOKEN_S = 1e-4
 
@@ -76,6 +82,8 @@ class AdapterConfig:
             ``SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1``).
         step_s: logical seconds per executed batch.
         token_s: logical seconds per token a batch runs.
+        clock_mode: ``auto`` (the scheduler's wall clock when it decides alone: TP = PP = 1 and
+            no DP attention; else the logical clock), ``wall`` or ``logical``.
         pin_budget_fraction: most of the KV pool pins may hold, in (0, 1].
         source: where this came from, for error messages.
         kv_policy: prefix-cache placement policy (``superinfer.kv_policies``: ``lru``, ``lfu``,
@@ -89,6 +97,7 @@ class AdapterConfig:
     priority_classes: Mapping[int, str] = field(default_factory=dict)
     step_s: float = DEFAULT_STEP_S
     token_s: float = DEFAULT_TOKEN_S
+    clock_mode: str = "auto"
     pin_budget_fraction: float = DEFAULT_PIN_BUDGET_FRACTION
     source: str = "defaults"
     kv_policy: str | None = None
@@ -106,6 +115,10 @@ class AdapterConfig:
                 )
         if not self.step_s > 0 or self.token_s < 0:
             raise ConfigError(f"{where}: clock needs step_s > 0 and token_s >= 0")
+        if self.clock_mode not in CLOCK_MODES:
+            raise ConfigError(
+                f"{where}: clock.mode {self.clock_mode!r}: use one of {', '.join(CLOCK_MODES)}"
+            )
         if not 0 < self.pin_budget_fraction <= 1:
             raise ConfigError(f"{where}: pin_budget_fraction must be in (0, 1]")
 
@@ -171,11 +184,13 @@ def _from_mapping(raw: Mapping[str, Any], where: str) -> AdapterConfig:
             raise ConfigError(f"{where}: priority_classes keys must be integers") from None
     if "clock" in raw:
         clock = raw["clock"]
-        if not isinstance(clock, dict) or sorted(set(clock) - {"step_s", "token_s"}):
-            raise ConfigError(f"{where}: clock must be an object with step_s and/or token_s")
+        if not isinstance(clock, dict) or sorted(set(clock) - {"step_s", "token_s", "mode"}):
+            raise ConfigError(f"{where}: clock must be an object with mode, step_s, token_s")
         for key in ("step_s", "token_s"):
             if key in clock:
                 kwargs[key] = _number(clock[key], f"clock.{key}", where)
+        if "mode" in clock:
+            kwargs["clock_mode"] = str(clock["mode"])
     if raw.get("kv_policy") is not None:
         kwargs["kv_policy"] = str(raw["kv_policy"])
     if "pin_budget_fraction" in raw:

@@ -43,9 +43,9 @@ from superinfer.adapters.sglang.config import ENV_SWITCH, AdapterConfig, ConfigE
 from superinfer.adapters.sglang.stats import Telemetry, kv_usage
 from superinfer.adapters.sglang.view import (
     EngineLimits,
-    LogicalClock,
     RequestRecord,
     SLOFieldError,
+    clock_for,
     kv_pool_blocks,
     prefix_node_views,
     request_view,
@@ -154,16 +154,18 @@ class SGLangAdapter:
         engine: EnginePort | None = None,
     ) -> None:
         from superinfer.adapters.sglang.apply import PlacementBook
+        from superinfer.adapters.sglang.prefill_bank import PrefillBank
 
         self.config = config
         self.hook = hook
         self.limits = limits or EngineLimits()
         self.engine = engine
-        self.clock = LogicalClock(config.step_s, config.token_s)
+        self.clock = clock_for(config)  # logical until a scheduler says how many ranks decide
         self.records: dict[str, RequestRecord] = {}
         self.stats = AdapterStats()
         self.book = PlacementBook(config.pin_budget_fraction)
         self.decision: ScheduleDecision | None = None  # of the prefill pass in progress
+        self.bank = PrefillBank()  # its admissions SGLang may start (.prefill_bank)
         self._kv: tuple[Any, Any] | None = None  # (allocator, tree cache) once bound
         self._retracting: Any = None  # the batch inside retract_decode
         self._node_seen: dict[int, tuple[float, float]] = {}
@@ -181,8 +183,10 @@ class SGLangAdapter:
             self.limits = limits
 
     def on_scheduler_init(self, _result: Any, scheduler: Any, *_: Any, **__: Any) -> None:
-        """AFTER ``Scheduler.__init__``: read the settings the views report."""
+        """AFTER ``Scheduler.__init__``: read the settings the views report; pick the clock
+        (:func:`.view.clock_for`: wall when this scheduler decides alone, for ``auto``)."""
         args = scheduler.server_args
+        self.clock = clock_for(self.config, scheduler)
         self.engine = _SchedulerPort(scheduler)
         self.bind(
             scheduler.token_to_kv_pool_allocator,
@@ -307,7 +311,7 @@ class SGLangAdapter:
         decode = mode.is_decode()
         prefill_tokens = 0 if decode else int(batch.extend_num_tokens or 0)
         decode_tokens = len(reqs) if decode else 0
-        duration_s = self.clock.advance(prefill_tokens + decode_tokens)
+        duration_s = self.clock.advance(prefill_tokens + decode_tokens, self.telemetry.step.last_s)
         finished = []
         for req in reqs:
             rec = self.records.get(req.rid)
@@ -386,6 +390,7 @@ class SGLangAdapter:
         self.decision = decision = self._decide(state)
         if decision is None:
             return
+        self.bank.update(decision, state, self.limits.max_prefill_tokens)
         by_id = {r.rid: r for r in [*waiting_queue, *running]}
         for rid, tier in decision.tiers.items():
             if rid in by_id:
@@ -426,11 +431,12 @@ class SGLangAdapter:
     def add_one_req(
         self, original: Callable[..., Any], adder: Any, req: Any, *a: Any, **k: Any
     ) -> Any:
-        """AROUND ``PrefillAdder.add_one_req``: a request the policy did not admit this pass
-        ends the pass (``AddReqResult.OTHER``); SGLang's own budget may still refuse one it did."""
+        """AROUND ``PrefillAdder.add_one_req``: a request the policy did not admit this pass, or
+        whose banked allotments do not yet cover its prefill (:mod:`.prefill_bank`), ends the pass
+        (``AddReqResult.OTHER``); SGLang's own budget may still refuse one it did."""
         from sglang.srt.managers.schedule_policy import AddReqResult
 
-        if self.decision is not None and req.rid not in self.decision.admit:
+        if self.decision is not None and req.rid not in self.bank.ready:
             return AddReqResult.OTHER
         return original(adder, req, *a, **k)
 
@@ -590,9 +596,5 @@ def register() -> None:
         # policy must not start without it.
         raise SystemExit(f"superinfer: {exc}") from None
     install(SGLangAdapter(config, pm.hook))
-    logger.info(
-        "superinfer: policy %s (kv policy %s) installed in pid %d",
-        config.policy,
-        config.kv_policy,
-        os.getpid(),
-    )
+    msg = "superinfer: policy %s (kv policy %s) installed in pid %d"
+    logger.info(msg, config.policy, config.kv_policy, os.getpid())

@@ -49,15 +49,18 @@ WINDOW = 4096
 
 
 class LatencyStats:
-    """Sum, count and windowed p50/p99 of durations, in microseconds."""
+    """Sum, count and windowed p50/p99 of durations, in microseconds, and the latest one
+    (``last_s``, seconds; ``None`` before any)."""
 
     def __init__(self, window: int = WINDOW) -> None:
         self.sum_us = 0.0
         self.count = 0
+        self.last_s: float | None = None  # the latest duration, s
         self._recent: deque[float] = deque(maxlen=window)
 
     def add(self, seconds: float) -> None:
         """Record one duration (seconds)."""
+        self.last_s = seconds
         us = seconds * 1e6
         self.sum_us += us
         self.count += 1

@@ -1,17 +1,21 @@
 """SGLang objects -> the policy's views (``RequestView``, ``StepState``, ``PrefixNodeView``).
 
-Read-only: nothing here changes a ``Req``, a batch or the radix tree. Time is the adapter's
-:class:`LogicalClock`, never a wall clock, so every tensor-parallel rank builds the same views
-from the same batches and gets the same decisions.
+Read-only: nothing here changes a ``Req``, a batch or the radix tree. Time is the adapter's clock
+(:func:`make_clock`): the :class:`LogicalClock` wherever more than one rank must take the same
+decision (every tensor-parallel rank builds the same views from the same batches), and the
+scheduler's own :class:`WallClock` where one process decides alone (TP = PP = 1, no DP attention),
+so SLO seconds and step seconds are the same seconds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from superinfer.adapters.sglang.config import AdapterConfig
+from superinfer.adapters.sglang.config import CLOCK_MODES, AdapterConfig
 from superinfer.policy_core.types import (
     SLO,
     KVLocation,
@@ -23,6 +27,11 @@ from superinfer.policy_core.types import (
 __all__ = [
     "EngineLimits",
     "LogicalClock",
+    "CLOCK_MODES",
+    "WallClock",
+    "clock_for",
+    "make_clock",
+    "single_rank",
     "RequestRecord",
     "SLOFieldError",
     "kv_pool_blocks",
@@ -60,11 +69,107 @@ class LogicalClock:
         """The current logical instant, in s."""
         return self.step_index * self.step_s + self.num_tokens * self.token_s
 
-    def advance(self, num_tokens: int) -> float:
-        """Count one executed batch of ``num_tokens`` tokens; returns its logical duration, s."""
+    def advance(self, num_tokens: int, busy_s: float | None = None) -> float:
+        """Count one executed batch of ``num_tokens`` tokens; returns its logical duration, s
+        (``busy_s``, the batch's measured wall time, is ignored: ranks measure differently)."""
         self.step_index += 1
         self.num_tokens += num_tokens
         return self.step_s + num_tokens * self.token_s
+
+
+@dataclass(slots=True)
+class WallClock:
+    """Measured adapter time: seconds of ``time_fn`` since the clock was made.
+
+    For a scheduler that decides alone (:func:`single_rank`): its deadlines, TPOT allowances and
+    step-time fit are then in the seconds the SLOs are written in. On a 2-core CPU an SGLang step
+    takes 10-1000 ms (a 512-token prefill chunk ~0.6 s), 1-50x the logical clock's nominal 20 ms
+    step + 0.1 ms per token (results/sglang-cpu/report.md).
+
+    Attributes:
+        time_fn: the time source, s (``time.monotonic``; a test passes its own).
+        origin: ``time_fn()`` when the clock was made.
+        step_index: batches executed.
+        num_tokens: tokens run by those batches.
+    """
+
+    time_fn: Callable[[], float] = time.monotonic
+    origin: float = math.nan
+    step_index: int = 0
+    num_tokens: int = 0
+    _last: float = field(default=math.nan, repr=False)
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.origin):
+            self.origin = self.time_fn()
+        self._last = self.origin
+
+    @property
+    def now_s(self) -> float:
+        """Seconds since the clock was made."""
+        return self.time_fn() - self.origin
+
+    def advance(self, num_tokens: int, busy_s: float | None = None) -> float:
+        """Count one executed batch of ``num_tokens`` tokens.
+
+        Args:
+            num_tokens: tokens the batch ran.
+            busy_s: its measured wall time (``Scheduler.run_batch``), s; ``None``: the time
+                since the previous batch ended (idle time included).
+
+        Returns:
+            The batch's duration, s: ``busy_s``, else the time since the previous advance.
+        """
+        now = self.time_fn()
+        since = now - self._last
+        self._last = now
+        self.step_index += 1
+        self.num_tokens += num_tokens
+        return since if busy_s is None else busy_s
+
+
+def single_rank(scheduler: Any) -> bool:
+    """Whether this SGLang scheduler takes its decisions alone: one tensor- and one
+    pipeline-parallel rank and no DP attention (whose ranks batch together). Independent
+    data-parallel replicas each decide alone."""
+    args = getattr(scheduler, "server_args", None)
+    tp = getattr(scheduler, "tp_size", None) or getattr(args, "tp_size", 1)
+    pp = getattr(args, "pp_size", 1)
+    dp_attention = bool(getattr(args, "enable_dp_attention", False))
+    return int(tp) == 1 and int(pp) == 1 and not dp_attention
+
+
+def make_clock(
+    mode: str,
+    step_s: float,
+    token_s: float,
+    *,
+    single: bool | None,
+    time_fn: Callable[[], float] = time.monotonic,
+) -> LogicalClock | WallClock:
+    """The adapter's clock for ``mode`` (:data:`CLOCK_MODES`).
+
+    Args:
+        mode: ``logical``; ``wall``; ``auto``: wall when ``single``, else logical.
+        step_s: the logical clock's seconds per batch.
+        token_s: the logical clock's seconds per token.
+        single: whether the scheduler decides alone (:func:`single_rank`); ``None``: not known
+            yet (no scheduler bound), and ``auto`` stays logical.
+        time_fn: the wall clock's time source.
+
+    Raises:
+        ValueError: an unknown mode, or ``wall`` on a scheduler whose ranks must agree.
+    """
+    if mode not in CLOCK_MODES:
+        raise ValueError(f"clock.mode {mode!r}: use one of {', '.join(CLOCK_MODES)}")
+    if mode == "wall" and single is False:
+        raise ValueError(
+            "clock.mode 'wall' needs a lone scheduler rank (TP = PP = 1, no DP attention): ranks "
+            "would read different times and decide differently; use 'auto' or 'logical'"
+        )
+    if mode == "wall" or (mode == "auto" and single):
+        return WallClock(time_fn)
+    return LogicalClock(step_s, token_s)
 
 
 @dataclass(slots=True)
@@ -179,6 +284,17 @@ def request_view(req: Any, record: RequestRecord, *, running: bool, page_size: i
     )
 
 
+def clock_for(config: AdapterConfig, scheduler: Any = None) -> LogicalClock | WallClock:
+    """:func:`make_clock` of ``config.clock_mode``; ``scheduler`` (an SGLang ``Scheduler``, or
+    ``None`` before one is bound) says whether it decides alone (:func:`single_rank`).
+
+    Raises:
+        ValueError: ``wall`` on a scheduler whose ranks must agree.
+    """
+    single = None if scheduler is None else single_rank(scheduler)
+    return make_clock(config.clock_mode, config.step_s, config.token_s, single=single)
+
+
 def kv_pool_blocks(allocator: Any, tree_cache: Any, page_size: int) -> tuple[int, int]:
     """``(free, total)`` KV blocks: free counts the tree's evictable tokens, as SGLang's
     admission budget does (``allocator.create_prefill_budget``)."""
@@ -188,7 +304,7 @@ def kv_pool_blocks(allocator: Any, tree_cache: Any, page_size: int) -> tuple[int
 
 def step_state(
     *,
-    clock: LogicalClock,
+    clock: LogicalClock | WallClock,
     waiting: Sequence[RequestView],
     running: Sequence[RequestView],
     free_blocks: int,
