@@ -204,6 +204,43 @@ def aggregate(summaries: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: Files of a run directory that are committed (plots, parquet and the stats file stay local).
+KEPT = ("summary.csv", "metrics.csv", "manifest.json", "report.md")
+
+
+def write_manifests(out: Path, command: str, sha: str, machine: str, date: str) -> None:
+    """``MANIFEST.md`` in ``out`` and in every run directory under it: one row per kept file
+    (tests/test_results_manifests.py), uncommitted outputs removed."""
+    row = "| `{f}` | `{c}` | `{s}` | {m} | {d} | {src} |"
+    head = (
+        "# {title}: manifest\n\nColumns: the command that made the file (from the repository "
+        "root), the git sha it ran at, the machine, the date (UTC) and where those facts come "
+        "from.\n\n| file | command | git sha | machine | date (UTC) | source |\n"
+        "|---|---|---|---|---|---|\n"
+    )
+    for run in sorted(p for p in out.glob("repeat-*/*") if p.is_dir()):
+        for f in run.iterdir():
+            if f.is_file() and f.name not in KEPT and not f.name.endswith(".log"):
+                f.unlink()
+        for log in run.glob("sglang-*.log"):
+            log.rename(log.with_suffix(".log.tail"))
+        meta = json.loads((run / "manifest.json").read_text())
+        full = str(meta.get("git_sha", sha))
+        rsha = full[:7] + ("-dirty" if full.endswith("-dirty") else "")
+        lines = [
+            row.format(f=f.name, c=command, s=rsha, m=machine, d=date, src="`manifest.json`")
+            if not f.name.endswith(".tail")
+            else row.format(
+                f=f.name, c=command, s=rsha, m=machine, d=date,
+                src="the server's log, last lines (`--log-tail`)",
+            )
+            for f in sorted(run.iterdir())
+            if f.name != "MANIFEST.md"
+        ]  # fmt: skip
+        title = f"results/{run.relative_to(out.parent)}"
+        (run / "MANIFEST.md").write_text(head.format(title=title) + "\n".join(lines) + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line; see the module docstring."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
