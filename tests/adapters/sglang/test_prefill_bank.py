@@ -58,3 +58,16 @@ def test_a_whole_allotment_is_ready_at_once_and_a_prefix_hit_lowers_the_need() -
         ScheduleDecision(num_tokens={"x": 2048}, admit=("x",)), make_state(waiting=[huge]), 2048
     )
     assert bank.ready == frozenset({"x"})  # the whole pass budget is all a policy can give
+
+
+def test_ready_admissions_go_before_deferred_ones_in_sglangs_queue() -> None:
+    class Req:
+        def __init__(self, rid: str) -> None:
+            self.rid = rid
+
+    bank = PrefillBank()
+    views = [make_view("b", prompt=900, slo=BATCH), make_view("c", prompt=40), make_view("d")]
+    queue = [Req("b"), Req("c"), Req("d")]  # the policy's order: b was admitted first
+    decision = ScheduleDecision(num_tokens={"b": 128, "c": 40}, admit=("b", "c"))
+    bank.update(decision, make_state(waiting=views), 16384, queue=queue)
+    assert [r.rid for r in queue] == ["c", "b", "d"]

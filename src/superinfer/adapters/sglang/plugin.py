@@ -390,7 +390,6 @@ class SGLangAdapter:
         self.decision = decision = self._decide(state)
         if decision is None:
             return
-        self.bank.update(decision, state, self.limits.max_prefill_tokens)
         by_id = {r.rid: r for r in [*waiting_queue, *running]}
         for rid, tier in decision.tiers.items():
             if rid in by_id:
@@ -403,6 +402,7 @@ class SGLangAdapter:
                 self.engine.abort(req, f"rejected by superinfer policy: {reason}", 503)
             self._end(req, reason)
         order_waiting_queue(waiting_queue, decision, self.records)
+        self.bank.update(decision, state, self.limits.max_prefill_tokens, queue=waiting_queue)
         self._plan_precision(decision, state)
 
     def _plan_precision(self, decision: ScheduleDecision, state: StepState) -> None:

@@ -18,6 +18,8 @@ constrains it, e.g. ``fcfs``) is admitted on the first pass, as without the bank
 
 from __future__ import annotations
 
+from typing import Any
+
 from superinfer.policy_core.types import ScheduleDecision, StepState
 
 __all__ = ["PrefillBank", "prefill_need"]
@@ -51,13 +53,22 @@ class PrefillBank:
         self.tokens: dict[str, int] = {}
         self.ready: frozenset[str] = frozenset()
 
-    def update(self, decision: ScheduleDecision, state: StepState, max_prefill_tokens: int) -> None:
+    def update(
+        self,
+        decision: ScheduleDecision,
+        state: StepState,
+        max_prefill_tokens: int,
+        queue: list[Any] | None = None,
+    ) -> None:
         """Bank ``decision``'s allotments for ``state``'s waiting requests; set :attr:`ready`.
 
         Args:
             decision: the policy's decision at this prefill pass.
             state: the state it was made for.
             max_prefill_tokens: SGLang's ``--max-prefill-tokens``.
+            queue: SGLang's waiting queue (``Req``s, in the policy's order), re-sorted in place so
+                the ready admissions come first, in that order: SGLang's loop stops at the first
+                request it may not add, so a deferred one must not stand before a ready one.
         """
         waiting = {v.request_id: v for v in state.waiting}
         bank = {rid: n for rid, n in self.tokens.items() if rid in waiting}
@@ -72,3 +83,5 @@ class PrefillBank:
                 ready.add(rid)
         self.tokens = bank
         self.ready = frozenset(ready)
+        if queue is not None:
+            queue.sort(key=lambda req: req.rid not in self.ready)  # stable
