@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from rich.console import Console
 
-    from superinfer.harness.runner import BenchConfig
+    from superinfer.harness.bench import BenchConfig
 
 __all__ = ["cli", "main"]
 
@@ -285,11 +285,11 @@ def bench(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from superinfer.harness.hf_runner import workload_defaults
-    from superinfer.harness.report import as_written, render_markdown, write_plots
-    from superinfer.harness.results import manifest, write_run
-    from superinfer.harness.runner import BenchConfig, build_bench_workload, run_bench
-    from superinfer.harness.specs import load_spec
+    from superinfer.harness.engines.hf import workload_defaults
+    from superinfer.harness.report.markdown import as_written, render_markdown, write_plots
+    from superinfer.harness.report.results import manifest, write_run
+    from superinfer.harness.bench import BenchConfig, build_bench_workload, run_bench
+    from superinfer.harness.workload.specs import load_spec
 
     own = _suite_defaults(ctx, suite, workload is not None or trace is not None) if suite else {}
     trace = own.get("trace", trace)
@@ -405,8 +405,8 @@ def _calibrate_hf(
 
     import pandas as pd
 
-    from superinfer.harness.hf_runner import calibrate_hf, fit_steps
-    from superinfer.harness.results import manifest, write_atomic
+    from superinfer.harness.engines.hf import calibrate_hf, fit_steps
+    from superinfer.harness.report.results import manifest, write_atomic
 
     path = Path(out)
     if steps_file is None:
@@ -490,7 +490,7 @@ def _run_suite(
 ) -> None:
     import json
 
-    from superinfer.harness.results import manifest
+    from superinfer.harness.report.results import manifest
     from superinfer.harness.suites import (
         SWEEP_RATE_SCALES,
         run_headline,
@@ -529,7 +529,7 @@ def _print_table(summary: pd.DataFrame) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from superinfer.harness.report import TABLE_COLUMNS, format_value
+    from superinfer.harness.report.markdown import TABLE_COLUMNS, format_value
 
     cols = [c for c in TABLE_COLUMNS if c in summary and c != "e2e_p99_ms"]
     if summary["engine"].nunique() == 1:
@@ -609,9 +609,9 @@ def calibrate(
 
 def _calibrate_gpu(out: str, install: bool) -> None:
     """Fit the simulator's step-time model to the measured GPU timings in shared/data/profiling."""
-    from superinfer.harness.calibrate import calibrate as run_calibration
-    from superinfer.harness.calibrate import params_json, render_report
-    from superinfer.harness.results import write_atomic
+    from superinfer.harness.offline.calibrate import calibrate as run_calibration
+    from superinfer.harness.offline.calibrate import params_json, render_report
+    from superinfer.harness.report.results import write_atomic
 
     out_dir = Path(out)
     result = run_calibration()
@@ -782,7 +782,7 @@ def _serve_hf(
     """``serve --engine hf``: build the configuration, then serve until interrupted."""
     import dataclasses
 
-    from superinfer.harness.hf_runner import hf_options
+    from superinfer.harness.engines.hf import hf_options
 
     try:
         from superinfer.adapters.hf.engine import EngineConfig, ModelNotInstalledError
@@ -860,7 +860,7 @@ def _new_class(name: str) -> Any:
 )
 def report_cmd(run_dirs: tuple[Path, ...], out: Path | None, sweep: Path | None) -> None:
     """Rebuild one run's report.md and plots, or compare several runs side by side."""
-    from superinfer.harness.report import compare_runs, rebuild_report
+    from superinfer.harness.report.markdown import compare_runs, rebuild_report
 
     if len(run_dirs) == 1:
         written = rebuild_report(run_dirs[0], out_dir=out, sweep=sweep)
@@ -872,7 +872,7 @@ def report_cmd(run_dirs: tuple[Path, ...], out: Path | None, sweep: Path | None)
 @cli.command("workloads")
 def list_workloads() -> None:
     """List the built-in workload specs."""
-    from superinfer.harness.specs import builtin_specs, parse_spec
+    from superinfer.harness.workload.specs import builtin_specs, parse_spec
 
     for name, text in builtin_specs().items():
         spec = parse_spec(text, path=f"<built-in {name}>")
@@ -978,10 +978,10 @@ def sweep(
 
     from rich.console import Console
 
-    from superinfer.harness.cells import CellCache, load_workload
-    from superinfer.harness.executors import CellRunner
-    from superinfer.harness.results import CSV_FLOAT_FORMAT, manifest, write_atomic
-    from superinfer.harness.sweep import load_spec, sweep_table
+    from superinfer.harness.grid.cells import CellCache, load_workload
+    from superinfer.harness.grid.executors import CellRunner
+    from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, write_atomic
+    from superinfer.harness.grid.sweep import load_spec, sweep_table
 
     console = Console(stderr=True)
     parsed = load_spec(spec)
@@ -1208,10 +1208,10 @@ def fleet_plan(
     from rich.console import Console
 
     from superinfer.adapters.manager import available_policies
-    from superinfer.harness.cells import CellCache, load_workload
-    from superinfer.harness.executors import CellRunner
-    from superinfer.harness.fleet import FleetConfig, plan_fleet, render_plan
-    from superinfer.harness.results import CSV_FLOAT_FORMAT, manifest, write_atomic
+    from superinfer.harness.grid.cells import CellCache, load_workload
+    from superinfer.harness.grid.executors import CellRunner
+    from superinfer.harness.grid.fleet import FleetConfig, plan_fleet, render_plan
+    from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, write_atomic
 
     console = Console(stderr=True)
     notes = []
@@ -1411,7 +1411,7 @@ def cache_eval(
 
     from rich.console import Console
 
-    from superinfer.harness.cache_eval import (
+    from superinfer.harness.offline.cache_eval import (
         CacheEvalConfig,
         run_cache_eval,
         write_cache_eval,

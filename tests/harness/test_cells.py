@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from superinfer.harness.cells import (
+from superinfer.harness.grid.cells import (
     AttainmentGuard,
     CellCache,
     CellSpec,
@@ -24,8 +24,8 @@ from superinfer.harness.cells import (
     slo_bound_s,
 )
 from superinfer.harness.errors import UserError
-from superinfer.harness.runner import BenchConfig, run_sim_cell
-from superinfer.harness.workload import BATCH_SLO, CHAT_SLO
+from superinfer.harness.bench import BenchConfig, run_sim_cell
+from superinfer.harness.workload.workload import BATCH_SLO, CHAT_SLO
 from superinfer.policy_core.types import SLO
 
 #: A small cell on the Azure mix: 8B on one A100, a minute at the trace's busiest stretch.
@@ -125,7 +125,7 @@ def test_native_resolves_to_the_profile_or_falls_back_with_a_note(
     assert resolve_policy("native", "sim:trtllm") == ("fcfs", None)
     assert resolve_policy("native", "sim:sglang") == ("lpm", None)
     assert resolve_policy("priority", "sim:sglang") == ("priority", None)
-    import superinfer.harness.cells as cells
+    import superinfer.harness.grid.cells as cells
 
     without_lpm = {k: v for k, v in cells.available_policies().items() if k != "lpm"}
     monkeypatch.setattr(cells, "available_policies", lambda: without_lpm)

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from superinfer.harness.errors import DataError, UserError
-from superinfer.harness.hf_runner import (
+from superinfer.harness.engines.hf import (
     HF_WORKLOAD,
     HFOptions,
     PromptBuilder,
@@ -20,8 +20,8 @@ from superinfer.harness.hf_runner import (
     load_sharegpt_prompts,
     workload_defaults,
 )
-from superinfer.harness.runner import BenchConfig, run_bench
-from superinfer.harness.workload import CHAT_SLO, Workload, build_workload, scale_lengths
+from superinfer.harness.bench import BenchConfig, run_bench
+from superinfer.harness.workload.workload import CHAT_SLO, Workload, build_workload, scale_lengths
 from superinfer.sim.request import RequestSpec
 
 

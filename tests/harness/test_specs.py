@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from superinfer.harness.data import trace_path
+from superinfer.harness.workload.data import trace_path
 from superinfer.harness.errors import SpecError, UserError
-from superinfer.harness.specs import build_from_spec, builtin_specs, load_spec, parse_spec
-from superinfer.harness.traces import load_mooncake_jsonl
-from superinfer.harness.workload import build_workload
+from superinfer.harness.workload.specs import build_from_spec, builtin_specs, load_spec, parse_spec
+from superinfer.harness.workload.traces import load_mooncake_jsonl
+from superinfer.harness.workload.workload import build_workload
 
 
 def test_azure_mixed_is_exactly_the_default_trace_workload() -> None:

@@ -354,7 +354,7 @@ def load_mooncake_jsonl(path: Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -
 
     Arrival times are returned as the file gives them (``timestamp / 1000`` s); the conversation
     trace quantizes them to about 3 s buckets, which a workload may spread
-    (:func:`superinfer.harness.arrivals.spread_buckets`).
+    (:func:`superinfer.harness.workload.arrivals.spread_buckets`).
 
     Args:
         path: the ``.jsonl`` file.

@@ -49,19 +49,19 @@ import numpy as np
 import pandas as pd
 
 from superinfer.harness.errors import UserError
-from superinfer.harness.hf_runner import (
+from superinfer.harness.engines.hf import (
     PromptBuilder,
     RequestTrace,
     load_sharegpt_prompts,
     trace_requests_frame,
 )
-from superinfer.harness.workload import Workload
+from superinfer.harness.workload.workload import Workload
 from superinfer.sim.request import RequestSpec
 
 if TYPE_CHECKING:
     import httpx
 
-    from superinfer.harness.runner import BenchConfig, CellResult
+    from superinfer.harness.bench import BenchConfig, CellResult
 
 __all__ = [
     "BACKENDS",
@@ -721,7 +721,7 @@ def run_http_cell(config: BenchConfig, engine: str, policy: str, workload: Workl
         UserError: no ``--url``, a bad option, the client or tokenizer packages missing, the
             model name unreadable from the server.
     """
-    from superinfer.harness.runner import TIMELINE_COLUMNS, CellResult
+    from superinfer.harness.bench import TIMELINE_COLUMNS, CellResult
 
     if not config.url:
         raise UserError("engine http needs --url http://HOST:PORT of an OpenAI-compatible server")

@@ -16,9 +16,9 @@ from superinfer.adapters.manager import (
     policy_options,
 )
 from superinfer.harness.errors import UserError
-from superinfer.harness.metrics import REQUEST_COLUMNS, add_latency_columns, summarize
-from superinfer.harness.specs import build_from_spec, load_spec
-from superinfer.harness.workload import Workload, build_workload, scale_lengths
+from superinfer.harness.report.metrics import REQUEST_COLUMNS, add_latency_columns, summarize
+from superinfer.harness.workload.specs import build_from_spec, load_spec
+from superinfer.harness.workload.workload import Workload, build_workload, scale_lengths
 from superinfer.sim.engine import SimConfig, SimResult, Simulator
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.profiles import get_profile
@@ -224,7 +224,7 @@ def run_sim_cell(
         UserError: unknown engine, model or GPU, or a bad TP degree or replica count.
     """
     if engine == "sim:hf-cpu":  # the real CPU engine's profile: its own model, host and step time
-        from superinfer.harness.hf_runner import run_sim_hf_cpu_cell
+        from superinfer.harness.engines.hf import run_sim_hf_cpu_cell
 
         return run_sim_hf_cpu_cell(config, engine, policy, workload)
     try:
@@ -303,7 +303,7 @@ def run_sim_cell(
 
 def run_hf_cell(config: BenchConfig, engine: str, policy: str, workload: Workload) -> CellResult:
     """Replay ``workload`` on the real CPU engine (``hf``); see ``harness.hf_runner``."""
-    from superinfer.harness.hf_runner import run_hf_cell as run
+    from superinfer.harness.engines.hf import run_hf_cell as run
 
     return run(config, engine, policy, workload)
 
@@ -311,7 +311,7 @@ def run_hf_cell(config: BenchConfig, engine: str, policy: str, workload: Workloa
 def run_http_cell(config: BenchConfig, engine: str, policy: str, workload: Workload) -> CellResult:
     """Replay ``workload`` against the OpenAI-compatible server at ``config.url`` (``http``);
     see ``harness.http_runner``."""
-    from superinfer.harness.http_runner import run_http_cell as run
+    from superinfer.harness.engines.http import run_http_cell as run
 
     return run(config, engine, policy, workload)
 

@@ -27,10 +27,10 @@ from typing import Any
 from superinfer.adapters.hookspecs import hookimpl
 from superinfer.adapters.manager import available_policies
 from superinfer.harness.errors import UserError
-from superinfer.harness.metrics import summarize
-from superinfer.harness.results import write_atomic
-from superinfer.harness.runner import BenchConfig, run_sim_cell
-from superinfer.harness.workload import TRACES, Workload, build_workload
+from superinfer.harness.report.metrics import summarize
+from superinfer.harness.report.results import write_atomic
+from superinfer.harness.bench import BenchConfig, run_sim_cell
+from superinfer.harness.workload.workload import TRACES, Workload, build_workload
 from superinfer.policy_core.types import SLO, RequestView, StepStats
 from superinfer.sim.engine import ROUTERS
 from superinfer.sim.hardware import get_gpu, get_model
@@ -312,7 +312,7 @@ def load_workload(trace: str, rate_scale: float, seed: int = 0) -> Workload:
     """
     if trace in TRACES or trace.endswith(".csv"):
         return build_workload(trace, rate_scale=rate_scale)
-    from superinfer.harness.specs import build_from_spec, load_spec
+    from superinfer.harness.workload.specs import build_from_spec, load_spec
 
     return build_from_spec(load_spec(trace), seed=seed, rate_scale=rate_scale, duration_s=None)
 
@@ -324,7 +324,7 @@ def _file_sha256(path: Path) -> str:
 @functools.lru_cache(maxsize=16)
 def workload_digest(trace: str) -> str:
     """sha256 over the source files of workload ``trace`` (what a cache entry depends on)."""
-    from superinfer.harness.data import trace_path
+    from superinfer.harness.workload.data import trace_path
 
     if trace in TRACES:
         paths = []
@@ -334,7 +334,7 @@ def workload_digest(trace: str) -> str:
     elif trace.endswith(".csv"):
         paths = [Path(trace)]
     else:  # a workload spec: its text and the files of its sources
-        from superinfer.harness.specs import builtin_specs, load_spec, resolve_source_file
+        from superinfer.harness.workload.specs import builtin_specs, load_spec, resolve_source_file
 
         spec = load_spec(trace)
         text = builtin_specs().get(trace)
@@ -353,7 +353,7 @@ def workload_digest(trace: str) -> str:
 def code_digest() -> str:
     """sha256 over this package's ``.py`` and ``.json`` files: a cached cell is reused only by
     the code that computed it."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         if path.suffix in (".py", ".json") and "__pycache__" not in path.parts:

@@ -31,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from superinfer.harness.cells import (
+from superinfer.harness.grid.cells import (
     CELL_FIELDS,
     CellSpec,
     cell_key,
@@ -39,7 +39,7 @@ from superinfer.harness.cells import (
     resolve_policy,
 )
 from superinfer.harness.errors import UserError
-from superinfer.harness.metrics import SUMMARY_COLUMNS
+from superinfer.harness.report.metrics import SUMMARY_COLUMNS
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,7 +1,7 @@
 """Workload spec files (TOML): sources, SLO classes, mixing, time window, rate scaling, arrivals.
 
 A spec describes a workload once; ``superinfer bench --workload FILE|NAME`` runs it. Built-in
-specs live in ``harness/workloads/*.toml`` (``azure-mixed``, ``mooncake-chat``,
+specs live in ``harness/workload/workloads/*.toml`` (``azure-mixed``, ``mooncake-chat``,
 ``sharegpt-poisson``). The format is documented in ``docs/workloads.md``; in short::
 
     name = "my-mix"
@@ -39,10 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from superinfer.harness.arrivals import gamma_arrivals, spread_buckets
-from superinfer.harness.data import trace_path
+from superinfer.harness.workload.arrivals import gamma_arrivals, spread_buckets
+from superinfer.harness.workload.data import trace_path
 from superinfer.harness.errors import DataError, SpecError, UserError
-from superinfer.harness.traces import (
+from superinfer.harness.workload.traces import (
     MOONCAKE_BLOCK_TOKENS,
     TIME_UNITS,
     ColumnMap,
@@ -54,7 +54,7 @@ from superinfer.harness.traces import (
     load_sharegpt_prompts_json,
     load_table,
 )
-from superinfer.harness.workload import BATCH_SLO, CHAT_SLO, Source, Workload
+from superinfer.harness.workload.workload import BATCH_SLO, CHAT_SLO, Source, Workload
 from superinfer.policy_core.types import SLO
 from superinfer.sim.request import RequestSpec
 
@@ -138,7 +138,7 @@ class ArrivalSpec:
         rate_rps: mean rate of a synthetic process, requests/s (before rate scaling).
         burstiness: gamma shape (vLLM's ``--burstiness``); 1 for Poisson.
         spread: for ``trace``: ``"uniform"`` spreads requests sharing a quantized timestamp
-            over its bucket (:func:`~superinfer.harness.arrivals.spread_buckets`), ``"none"``
+            over its bucket (:func:`~superinfer.harness.workload.arrivals.spread_buckets`), ``"none"``
             keeps the bursts.
     """
 
@@ -156,7 +156,7 @@ class SourceSpec:
         name: short name; request ids are ``NAME-LINE`` (trace arrivals) or ``NAME-I``.
         format: one of :data:`FORMATS`.
         file: the data file: a path (relative to the spec's folder), or a name looked up in
-            the shared data folder (:func:`superinfer.harness.data.trace_path`).
+            the shared data folder (:func:`superinfer.harness.workload.data.trace_path`).
         slo: SLO class of its requests.
         arrivals: arrival process.
         max_output_tokens: the ``max_tokens`` requests declare (a longer true output is used
@@ -544,8 +544,8 @@ def parse_spec(text: str, *, path: str = "<spec>", folder: Path | None = None) -
 
 
 def builtin_specs() -> dict[str, str]:
-    """Built-in spec names and their TOML text (``harness/workloads/*.toml``)."""
-    folder = resources.files("superinfer.harness").joinpath("workloads")
+    """Built-in spec names and their TOML text (``harness/workload/workloads/*.toml``)."""
+    folder = resources.files("superinfer.harness.workload").joinpath("workloads")
     return {
         entry.name.removesuffix(".toml"): entry.read_text(encoding="utf-8")
         for entry in sorted(folder.iterdir(), key=lambda e: e.name)

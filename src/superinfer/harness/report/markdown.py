@@ -14,8 +14,8 @@ from typing import Any
 import pandas as pd
 
 from superinfer.harness.errors import UserError
-from superinfer.harness.metrics import METRIC_COLUMNS, SUMMARY_COLUMNS, metrics_long
-from superinfer.harness.plots import (
+from superinfer.harness.report.metrics import METRIC_COLUMNS, SUMMARY_COLUMNS, metrics_long
+from superinfer.harness.report.plots import (
     PLOT_FILES,
     add_series,
     attainment_bars,
@@ -23,7 +23,7 @@ from superinfer.harness.plots import (
     sweep_plot,
     timeline_plot,
 )
-from superinfer.harness.results import CSV_FLOAT_FORMAT, write_atomic
+from superinfer.harness.report.results import CSV_FLOAT_FORMAT, write_atomic
 
 __all__ = [
     "SWEEP_COLUMNS",

@@ -28,10 +28,10 @@ import numpy as np
 import pandas as pd
 
 from superinfer.adapters.manager import build_plugin_manager
-from superinfer.harness.data import trace_path
+from superinfer.harness.workload.data import trace_path
 from superinfer.harness.errors import DataError, UserError
-from superinfer.harness.metrics import REQUEST_COLUMNS, add_latency_columns
-from superinfer.harness.workload import Workload
+from superinfer.harness.report.metrics import REQUEST_COLUMNS, add_latency_columns
+from superinfer.harness.workload.workload import Workload
 from superinfer.sim.engine import SimConfig, Simulator
 from superinfer.sim.hf_cpu import (
     HOST_CPU,
@@ -48,7 +48,7 @@ from superinfer.sim.request import RequestSpec
 if TYPE_CHECKING:
     from superinfer.adapters.hf.engine import EngineConfig, EngineSession, LoadedModel
     from superinfer.adapters.hf.plugin import StepRecord
-    from superinfer.harness.runner import BenchConfig, CellResult
+    from superinfer.harness.bench import BenchConfig, CellResult
 
 __all__ = [
     "HF_ENGINE",
@@ -362,7 +362,7 @@ def trace_requests_frame(
 
     ``first_token_s`` is the first token's instant, ``generated_tokens`` the number of token
     instants, ``max_itl_ms`` the largest gap between consecutive ones, ``finish_s`` the record's
-    ``end_s``; the latencies come from :func:`~superinfer.harness.metrics.add_latency_columns`
+    ``end_s``; the latencies come from :func:`~superinfer.harness.report.metrics.add_latency_columns`
     (docs/metrics.md). Used by ``hf`` and ``http``.
 
     Args:
@@ -535,7 +535,7 @@ def run_hf_cell(config: BenchConfig, engine: str, policy: str, workload: Workloa
             or the model not installed, the ShareGPT prompts missing.
         PolicyError: the policy returned an inapplicable decision.
     """
-    from superinfer.harness.runner import TIMELINE_COLUMNS, CellResult
+    from superinfer.harness.bench import TIMELINE_COLUMNS, CellResult
 
     opts = hf_options(config.engine_options)
     try:
@@ -624,7 +624,7 @@ def run_sim_hf_cpu_cell(
     Raises:
         UserError: a bad engine option or calibration file.
     """
-    from superinfer.harness.runner import TIMELINE_COLUMNS, CellResult, sim_requests_frame
+    from superinfer.harness.bench import TIMELINE_COLUMNS, CellResult, sim_requests_frame
 
     opts = hf_options(config.engine_options)
     step_time = _sim_step_time(opts)
@@ -713,7 +713,7 @@ def calibrate_hf(
     """
     from superinfer.adapters.hf.engine import ModelNotInstalledError, load_smollm2
     from superinfer.adapters.hf.view import TrackedRequest
-    from superinfer.harness.workload import BATCH_SLO
+    from superinfer.harness.workload.workload import BATCH_SLO
 
     opts = hf_options(options or {})
     try:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from superinfer.harness.data import data_dir
+from superinfer.harness.workload.data import data_dir
 from superinfer.harness.errors import DataError
 
 __all__ = ["GEMM_OPS", "SMALL_OPS", "TOKEN_EDGES", "CalibrationResult", "calibrate"]
