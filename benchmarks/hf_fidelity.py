@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from superinfer.harness.errors import UserError
+from superinfer.harness.bench import BenchConfig
 from superinfer.harness.engines.hf import SIM_HF_CPU_ENGINE, run_sim_hf_cpu_cell
+from superinfer.harness.errors import UserError
 from superinfer.harness.report.metrics import summarize
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, write_atomic
-from superinfer.harness.bench import BenchConfig
 from superinfer.harness.workload.workload import build_workload, scale_lengths
 from superinfer.sim.hf_cpu import HFCPUStepTime, shape_of_totals
 

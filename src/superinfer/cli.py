@@ -285,10 +285,10 @@ def bench(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from superinfer.harness.bench import BenchConfig, build_bench_workload, run_bench
     from superinfer.harness.engines.hf import workload_defaults
     from superinfer.harness.report.markdown import as_written, render_markdown, write_plots
     from superinfer.harness.report.results import manifest, write_run
-    from superinfer.harness.bench import BenchConfig, build_bench_workload, run_bench
     from superinfer.harness.workload.specs import load_spec
 
     own = _suite_defaults(ctx, suite, workload is not None or trace is not None) if suite else {}
@@ -980,8 +980,8 @@ def sweep(
 
     from superinfer.harness.grid.cells import CellCache, load_workload
     from superinfer.harness.grid.executors import CellRunner
-    from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, write_atomic
     from superinfer.harness.grid.sweep import load_spec, sweep_table
+    from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, write_atomic
 
     console = Console(stderr=True)
     parsed = load_spec(spec)

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from superinfer.cli import main
+from superinfer.harness.errors import TraceFormatError
 from superinfer.harness.offline.cache_eval import (
     HIT_RATE_COLUMNS,
     BlockTrace,
@@ -21,7 +22,6 @@ from superinfer.harness.offline.cache_eval import (
     block_trace,
     replay,
 )
-from superinfer.harness.errors import TraceFormatError
 from superinfer.harness.workload.traces import TraceRow
 from superinfer.policy_core.reuse import ReusePredictorConfig
 

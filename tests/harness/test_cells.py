@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from superinfer.harness.bench import BenchConfig, run_sim_cell
+from superinfer.harness.errors import UserError
 from superinfer.harness.grid.cells import (
     AttainmentGuard,
     CellCache,
@@ -23,8 +25,6 @@ from superinfer.harness.grid.cells import (
     select_requests,
     slo_bound_s,
 )
-from superinfer.harness.errors import UserError
-from superinfer.harness.bench import BenchConfig, run_sim_cell
 from superinfer.harness.workload.workload import BATCH_SLO, CHAT_SLO
 from superinfer.policy_core.types import SLO
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from superinfer.harness.grid.cells import CellCache, load_workload
 from superinfer.harness.errors import UserError
+from superinfer.harness.grid.cells import CellCache, load_workload
 from superinfer.harness.grid.executors import CellRunner
 from superinfer.harness.grid.fleet import (
     PLAN_COLUMNS,

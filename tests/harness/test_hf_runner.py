@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from superinfer.harness.errors import DataError, UserError
+from superinfer.harness.bench import BenchConfig, run_bench
 from superinfer.harness.engines.hf import (
     HF_WORKLOAD,
     HFOptions,
@@ -20,7 +20,7 @@ from superinfer.harness.engines.hf import (
     load_sharegpt_prompts,
     workload_defaults,
 )
-from superinfer.harness.bench import BenchConfig, run_bench
+from superinfer.harness.errors import DataError, UserError
 from superinfer.harness.workload.workload import CHAT_SLO, Workload, build_workload, scale_lengths
 from superinfer.sim.request import RequestSpec
 

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from superinfer.harness.errors import UserError
+from superinfer.harness.bench import BenchConfig, run_bench
 from superinfer.harness.engines.hf import RequestTrace, trace_requests_frame
 from superinfer.harness.engines.http import (
     HTTPOptions,
@@ -25,8 +25,8 @@ from superinfer.harness.engines.http import (
     normalize_url,
     replay_http,
 )
+from superinfer.harness.errors import UserError
 from superinfer.harness.report.metrics import add_latency_columns, summarize
-from superinfer.harness.bench import BenchConfig, run_bench
 from superinfer.harness.workload.workload import BATCH_SLO, CHAT_SLO, Workload
 from superinfer.sim.request import RequestSpec
 

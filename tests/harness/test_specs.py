@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from superinfer.harness.workload.data import trace_path
 from superinfer.harness.errors import SpecError, UserError
+from superinfer.harness.workload.data import trace_path
 from superinfer.harness.workload.specs import build_from_spec, builtin_specs, load_spec, parse_spec
 from superinfer.harness.workload.traces import load_mooncake_jsonl
 from superinfer.harness.workload.workload import build_workload

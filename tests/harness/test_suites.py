@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from superinfer.harness.errors import UserError
 from superinfer.harness.bench import BenchConfig
+from superinfer.harness.errors import UserError
 from superinfer.harness.suites import native_policy, run_headline
 
 TINY = BenchConfig(

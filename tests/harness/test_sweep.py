@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from superinfer.harness.grid.cells import CellCache
 from superinfer.harness.errors import UserError
+from superinfer.harness.grid.cells import CellCache
 from superinfer.harness.grid.executors import CellRunner
 from superinfer.harness.grid.sweep import SWEEP_CELL_COLUMNS, load_spec, sweep_table
 

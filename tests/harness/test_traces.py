@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from superinfer.harness.workload.data import trace_path
 from superinfer.harness.errors import TraceFormatError
+from superinfer.harness.workload.data import trace_path
 from superinfer.harness.workload.traces import (
     ColumnMap,
     LengthRow,

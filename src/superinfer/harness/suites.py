@@ -27,11 +27,11 @@ from typing import Any
 
 import pandas as pd
 
-from superinfer.harness.errors import UserError
-from superinfer.harness.report.metrics import SUMMARY_COLUMNS
-from superinfer.harness.report.markdown import format_value
-from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, write_atomic
 from superinfer.harness.bench import BenchConfig, build_bench_workload, run_bench
+from superinfer.harness.errors import UserError
+from superinfer.harness.report.markdown import format_value
+from superinfer.harness.report.metrics import SUMMARY_COLUMNS
+from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, write_atomic
 from superinfer.sim.profiles import PROFILES
 
 __all__ = [

@@ -28,9 +28,9 @@ import numpy as np
 import pandas as pd
 
 from superinfer.adapters.manager import build_plugin_manager
-from superinfer.harness.workload.data import trace_path
 from superinfer.harness.errors import DataError, UserError
 from superinfer.harness.report.metrics import REQUEST_COLUMNS, add_latency_columns
+from superinfer.harness.workload.data import trace_path
 from superinfer.harness.workload.workload import Workload
 from superinfer.sim.engine import SimConfig, Simulator
 from superinfer.sim.hf_cpu import (
@@ -362,7 +362,8 @@ def trace_requests_frame(
 
     ``first_token_s`` is the first token's instant, ``generated_tokens`` the number of token
     instants, ``max_itl_ms`` the largest gap between consecutive ones, ``finish_s`` the record's
-    ``end_s``; the latencies come from :func:`~superinfer.harness.report.metrics.add_latency_columns`
+    ``end_s``; the latencies come from
+    :func:`~superinfer.harness.report.metrics.add_latency_columns`
     (docs/metrics.md). Used by ``hf`` and ``http``.
 
     Args:

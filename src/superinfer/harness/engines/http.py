@@ -48,13 +48,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from superinfer.harness.errors import UserError
 from superinfer.harness.engines.hf import (
     PromptBuilder,
     RequestTrace,
     load_sharegpt_prompts,
     trace_requests_frame,
 )
+from superinfer.harness.errors import UserError
 from superinfer.harness.workload.workload import Workload
 from superinfer.sim.request import RequestSpec
 

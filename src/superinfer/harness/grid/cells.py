@@ -26,10 +26,10 @@ from typing import Any
 
 from superinfer.adapters.hookspecs import hookimpl
 from superinfer.adapters.manager import available_policies
+from superinfer.harness.bench import BenchConfig, run_sim_cell
 from superinfer.harness.errors import UserError
 from superinfer.harness.report.metrics import summarize
 from superinfer.harness.report.results import write_atomic
-from superinfer.harness.bench import BenchConfig, run_sim_cell
 from superinfer.harness.workload.workload import TRACES, Workload, build_workload
 from superinfer.policy_core.types import SLO, RequestView, StepStats
 from superinfer.sim.engine import ROUTERS

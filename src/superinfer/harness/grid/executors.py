@@ -14,8 +14,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from types import TracebackType
 from typing import Any
 
-from superinfer.harness.grid.cells import CellCache, CellSpec, cell_key, run_cell
 from superinfer.harness.errors import UserError
+from superinfer.harness.grid.cells import CellCache, CellSpec, cell_key, run_cell
 
 __all__ = ["EXECUTORS", "CellRunner"]
 

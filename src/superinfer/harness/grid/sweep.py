@@ -31,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 
+from superinfer.harness.errors import UserError
 from superinfer.harness.grid.cells import (
     CELL_FIELDS,
     CellSpec,
@@ -38,7 +39,6 @@ from superinfer.harness.grid.cells import (
     check_cell,
     resolve_policy,
 )
-from superinfer.harness.errors import UserError
 from superinfer.harness.report.metrics import SUMMARY_COLUMNS
 
 if sys.version_info >= (3, 11):

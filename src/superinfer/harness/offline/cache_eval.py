@@ -46,9 +46,9 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from superinfer.harness.workload.data import trace_path
 from superinfer.harness.errors import DataError, TraceFormatError, UserError
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, write_atomic
+from superinfer.harness.workload.data import trace_path
 from superinfer.harness.workload.traces import MOONCAKE_BLOCK_TOKENS, TraceRow, load_mooncake_jsonl
 from superinfer.policy_core.reuse import NodeColumns, ReusePredictor, ReusePredictorConfig
 from superinfer.policy_core.tiers import ScoreFn, TierPlanner

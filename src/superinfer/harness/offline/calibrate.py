@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from superinfer.harness.workload.data import data_dir
 from superinfer.harness.errors import DataError
+from superinfer.harness.workload.data import data_dir
 
 __all__ = ["GEMM_OPS", "SMALL_OPS", "TOKEN_EDGES", "CalibrationResult", "calibrate"]
 

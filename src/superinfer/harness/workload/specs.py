@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
+from superinfer.harness.errors import DataError, SpecError, UserError
 from superinfer.harness.workload.arrivals import gamma_arrivals, spread_buckets
 from superinfer.harness.workload.data import trace_path
-from superinfer.harness.errors import DataError, SpecError, UserError
 from superinfer.harness.workload.traces import (
     MOONCAKE_BLOCK_TOKENS,
     TIME_UNITS,
@@ -138,7 +138,8 @@ class ArrivalSpec:
         rate_rps: mean rate of a synthetic process, requests/s (before rate scaling).
         burstiness: gamma shape (vLLM's ``--burstiness``); 1 for Poisson.
         spread: for ``trace``: ``"uniform"`` spreads requests sharing a quantized timestamp
-            over its bucket (:func:`~superinfer.harness.workload.arrivals.spread_buckets`), ``"none"``
+            over its bucket (:func:`~superinfer.harness.workload.arrivals.spread_buckets`),
+            ``"none"``
             keeps the bursts.
     """
 
