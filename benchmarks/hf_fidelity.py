@@ -29,7 +29,8 @@ import numpy as np
 import pandas as pd
 
 from superinfer.harness.bench import BenchConfig
-from superinfer.harness.engines.hf import SIM_HF_CPU_ENGINE, run_sim_hf_cpu_cell
+from superinfer.harness.engines.hf import SIM_HF_CPU_ENGINE
+from superinfer.harness.engines.sim import run_sim_hf_cpu_cell
 from superinfer.harness.errors import UserError
 from superinfer.harness.report.metrics import summarize
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, write_atomic

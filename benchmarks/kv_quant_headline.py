@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, run_bench
-from superinfer.harness.grid.cells import resolve_policy
+from superinfer.harness.policies import resolve_policy
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, write_atomic
 from superinfer.harness.suites import HEADLINE_RATE_SCALE, ROTATION_DEFAULTS
 

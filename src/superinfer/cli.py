@@ -286,7 +286,7 @@ def bench(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from superinfer.harness.bench import BenchConfig, build_bench_workload, run_bench
-    from superinfer.harness.engines.hf import workload_defaults
+    from superinfer.harness.engines.registry import default_source, run_dir, shaping_defaults
     from superinfer.harness.report.markdown import as_written, render_markdown, write_plots
     from superinfer.harness.report.results import manifest, write_run
     from superinfer.harness.workload.specs import load_spec
@@ -315,10 +315,10 @@ def bench(
                 options[key] = value
     options.update({k: v for k, v in own.items() if k in options})
     engine_ids = _split(options["engines"])
-    cpu_only = bool(engine_ids) and all(e in ("hf", "sim:hf-cpu") for e in engine_ids)
     if trace is None and workload is None:
-        # the real CPU engine replays a shaped slice of the Azure trace (see hf_runner)
-        trace, workload = ("azure", None) if cpu_only else (None, "azure-mixed")
+        # the real CPU engine replays a shaped slice of the Azure trace (engines.registry)
+        kind, name = default_source(engine_ids)
+        trace, workload = (name, None) if kind == "trace" else (None, name)
     given = {
         "rate_scale": rate_scale,
         "duration_s": duration_s,
@@ -327,7 +327,7 @@ def bench(
         "max_prompt_tokens": max_prompt_tokens,
         "max_output_tokens": max_output_tokens,
     }
-    shaping = workload_defaults(engine_ids)
+    shaping = shaping_defaults(engine_ids)
     shaping.update({k: v for k, v in given.items() if v is not None})
     config = BenchConfig(
         trace=trace or "azure",
@@ -374,11 +374,7 @@ def bench(
     else:  # piped or captured: no bars, nothing to clean up
         result = run_bench(config, workload=wl)
     meta = manifest(result.info)
-    live_only = bool(engine_ids) and all(e == "http" for e in engine_ids)
-    if out is not None:
-        out_dir = Path(out)
-    else:
-        out_dir = HF_OUT if cpu_only else HTTP_OUT if live_only else DEFAULT_OUT
+    out_dir = Path(out) if out is not None else Path(run_dir(engine_ids))
     with console.status("drawing plots"):
         plots = write_plots(out_dir, result.summary, result.requests, result.timeline, meta)
     report = render_markdown(as_written(result.summary), meta, plots)
@@ -405,7 +401,7 @@ def _calibrate_hf(
 
     import pandas as pd
 
-    from superinfer.harness.engines.hf import calibrate_hf, fit_steps
+    from superinfer.harness.offline.calibrate_hf import calibrate_hf, fit_steps
     from superinfer.harness.report.results import manifest, write_atomic
 
     path = Path(out)

@@ -7,7 +7,8 @@ import pytest
 
 from superinfer.harness.bench import BenchConfig
 from superinfer.harness.errors import UserError
-from superinfer.harness.suites import native_policy, run_headline
+from superinfer.harness.policies import native_policy
+from superinfer.harness.suites import run_headline
 
 TINY = BenchConfig(
     trace="azure",

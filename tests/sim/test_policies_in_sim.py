@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from superinfer.adapters.manager import available_policies
-from superinfer.harness.bench import build_policy
+from superinfer.harness.policies import build_policy
 from superinfer.harness.workload.workload import build_workload
 from superinfer.policy_core.policies.superinfer import SuperInferPolicy
 from superinfer.sim.request import RequestStatus

@@ -29,10 +29,10 @@ import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, build_bench_workload, run_bench
 from superinfer.harness.errors import UserError
+from superinfer.harness.policies import native_policy
 from superinfer.harness.report.markdown import format_value
 from superinfer.harness.report.metrics import SUMMARY_COLUMNS
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, write_atomic
-from superinfer.sim.profiles import PROFILES
 
 __all__ = [
     "HEADLINE_POLICIES",
@@ -69,12 +69,6 @@ STARVATION_COLUMNS = (
     "n_batch",
     "n_batch_unfinished",
 )
-
-
-def native_policy(engine: str) -> str | None:
-    """The registered name of ``engine``'s own scheduling policy, or ``None`` if unknown."""
-    profile = PROFILES.get(engine)
-    return profile.native_policy if profile is not None else None
 
 
 @dataclass(frozen=True)

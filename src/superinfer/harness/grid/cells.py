@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from superinfer.adapters.hookspecs import hookimpl
-from superinfer.adapters.manager import available_policies
-from superinfer.harness.bench import BenchConfig, run_sim_cell
+from superinfer.harness.engines.base import BenchConfig
+from superinfer.harness.engines.sim import run_sim_cell
 from superinfer.harness.errors import UserError
+from superinfer.harness.policies import registered_policies
 from superinfer.harness.report.metrics import summarize
 from superinfer.harness.report.results import write_atomic
 from superinfer.harness.workload.workload import TRACES, Workload, build_workload
@@ -40,7 +41,6 @@ from superinfer.sim.request import RequestSpec
 __all__ = [
     "CACHE_SCHEMA",
     "CELL_FIELDS",
-    "FALLBACK_POLICY",
     "AttainmentGuard",
     "CellCache",
     "CellSpec",
@@ -53,7 +53,6 @@ __all__ = [
     "code_digest",
     "load_workload",
     "met_slo",
-    "resolve_policy",
     "run_cell",
     "select_requests",
     "slo_bound_s",
@@ -62,8 +61,6 @@ __all__ = [
 
 #: Version of the cached outcome's layout; bump when :func:`run_cell`'s output changes shape.
 CACHE_SCHEMA = 1
-#: What ``native`` runs when an engine's native policy is not registered (a logged fallback).
-FALLBACK_POLICY = "fcfs"
 
 
 @dataclass(frozen=True)
@@ -240,31 +237,6 @@ class WindowStats:
         self.tokens += share * (stats.num_prefill_tokens + stats.num_decode_tokens)
 
 
-def resolve_policy(name: str, engine: str) -> tuple[str, str | None]:
-    """The registered policy ``name`` runs as on ``engine``, and a note when it is a fallback.
-
-    ``native`` is the engine profile's ``native_policy``; if that is not registered, it runs
-    :data:`FALLBACK_POLICY` and the note says so.
-
-    Raises:
-        UserError: unknown engine, or ``name`` is neither ``native`` nor registered.
-    """
-    registered = available_policies()
-    if name == "native":
-        try:
-            native = get_profile(engine).native_policy
-        except KeyError as exc:
-            raise UserError(exc.args[0]) from None
-        if native in registered:
-            return native, None
-        return FALLBACK_POLICY, (
-            f"{engine}'s native policy {native!r} is not registered: ran {FALLBACK_POLICY!r}"
-        )
-    if name not in registered:
-        raise UserError(f"unknown policy {name!r}; registered: {', '.join(sorted(registered))}")
-    return name, None
-
-
 def check_cell(cell: CellSpec) -> None:
     """Fail fast, before any simulation, on a cell that cannot run.
 
@@ -278,7 +250,7 @@ def check_cell(cell: CellSpec) -> None:
         get_gpu(cell.gpu)
     except KeyError as exc:
         raise UserError(exc.args[0]) from None
-    registered = available_policies()
+    registered = registered_policies()
     if cell.policy not in registered:  # ``native`` included: it is resolved before a cell is made
         known = ", ".join(sorted(registered))
         raise UserError(f"unknown policy {cell.policy!r}; registered: {known}")

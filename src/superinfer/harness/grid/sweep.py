@@ -37,8 +37,8 @@ from superinfer.harness.grid.cells import (
     CellSpec,
     cell_key,
     check_cell,
-    resolve_policy,
 )
+from superinfer.harness.policies import resolve_policy
 from superinfer.harness.report.metrics import SUMMARY_COLUMNS
 
 if sys.version_info >= (3, 11):
