@@ -289,7 +289,7 @@ def bench(
     from superinfer.harness.engines.registry import default_source, run_dir, shaping_defaults
     from superinfer.harness.report.markdown import as_written, render_markdown, write_plots
     from superinfer.harness.report.results import manifest, write_run
-    from superinfer.harness.workload.specs import load_spec
+    from superinfer.harness.workload.specs import load_workload_spec
 
     own = _suite_defaults(ctx, suite, workload is not None or trace is not None) if suite else {}
     trace = own.get("trace", trace)
@@ -310,7 +310,7 @@ def bench(
         "policies": policies,
     }
     if workload is not None:
-        for key, value in load_spec(workload).bench.items():
+        for key, value in load_workload_spec(workload).bench.items():
             if ctx.get_parameter_source(key) == click.core.ParameterSource.DEFAULT:
                 options[key] = value
     options.update({k: v for k, v in own.items() if k in options})
@@ -976,11 +976,11 @@ def sweep(
 
     from superinfer.harness.grid.cells import CellCache, load_workload
     from superinfer.harness.grid.executors import CellRunner
-    from superinfer.harness.grid.sweep import load_spec, sweep_table
+    from superinfer.harness.grid.sweep import load_sweep_spec, sweep_table
     from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, write_atomic
 
     console = Console(stderr=True)
-    parsed = load_spec(spec)
+    parsed = load_sweep_spec(spec)
     cells, notes = parsed.cells()
     for note in notes:
         console.print(f"note: {note}")

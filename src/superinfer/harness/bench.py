@@ -18,8 +18,8 @@ from superinfer.harness.engines.registry import engine_family
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import resolve_policy_opts, select_policies
 from superinfer.harness.report.metrics import summarize
-from superinfer.harness.workload.specs import build_from_spec, load_spec
-from superinfer.harness.workload.workload import Workload, build_workload, scale_lengths
+from superinfer.harness.workload.resolve import resolve_workload
+from superinfer.harness.workload.workload import Workload, scale_lengths
 
 __all__ = [
     "TIMELINE_COLUMNS",
@@ -59,22 +59,14 @@ def build_bench_workload(config: BenchConfig) -> Workload:
             spec (a spec sets its own window).
         TraceFormatError: a malformed trace file.
     """
-    if config.workload is not None:
-        if config.start_s:
-            raise UserError("--start-s applies to --trace workloads; a spec sets its own window")
-        wl = build_from_spec(
-            load_spec(config.workload),
-            seed=config.seed,
-            rate_scale=config.rate_scale,
-            duration_s=config.duration_s,
-        )
-    else:
-        wl = build_workload(
-            config.trace,
-            rate_scale=config.rate_scale,
-            duration_s=config.duration_s,
-            start_s=config.start_s,
-        )
+    wl = resolve_workload(
+        config.workload if config.workload is not None else config.trace,
+        spec=config.workload is not None,
+        seed=config.seed,
+        rate_scale=config.rate_scale,
+        duration_s=config.duration_s,
+        start_s=config.start_s,
+    )
     if (
         config.length_scale != 1.0
         or config.max_prompt_tokens is not None

@@ -31,7 +31,8 @@ from superinfer.harness.errors import UserError
 from superinfer.harness.policies import registered_policies
 from superinfer.harness.report.metrics import summarize
 from superinfer.harness.report.results import write_atomic
-from superinfer.harness.workload.workload import TRACES, Workload, build_workload
+from superinfer.harness.workload.resolve import resolve_workload
+from superinfer.harness.workload.workload import TRACES, Workload
 from superinfer.policy_core.types import SLO, RequestView, StepStats
 from superinfer.sim.engine import ROUTERS
 from superinfer.sim.hardware import get_gpu, get_model
@@ -282,11 +283,7 @@ def load_workload(trace: str, rate_scale: float, seed: int = 0) -> Workload:
         UserError: unknown trace or spec, or a bad scale; ``TraceFormatError`` for a malformed
             file.
     """
-    if trace in TRACES or trace.endswith(".csv"):
-        return build_workload(trace, rate_scale=rate_scale)
-    from superinfer.harness.workload.specs import build_from_spec, load_spec
-
-    return build_from_spec(load_spec(trace), seed=seed, rate_scale=rate_scale, duration_s=None)
+    return resolve_workload(trace, seed=seed, rate_scale=rate_scale)
 
 
 def _file_sha256(path: Path) -> str:
@@ -306,9 +303,10 @@ def workload_digest(trace: str) -> str:
     elif trace.endswith(".csv"):
         paths = [Path(trace)]
     else:  # a workload spec: its text and the files of its sources
-        from superinfer.harness.workload.specs import builtin_specs, load_spec, resolve_source_file
+        from superinfer.harness.workload.spec_build import resolve_source_file
+        from superinfer.harness.workload.specs import builtin_specs, load_workload_spec
 
-        spec = load_spec(trace)
+        spec = load_workload_spec(trace)
         text = builtin_specs().get(trace)
         paths = [resolve_source_file(spec, i, src) for i, src in enumerate(spec.sources)]
         h = hashlib.sha256((text if text is not None else Path(trace).read_text()).encode())

@@ -46,7 +46,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["SWEEP_CELL_COLUMNS", "SweepSpec", "load_spec", "sweep_table"]
+__all__ = ["SWEEP_CELL_COLUMNS", "SweepSpec", "load_sweep_spec", "sweep_table"]
 
 #: Leading columns of ``sweep.csv``: the cell's settings; then ``SUMMARY_COLUMNS`` (less engine
 #: and policy), then ``TRAILING``. One row per cell x SLO class (and ``all``).
@@ -140,7 +140,7 @@ def _check_keys(path: Path, table: str, items: Mapping[str, Any]) -> None:
             raise UserError(f"{path}: [{table}] unknown field {name!r}; fields: {known}")
 
 
-def load_spec(path: str | Path) -> SweepSpec:
+def load_sweep_spec(path: str | Path) -> SweepSpec:
     """Parse a sweep spec (module docstring).
 
     Raises:
