@@ -31,6 +31,7 @@ __all__ = [
     "make_quant_planner",
     "native_policy",
     "policy_class",
+    "policy_listing",
     "policy_manager",
     "registered_policies",
     "resolve_policy",
@@ -220,3 +221,20 @@ def policy_manager(
         pm.register(plugin)
     pm.check_pending()
     return pm
+
+
+def policy_listing(*, show_options: bool = False) -> list[str]:
+    """Lines of ``superinfer policies``: each registered policy and its entry point, with
+    ``show_options`` its ``--policy-opt`` options (default and help) below it."""
+    lines = []
+    for name, ep in sorted(available_policies().items()):
+        lines.append(f"{name:12s} {ep.value}")
+        if not show_options:
+            continue
+        loaded = ep.load()
+        cls = loaded if isinstance(loaded, type) else type(loaded)
+        for key, (default, text) in policy_options(cls).items():
+            if key == "output_tokens":
+                continue  # set by the harness from the workload, not an option
+            lines.append(f"    {key} = {default!r}: {text}")
+    return lines

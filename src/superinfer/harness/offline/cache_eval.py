@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -67,10 +68,12 @@ __all__ = [
     "CacheEvalConfig",
     "ReplayResult",
     "belady_prefix_hits",
+    "cache_eval_config",
     "block_trace",
     "load_cache_trace",
     "replay",
     "replay_ordered",
+    "result_line",
     "run_cache_eval",
     "write_cache_eval",
     "write_cache_report",
@@ -439,3 +442,46 @@ def write_cache_report(out_dir: Path, trace: BlockTrace | None = None) -> None:
     _plot(table, minutes, out_dir, target)
     report = render_cache_report(trace, config, table, detail, meta, target)
     write_atomic(out_dir / "report.md", partial(_write_text, report))
+
+
+def cache_eval_config(
+    *,
+    trace: str,
+    capacities: str,
+    cpu_ratio: float,
+    policies: str,
+    duration_s: float | None,
+    jobs: int | None,
+    seed: int,
+) -> CacheEvalConfig:
+    """The evaluation ``superinfer cache-eval`` options describe (``capacities`` and ``policies``
+    comma-separated; ``jobs`` ``None``: the CPU count, at most 4).
+
+    Raises:
+        UserError: a capacity that is not a number.
+    """
+    fracs = []
+    for text in (t.strip() for t in capacities.split(",")):
+        if not text:
+            continue
+        try:
+            fracs.append(float(text))
+        except ValueError:
+            raise UserError(f"--capacities: {text!r} is not a number") from None
+    return CacheEvalConfig(
+        trace=trace,
+        capacity_fracs=tuple(fracs),
+        cpu_ratio=cpu_ratio,
+        policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
+        duration_s=duration_s,
+        jobs=jobs if jobs is not None else max(1, min(4, os.cpu_count() or 1)),
+        seed=seed,
+    )
+
+
+def result_line(r: ReplayResult) -> str:
+    """One replay's hit rates as a line of text."""
+    return (
+        f"{r.policy:10s} capacity {r.capacity_frac:<5g} cpu_tier {str(r.cpu_tier):5s} "
+        f"blocks {100 * r.block_hit_rate:6.2f}%  tokens {100 * r.token_hit_rate:6.2f}%"
+    )

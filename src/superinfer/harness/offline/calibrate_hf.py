@@ -7,9 +7,11 @@ torch and transformers are imported only when a measurement starts.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -24,13 +26,20 @@ from superinfer.harness.engines.hf import (
 )
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import policy_manager
+from superinfer.harness.report.results import manifest, write_atomic
 from superinfer.harness.workload.prompts import PromptBuilder, load_sharegpt_prompts
 from superinfer.sim.hf_cpu import HFCPUStepTime, StepSample, shape_of_totals
 
 if TYPE_CHECKING:
     from superinfer.adapters.hf.plugin import StepRecord
 
-__all__ = ["CALIBRATION_GRID", "calibrate_hf", "fit_steps"]
+__all__ = [
+    "CALIBRATION_GRID",
+    "calibrate_hf",
+    "fit_steps",
+    "fit_summary",
+    "write_hf_calibration",
+]
 
 
 #: Closed batches run by :func:`calibrate_hf`: ``(requests, prompt tokens, output tokens)``. They
@@ -165,3 +174,68 @@ def fit_steps(steps: pd.DataFrame) -> tuple[HFCPUStepTime, dict[str, Any]]:
         },
     }
     return model, report
+
+
+def write_hf_calibration(
+    engine_options: Mapping[str, str],
+    *,
+    seed: int = 0,
+    steps_file: str | None = None,
+    out: str = "results/hf/step_time_fit.json",
+) -> tuple[HFCPUStepTime, dict[str, Any], Path, Path]:
+    """Measure (or refit from ``steps_file``) and write the ``sim:hf-cpu`` calibration.
+
+    Writes the coefficients, the fit error and the engine's per-step profile to ``out`` (use it
+    with ``superinfer bench --engine sim:hf-cpu --engine-option step_time_file=PATH``) and the
+    steps to ``<out stem>_steps.csv`` beside it.
+
+    Args:
+        engine_options: ``--engine-option`` settings (engine limits, threads).
+        seed: seed of the prompt order.
+        steps_file: refit from these recorded steps (a ``*_steps.csv`` of calibrate or a run's
+            ``steps.parquet``) instead of measuring; what the earlier measurement recorded in
+            ``out`` is kept.
+        out: the calibration file.
+
+    Returns:
+        ``(model, report, calibration path, steps path)``.
+
+    Raises:
+        UserError: unreadable steps, too few to fit, or the hf extra / model not installed.
+    """
+    path = Path(out)
+    if steps_file is None:
+        model, report, steps = calibrate_hf(engine_options, seed=seed)
+    else:
+        source = Path(steps_file)
+        try:
+            steps = pd.read_parquet(source) if source.suffix == ".parquet" else pd.read_csv(source)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{source}: cannot read recorded steps ({exc})") from None
+        model, report = fit_steps(steps)
+        report["steps_from"] = str(source)
+        try:
+            previous = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        except ValueError:
+            previous = {}
+        for key in ("grid", "engine", "model", "dtype", "torch_threads", "wall_s", "step_profile"):
+            if key in previous:  # what the measurement the steps came from recorded
+                report[key] = previous[key]
+    meta = manifest({"config": {"seed": seed}})
+    doc = {**report, "git_sha": meta["git_sha"], "host": meta["host"], "command": meta["command"]}
+    text = json.dumps(doc, indent=2) + "\n"
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    steps_path = path.with_name(path.stem + "_steps.csv")
+    write_atomic(steps_path, lambda p: steps.to_csv(p, index=False, float_format="%.6g"))
+    return model, report, path, steps_path
+
+
+def fit_summary(model: HFCPUStepTime, report: Mapping[str, Any]) -> list[str]:
+    """Lines describing a fit: its error, then each coefficient (s per unit of its feature)."""
+    fit = report["fit"]
+    lines = [
+        f"fitted on {fit['num_samples']} steps: mean |rel err| {fit['mean_abs_rel_err']:.3f}, "
+        f"p90 {fit['p90_abs_rel_err']:.3f}"
+    ]
+    lines += [f"  {name:12s} {value:.6g} s" for name, value in model.to_dict().items()]
+    return lines
