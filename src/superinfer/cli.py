@@ -189,7 +189,7 @@ def cli() -> None:
               "tables do not depend on it).")
 @click.pass_context
 # fmt: on
-def bench(ctx: click.Context, **params: Any) -> None:
+def bench(ctx: click.Context, /, **params: Any) -> None:
     """Run a workload on an engine under each policy; write the run directory and print the table.
 
     With no options: the azure-mixed workload (Azure 2023 conv as chat + code as batch, one
@@ -327,7 +327,7 @@ def _calibrate_gpu(out: str | None, install: bool) -> None:
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 # fmt: on
-def serve(ctx: click.Context, engine: str, **p: Any) -> None:
+def serve(ctx: click.Context, /, engine: str, **p: Any) -> None:
     """Serve with the policy inside.
 
     \b

@@ -9,8 +9,11 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from superinfer.harness.errors import UserError
 from superinfer.harness.grid.cells import CellCache, load_workload
@@ -30,6 +33,10 @@ __all__ = [
 
 #: Files a plan writes (``cells/`` beside them holds the cell cache).
 PLAN_FILES = ("plan.csv", "plan_detail.csv", "search.csv", "plan.md", "manifest.json")
+
+
+def _write_csv(frame: pd.DataFrame, path: Path) -> None:
+    frame.to_csv(path, index=False, float_format=CSV_FLOAT_FORMAT)
 
 
 def parse_targets(value: str | None) -> tuple[tuple[str, float], ...]:
@@ -152,13 +159,9 @@ def run_fleet_plan(
     t0 = time.perf_counter()
     with CellRunner(executor, workers=workers, address=address, cache=cache) as runner:
         result = plan_fleet(config, wl, runner, progress=progress, log=log, notes=notes)
-    fmt = CSV_FLOAT_FORMAT
     for name, frame in (("plan", result.plan), ("plan_detail", result.detail),
                         ("search", result.search)):  # fmt: skip
-        write_atomic(
-            out_dir / f"{name}.csv",
-            lambda p, frame=frame: frame.to_csv(p, index=False, float_format=fmt),
-        )
+        write_atomic(out_dir / f"{name}.csv", partial(_write_csv, frame))
     write_atomic(out_dir / "plan.md", lambda p: p.write_text(render_plan(result, config, wl)))
     meta = manifest(
         {
