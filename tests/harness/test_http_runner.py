@@ -14,9 +14,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from superinfer.harness.errors import UserError
-from superinfer.harness.hf_runner import RequestTrace, trace_requests_frame
-from superinfer.harness.http_runner import (
+from superinfer.harness.bench import BenchConfig, run_bench
+from superinfer.harness.engines.hf import RequestTrace, trace_requests_frame
+from superinfer.harness.engines.http import (
     HTTPOptions,
     StreamAccount,
     StreamError,
@@ -25,9 +25,9 @@ from superinfer.harness.http_runner import (
     normalize_url,
     replay_http,
 )
-from superinfer.harness.metrics import add_latency_columns, summarize
-from superinfer.harness.runner import BenchConfig, run_bench
-from superinfer.harness.workload import BATCH_SLO, CHAT_SLO, Workload
+from superinfer.harness.errors import UserError
+from superinfer.harness.report.metrics import add_latency_columns, summarize
+from superinfer.harness.workload.workload import BATCH_SLO, CHAT_SLO, Workload
 from superinfer.sim.request import RequestSpec
 
 pytest.importorskip("httpx_sse", reason="httpx-sse missing: run `make install-serve`")

@@ -33,7 +33,7 @@ WORKLOAD = ["--trace", "azure", "--start-s", "77", "--rate-scale", "0.5", "--dur
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from superinfer.adapters.hf.engine import ModelNotInstalledError, smollm2_gguf_path
-    from superinfer.harness.peers import superinfer_server
+    from superinfer.harness.engines.peers import superinfer_server
 
     try:
         smollm2_gguf_path()

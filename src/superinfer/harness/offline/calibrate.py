@@ -37,10 +37,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from superinfer.harness.data import data_dir
 from superinfer.harness.errors import DataError
+from superinfer.harness.workload.data import data_dir
 
-__all__ = ["GEMM_OPS", "SMALL_OPS", "TOKEN_EDGES", "CalibrationResult", "calibrate"]
+__all__ = [
+    "GEMM_OPS",
+    "SMALL_OPS",
+    "TOKEN_EDGES",
+    "CalibrationResult",
+    "calibrate",
+    "write_gpu_calibration",
+]
 
 #: Token-range boundaries of the GEMM efficiency buckets (the last bucket is open-ended).
 TOKEN_EDGES = (0, 32, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -496,3 +503,42 @@ def render_report(result: CalibrationResult) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def write_gpu_calibration(out: str = "results/calibration", *, install: bool = True) -> list[Path]:
+    """Fit the simulator's step-time model to the measured GPU timings and write it.
+
+    Writes ``fit_error.csv``, ``fit_error_by_range.csv``, ``params.json`` and ``report.md`` to
+    ``out`` and, with ``install``, the parameters into the package (``sim/calibration.json``),
+    where the simulator reads them.
+
+    Returns:
+        The output directory, then the installed file when ``install``.
+
+    Raises:
+        DataError: the profiling data is missing or malformed.
+    """
+    from superinfer.harness.report.results import write_atomic
+
+    out_dir = Path(out)
+    result = calibrate()
+    text = params_json(result)
+    fmt = "%.5g"
+    write_atomic(
+        out_dir / "fit_error.csv",
+        lambda p: result.fit_error.to_csv(p, index=False, float_format=fmt),
+    )
+    write_atomic(
+        out_dir / "fit_error_by_range.csv",
+        lambda p: result.fit_error_by_range.to_csv(p, index=False, float_format=fmt),
+    )
+    write_atomic(out_dir / "params.json", lambda p: p.write_text(text))
+    write_atomic(out_dir / "report.md", lambda p: p.write_text(render_report(result)))
+    written = [out_dir]
+    if install:
+        import superinfer.sim as sim_pkg
+
+        target = Path(sim_pkg.__file__).parent / "calibration.json"
+        write_atomic(target, lambda p: p.write_text(text))
+        written.append(target)
+    return written

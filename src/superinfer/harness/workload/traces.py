@@ -14,16 +14,27 @@ Hypothesis fuzz test in ``tests/harness/test_trace_fuzz.py`` holds every loader 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from superinfer.harness.errors import DataError, TraceFormatError
+from superinfer.harness.workload.trace_fields import (
+    check_hashes,
+    csv_header,
+    csv_records,
+    finite_seconds,
+    json_object,
+    json_positive_int,
+    lenient_positive_int,
+    numbered_lines,
+    positive_int,
+    read_trace_text,
+    require_columns,
+    show_value,
+)
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -48,7 +59,6 @@ TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "datetime": 1.0}
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _SHAREGPT_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
-_SHOWN_CHARS = 40  # longest value quoted in an error message
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,152 +149,6 @@ class ColumnMap:
         return tuple(c for c in (*named, self.prompt) if c is not None)
 
 
-# -- helpers ------------------------------------------------------------------------------------
-
-
-def _show(value: object) -> str:
-    """``repr(value)``, cut to a readable length."""
-    text = repr(value)
-    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
-
-
-def _read_text(path: Path) -> str:
-    """The file as text (UTF-8, a leading BOM dropped), or a one-line error."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise TraceFormatError(path, None, None, f"cannot read ({exc.strerror})") from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise TraceFormatError(path, line, None, f"not UTF-8 (byte {exc.start})") from None
-
-
-def _lines(text: str) -> Iterator[tuple[int, str]]:
-    """``(line number, line)`` split on ``\\n`` only, as editors count lines."""
-    for number, line in enumerate(text.split("\n"), start=1):
-        yield number, line.rstrip("\r")
-
-
-def _positive_int(path: Path, line: int, field: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise TraceFormatError(path, line, field, f"{_show(text)} is not an integer") from None
-    if value < 1:
-        raise TraceFormatError(path, line, field, f"{value} must be >= 1")
-    return value
-
-
-def _lenient_positive_int(path: Path, line: int, field: str, text: str) -> int:
-    """A positive integer written as ``12`` or ``12.0`` (pandas writes integral floats so)."""
-    try:
-        return _positive_int(path, line, field, text)
-    except TraceFormatError:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value.is_integer()):
-            raise
-        return _positive_int(path, line, field, str(int(value)))
-
-
-def _json_positive_int(path: Path, line: int, field: str, value: object) -> int:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TraceFormatError(path, line, field, f"{_show(value)} is not an integer")
-    if value < 1:
-        raise TraceFormatError(path, line, field, f"{value} must be >= 1")
-    return value
-
-
-def _finite_seconds(path: Path, line: int, field: str, value: float, unit: float) -> float:
-    """``value * unit`` as a finite time >= 0 s."""
-    try:
-        seconds = float(value) * unit
-    except OverflowError:
-        seconds = math.inf
-    if not math.isfinite(seconds) or seconds < 0:
-        raise TraceFormatError(path, line, field, f"{_show(value)} is not a finite time >= 0")
-    return seconds
-
-
-def _check_hashes(
-    path: Path, line: int, field: str, hashes: object, prompt: int, block_tokens: int
-) -> tuple[int, ...]:
-    if not isinstance(hashes, list) or not all(
-        isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hashes
-    ):
-        raise TraceFormatError(path, line, field, "not a list of integers >= 0")
-    expected = -(-prompt // block_tokens)
-    if len(hashes) != expected:
-        raise TraceFormatError(
-            path,
-            line,
-            field,
-            f"{len(hashes)} blocks, but input_length {prompt} needs {expected} of {block_tokens}",
-        )
-    return tuple(hashes)
-
-
-def _csv_records(path: Path, text: str) -> Iterator[tuple[int, dict[str, str]]]:
-    """``(line, {column: cell})`` per non-blank data row; the header is line 1.
-
-    Raises:
-        TraceFormatError: empty file, duplicate header names, a row with fewer fields than the
-            header, or a CSV syntax error.
-    """
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        header = next(reader, None)
-        if header is None:
-            raise TraceFormatError(path, None, None, "empty file (no header)")
-        header = [h.strip() for h in header]
-        dupes = sorted({h for h in header if header.count(h) > 1})
-        if dupes:
-            raise TraceFormatError(path, 1, dupes[0], "column named twice in the header")
-        for row in reader:
-            line = reader.line_num
-            if not row or all(not cell.strip() for cell in row):
-                continue  # blank line
-            if len(row) < len(header):
-                raise TraceFormatError(
-                    path, line, None, f"{len(row)} fields, header has {len(header)}"
-                )
-            yield line, dict(zip(header, row[: len(header)], strict=True))
-    except csv.Error as exc:
-        raise TraceFormatError(path, reader.line_num or None, None, f"bad CSV ({exc})") from None
-
-
-def _require_columns(path: Path, header: list[str], columns: tuple[str, ...]) -> None:
-    for col in columns:
-        if col not in header:
-            raise TraceFormatError(path, 1, col, f"missing column (header: {','.join(header)})")
-
-
-def _csv_header(path: Path, text: str) -> list[str]:
-    first = text.split("\n", 1)[0]
-    try:
-        return [h.strip() for h in next(csv.reader([first]), [])]
-    except csv.Error:
-        return []
-
-
-def _json_object(path: Path, line: int, text: str) -> dict[str, object]:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TraceFormatError(path, line, None, f"not JSON ({exc.msg})") from None
-    except (ValueError, RecursionError) as exc:  # >4300-digit integers, deep nesting
-        raise TraceFormatError(path, line, None, f"not usable JSON ({exc})") from None
-    if not isinstance(obj, dict):
-        raise TraceFormatError(path, line, None, "not a JSON object")
-    return obj
-
-
 # -- Azure ----------------------------------------------------------------------------------
 
 
@@ -318,29 +182,29 @@ def load_azure_csv(path: Path) -> list[TraceRow]:
         TraceFormatError: missing or empty file, missing column, unparseable or decreasing
             timestamp, non-integer or non-positive length.
     """
-    text = _read_text(path)
+    text = read_trace_text(path)
     rows: list[TraceRow] = []
     last = float("-inf")
-    for line, rec in _csv_records(path, text):
+    for line, rec in csv_records(path, text):
         if not rows:
-            _require_columns(path, list(rec), _AZURE_COLUMNS)
+            require_columns(path, list(rec), _AZURE_COLUMNS)
         stamp = rec["TIMESTAMP"]
         try:
             arrival = parse_azure_timestamp(stamp)
         except ValueError:
             raise TraceFormatError(
-                path, line, "TIMESTAMP", f"{_show(stamp)} is not 'YYYY-MM-DD HH:MM:SS.fffffff'"
+                path, line, "TIMESTAMP", f"{show_value(stamp)} is not 'YYYY-MM-DD HH:MM:SS.fffffff'"
             ) from None
         if arrival < last:
             raise TraceFormatError(
-                path, line, "TIMESTAMP", f"{_show(stamp)} is earlier than the line before"
+                path, line, "TIMESTAMP", f"{show_value(stamp)} is earlier than the line before"
             )
         last = arrival
-        prompt = _positive_int(path, line, "ContextTokens", rec["ContextTokens"])
-        output = _positive_int(path, line, "GeneratedTokens", rec["GeneratedTokens"])
+        prompt = positive_int(path, line, "ContextTokens", rec["ContextTokens"])
+        output = positive_int(path, line, "GeneratedTokens", rec["GeneratedTokens"])
         rows.append(TraceRow(arrival, prompt, output, line))
     if not rows:
-        _require_columns(path, _csv_header(path, text), _AZURE_COLUMNS)
+        require_columns(path, csv_header(path, text), _AZURE_COLUMNS)
         raise TraceFormatError(path, None, None, "no requests (header only)")
     return rows
 
@@ -354,7 +218,7 @@ def load_mooncake_jsonl(path: Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -
 
     Arrival times are returned as the file gives them (``timestamp / 1000`` s); the conversation
     trace quantizes them to about 3 s buckets, which a workload may spread
-    (:func:`superinfer.harness.arrivals.spread_buckets`).
+    (:func:`superinfer.harness.workload.arrivals.spread_buckets`).
 
     Args:
         path: the ``.jsonl`` file.
@@ -367,23 +231,25 @@ def load_mooncake_jsonl(path: Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -
     """
     rows: list[TraceRow] = []
     last = float("-inf")
-    for line, text in _lines(_read_text(path)):
+    for line, text in numbered_lines(read_trace_text(path)):
         if not text.strip():
             continue
-        obj = _json_object(path, line, text)
+        obj = json_object(path, line, text)
         for key in ("timestamp", "input_length", "output_length", "hash_ids"):
             if key not in obj:
                 raise TraceFormatError(path, line, key, "missing")
         ts = obj["timestamp"]
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts != ts or ts < 0:
-            raise TraceFormatError(path, line, "timestamp", f"{_show(ts)} is not a time >= 0 (ms)")
-        _finite_seconds(path, line, "timestamp", ts, 1e-3)
+            raise TraceFormatError(
+                path, line, "timestamp", f"{show_value(ts)} is not a time >= 0 (ms)"
+            )
+        finite_seconds(path, line, "timestamp", ts, 1e-3)
         if ts < last:
             raise TraceFormatError(path, line, "timestamp", f"{ts} is earlier than the line before")
         last = ts
-        prompt = _json_positive_int(path, line, "input_length", obj["input_length"])
-        output = _json_positive_int(path, line, "output_length", obj["output_length"])
-        hashes = _check_hashes(path, line, "hash_ids", obj["hash_ids"], prompt, block_tokens)
+        prompt = json_positive_int(path, line, "input_length", obj["input_length"])
+        output = json_positive_int(path, line, "output_length", obj["output_length"])
+        hashes = check_hashes(path, line, "hash_ids", obj["hash_ids"], prompt, block_tokens)
         # ts / 1000 rather than ts * 1e-3: exact for the integer milliseconds of the file.
         rows.append(TraceRow(ts / 1000.0, prompt, output, line, hashes))
     if not rows:
@@ -406,22 +272,22 @@ def load_sharegpt_lengths_csv(path: Path) -> list[LengthRow]:
         TraceFormatError: missing or empty file, missing column, a non-integer or non-positive
             length, or a total that is not the sum.
     """
-    text = _read_text(path)
+    text = read_trace_text(path)
     rows: list[LengthRow] = []
-    for line, rec in _csv_records(path, text):
+    for line, rec in csv_records(path, text):
         if not rows:
-            _require_columns(path, list(rec), _SHAREGPT_COLUMNS)
-        prompt = _positive_int(path, line, "num_prefill_tokens", rec["num_prefill_tokens"])
-        output = _positive_int(path, line, "num_decode_tokens", rec["num_decode_tokens"])
+            require_columns(path, list(rec), _SHAREGPT_COLUMNS)
+        prompt = positive_int(path, line, "num_prefill_tokens", rec["num_prefill_tokens"])
+        output = positive_int(path, line, "num_decode_tokens", rec["num_decode_tokens"])
         if "num_total_tokens" in rec:
-            total = _positive_int(path, line, "num_total_tokens", rec["num_total_tokens"])
+            total = positive_int(path, line, "num_total_tokens", rec["num_total_tokens"])
             if total != prompt + output:
                 raise TraceFormatError(
                     path, line, "num_total_tokens", f"{total} != {prompt} + {output}"
                 )
         rows.append(LengthRow(prompt, output, line))
     if not rows:
-        _require_columns(path, _csv_header(path, text), _SHAREGPT_COLUMNS)
+        require_columns(path, csv_header(path, text), _SHAREGPT_COLUMNS)
         raise TraceFormatError(path, None, None, "no requests (header only)")
     return rows
 
@@ -517,7 +383,7 @@ def load_sharegpt_prompts_json(
             or an empty prompt.
         DataError: no ``count_tokens`` given and ``mistral-common`` is not installed.
     """
-    text = _read_text(path)
+    text = read_trace_text(path)
     items = list(_json_array_items(path, text))
     if not items:
         raise TraceFormatError(path, None, None, "no requests (empty array)")
@@ -564,21 +430,25 @@ def _cell_arrival(path: Path, line: int, cmap: ColumnMap, value: object) -> floa
     field = cmap.arrival or ""
     if cmap.time_unit == "datetime":
         if not isinstance(value, str):
-            raise TraceFormatError(path, line, field, f"{_show(value)} is not a date-time string")
+            raise TraceFormatError(
+                path, line, field, f"{show_value(value)} is not a date-time string"
+            )
         try:
             return _parse_datetime(value)
         except (ValueError, OverflowError, OSError):
             raise TraceFormatError(
-                path, line, field, f"{_show(value)} is not a date-time (ISO 8601)"
+                path, line, field, f"{show_value(value)} is not a date-time (ISO 8601)"
             ) from None
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
-            raise TraceFormatError(path, line, field, f"{_show(value)} is not a number") from None
+            raise TraceFormatError(
+                path, line, field, f"{show_value(value)} is not a number"
+            ) from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TraceFormatError(path, line, field, f"{_show(value)} is not a number")
-    return _finite_seconds(path, line, field, value, TIME_UNITS[cmap.time_unit])
+        raise TraceFormatError(path, line, field, f"{show_value(value)} is not a number")
+    return finite_seconds(path, line, field, value, TIME_UNITS[cmap.time_unit])
 
 
 def _cell_hashes(
@@ -597,7 +467,7 @@ def _cell_hashes(
             if not all(p.isascii() and p.isdigit() for p in parts):
                 raise TraceFormatError(path, line, field, "not a list of integers >= 0")
             value = [int(p) for p in parts]
-    return _check_hashes(path, line, field, value, prompt, cmap.hash_block_tokens)
+    return check_hashes(path, line, field, value, prompt, cmap.hash_block_tokens)
 
 
 def _table_row(
@@ -619,8 +489,8 @@ def _table_row(
     def length(col: str) -> int:
         value = rec[col]
         if isinstance(value, str):
-            return _lenient_positive_int(path, line, col, value)
-        return _json_positive_int(path, line, col, value)
+            return lenient_positive_int(path, line, col, value)
+        return json_positive_int(path, line, col, value)
 
     prompt = length(cmap.prompt_tokens) if cmap.prompt_tokens else max(count(text or ""), 1)
     output = length(cmap.output_tokens)
@@ -661,13 +531,15 @@ def load_table(
     fmt = fmt or ("jsonl" if path.suffix.lower() in (".jsonl", ".json") else "csv")
     if fmt not in ("csv", "jsonl"):
         raise ValueError(f"fmt must be 'csv' or 'jsonl', got {fmt!r}")
-    text = _read_text(path)
+    text = read_trace_text(path)
     records: Iterator[tuple[int, dict[str, object]]]
     if fmt == "csv":
-        records = ((line, dict(rec)) for line, rec in _csv_records(path, text))
+        records = ((line, dict(rec)) for line, rec in csv_records(path, text))
     else:
         records = (
-            (line, _json_object(path, line, body)) for line, body in _lines(text) if body.strip()
+            (line, json_object(path, line, body))
+            for line, body in numbered_lines(text)
+            if body.strip()
         )
     count: Callable[[str], int] = count_tokens or (lambda s: mistral_v1_token_counter()(s))
     timed: list[TraceRow] = []
@@ -675,7 +547,7 @@ def load_table(
     last = float("-inf")
     for line, rec in records:
         if fmt == "csv" and not timed and not untimed:
-            _require_columns(path, list(rec), cmap.columns())
+            require_columns(path, list(rec), cmap.columns())
         arrival, row = _table_row(path, line, rec, cmap, count)
         if arrival is None:
             untimed.append(row)
@@ -685,7 +557,7 @@ def load_table(
                 path,
                 line,
                 cmap.arrival,
-                f"{_show(rec[cmap.arrival or ''])} is earlier than the line before",
+                f"{show_value(rec[cmap.arrival or ''])} is earlier than the line before",
             )
         last = arrival
         assert row.output_tokens is not None  # output_tokens is always mapped
@@ -696,6 +568,6 @@ def load_table(
         )
     if not timed and not untimed:
         if fmt == "csv":
-            _require_columns(path, _csv_header(path, text), cmap.columns())
+            require_columns(path, csv_header(path, text), cmap.columns())
         raise TraceFormatError(path, None, None, "no requests (empty file)")
     return timed if cmap.arrival else untimed

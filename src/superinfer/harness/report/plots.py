@@ -19,7 +19,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from superinfer.harness.results import write_atomic
+from superinfer.harness.report.results import write_atomic
 
 __all__ = [
     "PLOT_FILES",

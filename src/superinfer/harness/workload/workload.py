@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from superinfer.harness.data import trace_path
 from superinfer.harness.errors import UserError
-from superinfer.harness.traces import TraceRow, load_azure_csv
+from superinfer.harness.workload.data import trace_path
+from superinfer.harness.workload.traces import TraceRow, load_azure_csv
 from superinfer.policy_core.types import SLO
 from superinfer.sim.request import RequestSpec
 
@@ -37,7 +37,8 @@ class Source:
 
     Attributes:
         name: short name, used as the request id prefix and in the ``source`` column.
-        file: trace file name (found by :func:`superinfer.harness.data.trace_path`) or a path.
+        file: trace file name (found by
+            :func:`superinfer.harness.workload.data.trace_path`) or a path.
         slo: SLO class of its requests.
         max_output_tokens: the ``max_tokens`` its requests declare; a request's true output
             length, if larger, is used instead. Azure conv outputs are capped at 1000 tokens in

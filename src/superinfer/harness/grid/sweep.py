@@ -22,31 +22,44 @@ list of values; the sweep is the cross product of the lists, in the order the fi
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from superinfer.harness.cells import (
+from superinfer.harness.errors import UserError
+from superinfer.harness.grid.cells import (
     CELL_FIELDS,
+    CellCache,
     CellSpec,
     cell_key,
     check_cell,
-    resolve_policy,
+    load_workload,
 )
-from superinfer.harness.errors import UserError
-from superinfer.harness.metrics import SUMMARY_COLUMNS
+from superinfer.harness.grid.executors import CellRunner, ProgressFn
+from superinfer.harness.policies import resolve_policy
+from superinfer.harness.report.metrics import SUMMARY_COLUMNS
+from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, write_atomic
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["SWEEP_CELL_COLUMNS", "SweepSpec", "load_spec", "sweep_table"]
+__all__ = [
+    "SWEEP_CELL_COLUMNS",
+    "SweepRun",
+    "SweepSpec",
+    "load_sweep_spec",
+    "run_sweep",
+    "sweep_table",
+]
 
 #: Leading columns of ``sweep.csv``: the cell's settings; then ``SUMMARY_COLUMNS`` (less engine
 #: and policy), then ``TRAILING``. One row per cell x SLO class (and ``all``).
@@ -140,7 +153,7 @@ def _check_keys(path: Path, table: str, items: Mapping[str, Any]) -> None:
             raise UserError(f"{path}: [{table}] unknown field {name!r}; fields: {known}")
 
 
-def load_spec(path: str | Path) -> SweepSpec:
+def load_sweep_spec(path: str | Path) -> SweepSpec:
     """Parse a sweep spec (module docstring).
 
     Raises:
@@ -200,3 +213,84 @@ def sweep_table(cells: Sequence[CellSpec], outcomes: Sequence[Mapping[str, Any]]
         return pd.DataFrame(columns=[*leading, *TRAILING])
     extra = [c for c in df.columns if c not in leading and c not in TRAILING]
     return df[[*leading, *extra, *TRAILING]]
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """What :func:`run_sweep` did.
+
+    Attributes:
+        out_dir: the directory written (``sweep.csv``, ``manifest.json``, ``cells/``).
+        notes: the spec's notes (policy fallbacks).
+        num_cells: cells in the grid.
+        num_run: cells computed.
+        num_cached: cells read from the cache.
+    """
+
+    out_dir: Path
+    notes: list[str]
+    num_cells: int
+    num_run: int
+    num_cached: int
+
+
+def run_sweep(
+    spec: str,
+    *,
+    executor: str = "local",
+    address: str | None = None,
+    workers: int | None = None,
+    fresh: bool = False,
+    out: str | None = None,
+    progress: Callable[[str], ProgressFn] | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> SweepRun:
+    """Run the grid of sweep spec ``spec`` and write ``sweep.csv`` and ``manifest.json``.
+
+    Cells are cached by a hash of their settings, the workload's files and the code under
+    ``OUT/cells/``, so an interrupted sweep resumes where it stopped.
+
+    Args:
+        spec: path of the sweep TOML.
+        executor: ``local`` processes or ``ray`` tasks.
+        address: Ray cluster address.
+        workers: local processes or CPUs of the local Ray instance (``None``: all).
+        fresh: ignore cached cells (they are still rewritten).
+        out: output directory (``None``: the spec's ``out``, else ``results/sweeps/<name>``).
+        progress: called with a label once the cells start; returns the per-cell callback.
+        log: called with each note before any cell runs.
+
+    Raises:
+        UserError: an invalid spec or cell, or a bad trace.
+    """
+    parsed = load_sweep_spec(spec)
+    cells, notes = parsed.cells()
+    for note in notes:
+        log(f"note: {note}")
+    for trace, scale in sorted({(c.trace, c.rate_scale) for c in cells}):
+        load_workload(trace, scale)  # a bad trace fails here, once, before any worker starts
+    out_dir = Path(out) if out else parsed.out or Path("results/sweeps") / Path(spec).stem
+    cache = CellCache(out_dir / "cells", read=not fresh)
+    t0 = time.perf_counter()
+    with CellRunner(executor, workers=workers, address=address, cache=cache) as runner:
+        update = progress(f"sweep {len(cells)} cells") if progress else None
+        outcomes = runner.run(cells, update)
+    table = sweep_table(cells, outcomes)
+    write_atomic(
+        out_dir / "sweep.csv",
+        lambda p: table.to_csv(p, index=False, float_format=CSV_FLOAT_FORMAT),
+    )
+    meta = manifest(
+        {
+            "config": {"spec": str(spec), "executor": executor, "address": address},
+            "notes": notes,
+            "cells": len(cells),
+            "cells_run": runner.num_run,
+            "cells_cached": runner.num_cached,
+            "wall_s": round(time.perf_counter() - t0, 2),
+        }
+    )
+    write_atomic(
+        out_dir / "manifest.json", lambda p: p.write_text(json.dumps(meta, indent=2) + "\n")
+    )
+    return SweepRun(out_dir, notes, len(cells), runner.num_run, runner.num_cached)

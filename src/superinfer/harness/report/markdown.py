@@ -13,9 +13,10 @@ from typing import Any
 
 import pandas as pd
 
+from superinfer.harness.engines.registry import family_kinds
 from superinfer.harness.errors import UserError
-from superinfer.harness.metrics import METRIC_COLUMNS, SUMMARY_COLUMNS, metrics_long
-from superinfer.harness.plots import (
+from superinfer.harness.report.metrics import METRIC_COLUMNS, SUMMARY_COLUMNS, metrics_long
+from superinfer.harness.report.plots import (
     PLOT_FILES,
     add_series,
     attainment_bars,
@@ -23,7 +24,7 @@ from superinfer.harness.plots import (
     sweep_plot,
     timeline_plot,
 )
-from superinfer.harness.results import CSV_FLOAT_FORMAT, write_atomic
+from superinfer.harness.report.results import CSV_FLOAT_FORMAT, write_atomic
 
 __all__ = [
     "SWEEP_COLUMNS",
@@ -172,13 +173,20 @@ def _capacity_text(meta: dict[str, Any]) -> str:
     return ", ".join(f"{e} {gb:.1f} GB" for e, gb in caps.items()) or "n/a"
 
 
-#: Engines that are not simulated GPUs: the real CPU engine and its simulator profile.
-_CPU_ENGINES = ("hf", "sim:hf-cpu")
+def _engine_kind(engine: str) -> str:
+    return next(iter(family_kinds([engine])))
+
+
+def _cell_of_kind(meta: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The manifest cell (``<engine>/<policy>``) of the first engine of report ``kind``."""
+    cells = meta.get("cells", {}).items()
+    return next((c for k, c in cells if _engine_kind(k.split("/", 1)[0]) == kind), {})
 
 
 def _engines_line(cfg: dict[str, Any], meta: dict[str, Any]) -> str:
     engines = cfg.get("engines", [])
-    if not engines or not all(e in (*_CPU_ENGINES, "http") for e in engines):
+    kinds = {e: _engine_kind(e) for e in engines}
+    if not engines or "sim-gpu" in kinds.values():
         return (
             f"- Engines: {', '.join('`' + e + '`' for e in engines)}, "
             f"model `{cfg.get('model')}`, "
@@ -186,25 +194,24 @@ def _engines_line(cfg: dict[str, Any], meta: dict[str, Any]) -> str:
             f"= {cfg.get('tp', 0) * cfg.get('replicas', 0)} GPUs; "
             f"KV capacity per replica: {_capacity_text(meta)}."
         )
-    cells = meta.get("cells", {}).items()
-    real: dict[str, Any] = next((c for k, c in cells if k.startswith("hf/")), {})
-    parts = []
-    if "hf" in engines:
-        cores = meta.get("host", {}).get("cpu_count")
-        parts.append(
-            "`hf` (the real transformers continuous-batching engine running "
-            f"SmolLM2-135M-Instruct in fp32, one replica on a {cores}-core CPU host, "
-            f"{real.get('torch_threads', '?')} torch thread(s))"
-        )
-    if "sim:hf-cpu" in engines:
-        parts.append("`sim:hf-cpu` (its simulator profile, step time fitted on it)")
-    if "http" in engines:
-        live: dict[str, Any] = next((c for k, c in cells if k.startswith("http/")), {})
-        parts.append(
-            f"`http` (a live server at {live.get('url', '?')}, backend "
-            f"`{live.get('backend', '?')}`, model `{live.get('model', '?')}`; latencies measured "
-            "at the client, KV not observable)"
-        )
+    real = _cell_of_kind(meta, "real-cpu")
+    live = _cell_of_kind(meta, "live")
+    cores = meta.get("host", {}).get("cpu_count")
+    text = {
+        "real-cpu": "(the real transformers continuous-batching engine running "
+        f"SmolLM2-135M-Instruct in fp32, one replica on a {cores}-core CPU host, "
+        f"{real.get('torch_threads', '?')} torch thread(s))",
+        "sim-cpu": "(its simulator profile, step time fitted on it)",
+        "live": f"(a live server at {live.get('url', '?')}, backend "
+        f"`{live.get('backend', '?')}`, model `{live.get('model', '?')}`; latencies measured "
+        "at the client, KV not observable)",
+    }
+    parts = [
+        f"`{e}` {text[kind]}"
+        for kind in ("real-cpu", "sim-cpu", "live")
+        for e in dict.fromkeys(engines)
+        if kinds[e] == kind
+    ]
     return f"- Engines: {'; '.join(parts)}; KV capacity: {_capacity_text(meta)}."
 
 
@@ -542,9 +549,9 @@ def compare_runs(run_dirs: Sequence[Path], out_dir: Path, *, sweep: Path | None 
         cluster = (
             f"{cfg.get('model')} on {cfg.get('gpu')}, TP {cfg.get('tp')} × {cfg.get('replicas')}"
         )
-        live = [c for k, c in run.meta.get("cells", {}).items() if k.startswith("http/")]
-        if cfg.get("engines") and all(e == "http" for e in cfg["engines"]) and live:
-            cluster = f"live server `{live[0].get('model')}` at {live[0].get('url')}"
+        live = _cell_of_kind(run.meta, "live")
+        if cfg.get("engines") and family_kinds(cfg["engines"]) == {"live"} and live:
+            cluster = f"live server `{live.get('model')}` at {live.get('url')}"
         name = wl.get("name") or wl.get("trace")
         engines = ", ".join(cfg.get("engines", []))
         sha = str(run.meta.get("git_sha"))[:12]

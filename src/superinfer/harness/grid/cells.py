@@ -25,22 +25,23 @@ from pathlib import Path
 from typing import Any
 
 from superinfer.adapters.hookspecs import hookimpl
-from superinfer.adapters.manager import available_policies
+from superinfer.harness.engines.base import BenchConfig
+from superinfer.harness.engines.sim import run_sim_cell
 from superinfer.harness.errors import UserError
-from superinfer.harness.metrics import summarize
-from superinfer.harness.results import write_atomic
-from superinfer.harness.runner import BenchConfig, run_sim_cell
-from superinfer.harness.workload import TRACES, Workload, build_workload
+from superinfer.harness.policies import registered_policies
+from superinfer.harness.report.metrics import summarize
+from superinfer.harness.report.results import write_atomic
+from superinfer.harness.workload.resolve import resolve_workload
+from superinfer.harness.workload.workload import TRACES, Workload
 from superinfer.policy_core.types import SLO, RequestView, StepStats
-from superinfer.sim.engine import ROUTERS
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.profiles import get_profile
 from superinfer.sim.request import RequestSpec
+from superinfer.sim.routers import ROUTERS
 
 __all__ = [
     "CACHE_SCHEMA",
     "CELL_FIELDS",
-    "FALLBACK_POLICY",
     "AttainmentGuard",
     "CellCache",
     "CellSpec",
@@ -53,7 +54,6 @@ __all__ = [
     "code_digest",
     "load_workload",
     "met_slo",
-    "resolve_policy",
     "run_cell",
     "select_requests",
     "slo_bound_s",
@@ -62,8 +62,6 @@ __all__ = [
 
 #: Version of the cached outcome's layout; bump when :func:`run_cell`'s output changes shape.
 CACHE_SCHEMA = 1
-#: What ``native`` runs when an engine's native policy is not registered (a logged fallback).
-FALLBACK_POLICY = "fcfs"
 
 
 @dataclass(frozen=True)
@@ -240,31 +238,6 @@ class WindowStats:
         self.tokens += share * (stats.num_prefill_tokens + stats.num_decode_tokens)
 
 
-def resolve_policy(name: str, engine: str) -> tuple[str, str | None]:
-    """The registered policy ``name`` runs as on ``engine``, and a note when it is a fallback.
-
-    ``native`` is the engine profile's ``native_policy``; if that is not registered, it runs
-    :data:`FALLBACK_POLICY` and the note says so.
-
-    Raises:
-        UserError: unknown engine, or ``name`` is neither ``native`` nor registered.
-    """
-    registered = available_policies()
-    if name == "native":
-        try:
-            native = get_profile(engine).native_policy
-        except KeyError as exc:
-            raise UserError(exc.args[0]) from None
-        if native in registered:
-            return native, None
-        return FALLBACK_POLICY, (
-            f"{engine}'s native policy {native!r} is not registered: ran {FALLBACK_POLICY!r}"
-        )
-    if name not in registered:
-        raise UserError(f"unknown policy {name!r}; registered: {', '.join(sorted(registered))}")
-    return name, None
-
-
 def check_cell(cell: CellSpec) -> None:
     """Fail fast, before any simulation, on a cell that cannot run.
 
@@ -278,7 +251,7 @@ def check_cell(cell: CellSpec) -> None:
         get_gpu(cell.gpu)
     except KeyError as exc:
         raise UserError(exc.args[0]) from None
-    registered = available_policies()
+    registered = registered_policies()
     if cell.policy not in registered:  # ``native`` included: it is resolved before a cell is made
         known = ", ".join(sorted(registered))
         raise UserError(f"unknown policy {cell.policy!r}; registered: {known}")
@@ -310,11 +283,7 @@ def load_workload(trace: str, rate_scale: float, seed: int = 0) -> Workload:
         UserError: unknown trace or spec, or a bad scale; ``TraceFormatError`` for a malformed
             file.
     """
-    if trace in TRACES or trace.endswith(".csv"):
-        return build_workload(trace, rate_scale=rate_scale)
-    from superinfer.harness.specs import build_from_spec, load_spec
-
-    return build_from_spec(load_spec(trace), seed=seed, rate_scale=rate_scale, duration_s=None)
+    return resolve_workload(trace, seed=seed, rate_scale=rate_scale)
 
 
 def _file_sha256(path: Path) -> str:
@@ -324,7 +293,7 @@ def _file_sha256(path: Path) -> str:
 @functools.lru_cache(maxsize=16)
 def workload_digest(trace: str) -> str:
     """sha256 over the source files of workload ``trace`` (what a cache entry depends on)."""
-    from superinfer.harness.data import trace_path
+    from superinfer.harness.workload.data import trace_path
 
     if trace in TRACES:
         paths = []
@@ -334,9 +303,10 @@ def workload_digest(trace: str) -> str:
     elif trace.endswith(".csv"):
         paths = [Path(trace)]
     else:  # a workload spec: its text and the files of its sources
-        from superinfer.harness.specs import builtin_specs, load_spec, resolve_source_file
+        from superinfer.harness.workload.spec_build import resolve_source_file
+        from superinfer.harness.workload.specs import builtin_specs, load_workload_spec
 
-        spec = load_spec(trace)
+        spec = load_workload_spec(trace)
         text = builtin_specs().get(trace)
         paths = [resolve_source_file(spec, i, src) for i, src in enumerate(spec.sources)]
         h = hashlib.sha256((text if text is not None else Path(trace).read_text()).encode())
@@ -353,7 +323,7 @@ def workload_digest(trace: str) -> str:
 def code_digest() -> str:
     """sha256 over this package's ``.py`` and ``.json`` files: a cached cell is reused only by
     the code that computed it."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         if path.suffix in (".py", ".json") and "__pycache__" not in path.parts:

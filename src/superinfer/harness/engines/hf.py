@@ -1,4 +1,4 @@
-"""Runners for the real CPU engine (``hf``) and its simulator profile (``sim:hf-cpu``).
+"""The real CPU engine (``hf``): its options, the real-time replay and its tables.
 
 ``hf`` replays a workload against transformers' continuous-batching engine running
 SmolLM2-135M-Instruct (``adapters/hf``) in real time: open loop (each request is submitted at its
@@ -8,8 +8,9 @@ timed by the engine itself as it streams. Every request ends finished, rejected 
 the engine or the policy gave) or failed (``run_horizon``, ``stalled``, ``engine_error``,
 ``token_count_mismatch``).
 
-``sim:hf-cpu`` runs the same workload through the simulator with the engine's mechanics
-(``sim/hf_cpu.py``) and a step-time model fitted on the real engine (:func:`calibrate_hf`).
+``sim:hf-cpu`` (``engines.sim.run_sim_hf_cpu_cell``) runs the same workload through the
+simulator with the engine's mechanics (``sim/hf_cpu.py``) and a step-time model fitted on the
+real engine (``offline.calibrate_hf``).
 
 torch and transformers are imported only when a real run starts, so the simulator side and the
 CLI work without the ``hf`` extra.
@@ -17,93 +18,58 @@ CLI work without the ``hf`` extra.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from superinfer.adapters.manager import build_plugin_manager
-from superinfer.harness.data import trace_path
-from superinfer.harness.errors import DataError, UserError
-from superinfer.harness.metrics import REQUEST_COLUMNS, add_latency_columns
-from superinfer.harness.workload import Workload
-from superinfer.sim.engine import SimConfig, Simulator
+from superinfer.harness.engines.base import (
+    TIMELINE_COLUMNS,
+    BenchConfig,
+    CellResult,
+    RequestOutcome,
+    requests_frame,
+)
+from superinfer.harness.errors import UserError
+from superinfer.harness.policies import policy_manager
+from superinfer.harness.workload.prompts import PromptBuilder, load_sharegpt_prompts
+from superinfer.harness.workload.workload import Workload
 from superinfer.sim.hf_cpu import (
-    HOST_CPU,
-    KV_BYTES_PER_TOKEN_FP32,
     SIM_HF_CPU,
-    SMOLLM2_135M,
     HFCPUStepTime,
-    StepSample,
     shape_of,
-    shape_of_totals,
 )
 from superinfer.sim.request import RequestSpec
 
 if TYPE_CHECKING:
     from superinfer.adapters.hf.engine import EngineConfig, EngineSession, LoadedModel
     from superinfer.adapters.hf.plugin import StepRecord
-    from superinfer.harness.runner import BenchConfig, CellResult
 
 __all__ = [
     "HF_ENGINE",
-    "HF_WORKLOAD",
-    "SHAREGPT_FILE",
     "SIM_HF_CPU_ENGINE",
+    "STEP_COLUMNS",
     "HFOptions",
-    "PromptBuilder",
     "RequestTrace",
-    "calibrate_hf",
-    "fit_steps",
     "hf_options",
-    "load_sharegpt_prompts",
     "replay",
     "run_hf_cell",
-    "run_sim_hf_cpu_cell",
+    "sim_step_time",
+    "start_session",
     "step_profile",
     "steps_frame",
+    "torch_threads",
     "trace_requests_frame",
-    "workload_defaults",
 ]
 
+#: The real CPU engine's id (its registry entry: ``engines.registry``).
 HF_ENGINE = "hf"
+#: Its simulator profile's id.
 SIM_HF_CPU_ENGINE = SIM_HF_CPU.name
-SHAREGPT_FILE = "ShareGPT_V3_filtered_500.json"
-
-#: The workload ``superinfer bench`` replays on ``hf`` / ``sim:hf-cpu`` unless told otherwise:
-#: the Azure 2023 mix from trace second 100 (10 trace seconds: 39 chat and 16 batch requests,
-#: the window holds the first code burst after the code service starts at 77 s), arrivals slowed
-#: 20x (0.28 req/s over 200 s), lengths divided by 8 and capped at 256 prompt / 64 output
-#: tokens. Sized from the figures in issue 8 (2 quiet cores: about 100 prompt and 24 output
-#: tokens/s combined): about half the engine's capacity.
-HF_WORKLOAD: dict[str, Any] = {
-    "start_s": 100.0,
-    "rate_scale": 0.05,
-    "duration_s": 200.0,
-    "length_scale": 0.125,
-    "max_prompt_tokens": 256,
-    "max_output_tokens": 64,
-}
-_SIM_WORKLOAD: dict[str, Any] = {
-    "start_s": 0.0,
-    "rate_scale": 1.0,
-    "duration_s": None,
-    "length_scale": 1.0,
-    "max_prompt_tokens": None,
-    "max_output_tokens": None,
-}
-
-
-def workload_defaults(engines: Sequence[str]) -> dict[str, Any]:
-    """Workload settings to use where the user set none: :data:`HF_WORKLOAD` when any engine is
-    ``hf`` or ``sim:hf-cpu`` (the two must see the same workload), else the whole trace."""
-    small = any(e in (HF_ENGINE, SIM_HF_CPU_ENGINE) for e in engines)
-    return dict(HF_WORKLOAD if small else _SIM_WORKLOAD)
 
 
 # -- options ----------------------------------------------------------------------------------
@@ -174,68 +140,6 @@ def _engine_config(opts: HFOptions) -> EngineConfig:
         max_num_seqs=opts.max_num_seqs,
         num_threads=opts.num_threads,
     )
-
-
-# -- prompts ----------------------------------------------------------------------------------
-
-
-def load_sharegpt_prompts(path: Path | None = None) -> list[str]:
-    """First-turn user prompts of ``ShareGPT_V3_filtered_500.json`` (shared/data/traces).
-
-    Raises:
-        DataError: missing file, or not the expected JSON (names the file and the entry).
-    """
-    path = path or trace_path(SHAREGPT_FILE, download=False)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: cannot read ShareGPT prompts ({exc})") from None
-    if not isinstance(data, list) or not data:
-        raise DataError(f"{path}: expected a non-empty JSON array of conversations")
-    prompts = []
-    for i, entry in enumerate(data):
-        try:
-            text = entry["conversations"][0]["value"]
-        except (KeyError, IndexError, TypeError):
-            raise DataError(f"{path}: entry {i}: no conversations[0].value") from None
-        if not isinstance(text, str) or not text.strip():
-            raise DataError(f"{path}: entry {i}: empty prompt")
-        prompts.append(text)
-    return prompts
-
-
-class PromptBuilder:
-    """Prompts of exact token lengths cut from real ShareGPT text.
-
-    The prompts are tokenized once and laid end to end (separated by a blank line) in an order
-    drawn from ``seed``; request ``i`` starts at the ``i``-th prompt of that order and takes as
-    many tokens as it needs, running into the following prompts when one is too short.
-
-    Args:
-        tokenizer: the model's tokenizer (``__call__`` returning ``input_ids``).
-        texts: the prompts (:func:`load_sharegpt_prompts`).
-        seed: seed of the order.
-    """
-
-    def __init__(self, tokenizer: Any, texts: Sequence[str], seed: int = 0) -> None:
-        order = np.random.default_rng(seed).permutation(len(texts))
-        sep = list(tokenizer("\n\n", add_special_tokens=False)["input_ids"])
-        self._stream: list[int] = []
-        self._starts: list[int] = []
-        for k in order:
-            self._starts.append(len(self._stream))
-            self._stream.extend(tokenizer(texts[k], add_special_tokens=False)["input_ids"])
-            self._stream.extend(sep)
-
-    def build(self, index: int, num_tokens: int) -> list[int]:
-        """Token ids of request ``index``'s prompt, exactly ``num_tokens`` long."""
-        start = self._starts[index % len(self._starts)]
-        out: list[int] = []
-        while len(out) < num_tokens:
-            take = self._stream[start : start + num_tokens - len(out)]
-            out.extend(take)
-            start = 0
-        return out
 
 
 # -- the real engine --------------------------------------------------------------------------
@@ -358,11 +262,12 @@ def replay(
 def trace_requests_frame(
     records: Sequence[RequestTrace], tracked: Mapping[str, Any], *, engine: str, policy: str
 ) -> pd.DataFrame:
-    """The requests table (:data:`REQUEST_COLUMNS`) of a real run from its per-token timelines.
+    """The requests table (``REQUEST_COLUMNS``) of a real run from its per-token timelines.
 
     ``first_token_s`` is the first token's instant, ``generated_tokens`` the number of token
     instants, ``max_itl_ms`` the largest gap between consecutive ones, ``finish_s`` the record's
-    ``end_s``; the latencies come from :func:`~superinfer.harness.metrics.add_latency_columns`
+    ``end_s``; the latencies come from
+    :func:`~superinfer.harness.report.metrics.add_latency_columns`
     (docs/metrics.md). Used by ``hf`` and ``http``.
 
     Args:
@@ -373,38 +278,21 @@ def trace_requests_frame(
     """
     rows = []
     for rec in records:
-        s = rec.spec
         times = rec.token_times
         gaps = np.diff(times) if len(times) > 1 else np.zeros(0)
-        t = tracked.get(s.request_id)
-        rows.append(
-            (
-                engine,
-                policy,
-                s.request_id,
-                s.source,
-                s.slo.name,
-                s.arrival_s,
-                s.prompt_tokens,
-                s.output_tokens,
-                len(times),
-                times[0] if times else None,
-                rec.end_s,
-                rec.status,
-                rec.reason,
-                t.num_preemptions if t is not None else 0,
-                0,
-                float(gaps.max()) * 1e3 if gaps.size else 0.0,
-                s.slo.ttft_ms,
-                s.slo.tpot_ms,
-                s.slo.deadline_s,
-            )
+        t = tracked.get(rec.spec.request_id)
+        outcome = RequestOutcome(
+            generated_tokens=len(times),
+            first_token_s=times[0] if times else None,
+            finish_s=rec.end_s,
+            status=rec.status,
+            reason=rec.reason,
+            num_preemptions=t.num_preemptions if t is not None else 0,
+            replica=0,
+            max_itl_ms=float(gaps.max()) * 1e3 if gaps.size else 0.0,
         )
-    cols = [c for c in REQUEST_COLUMNS if c not in ("ttft_ms", "tpot_ms", "e2e_ms", "met_slo")]
-    df = pd.DataFrame(rows, columns=cols)
-    for col in ("first_token_s", "finish_s", "slo_ttft_ms", "slo_tpot_ms", "slo_deadline_s"):
-        df[col] = df[col].astype(float)
-    return add_latency_columns(df)[list(REQUEST_COLUMNS)]
+        rows.append((rec.spec, outcome))
+    return requests_frame(rows, engine=engine, policy=policy)
 
 
 #: Columns of ``steps.parquet``: one row per real engine step (durations in ms).
@@ -535,8 +423,6 @@ def run_hf_cell(config: BenchConfig, engine: str, policy: str, workload: Workloa
             or the model not installed, the ShareGPT prompts missing.
         PolicyError: the policy returned an inapplicable decision.
     """
-    from superinfer.harness.runner import TIMELINE_COLUMNS, CellResult
-
     opts = hf_options(config.engine_options)
     try:
         from superinfer.adapters.hf.engine import ModelNotInstalledError, load_smollm2
@@ -550,9 +436,9 @@ def run_hf_cell(config: BenchConfig, engine: str, policy: str, workload: Workloa
     builder = PromptBuilder(loaded.tokenizer, load_sharegpt_prompts(), seed=config.seed)
     specs = workload.requests
     prompts = [builder.build(i, s.prompt_tokens) for i, s in enumerate(specs)]
-    pm = build_plugin_manager(policy, config.policy_options.get(policy))
+    pm = policy_manager(policy, config.policy_options.get(policy))
     wall = time.perf_counter()
-    session = _start_session(loaded, pm.hook, opts)
+    session = start_session(loaded, pm.hook, opts)
     try:
         records, end_s = replay(session, specs, prompts, opts)
     finally:
@@ -567,7 +453,7 @@ def run_hf_cell(config: BenchConfig, engine: str, policy: str, workload: Workloa
         [(engine, policy, 0, t, used * block_bytes / 1e9, w, r) for t, used, w, r in b.timeline],
         columns=list(TIMELINE_COLUMNS),
     )
-    steps = steps_frame(b.steps, engine=engine, policy=policy, step_time=_sim_step_time(opts))
+    steps = steps_frame(b.steps, engine=engine, policy=policy, step_time=sim_step_time(opts))
     lags = np.array([r.submit_lag_s for r in records])
     info = {
         "wall_s": round(wall, 3),
@@ -579,7 +465,7 @@ def run_hf_cell(config: BenchConfig, engine: str, policy: str, workload: Workloa
         "engine": asdict(opts),
         "kv_capacity_blocks": opts.num_blocks,
         "kv_capacity_gb": opts.num_blocks * block_bytes / 1e9,
-        "torch_threads": _torch_threads(opts),
+        "torch_threads": torch_threads(opts),
         "submit_lag_ms": {
             "p50": round(float(np.percentile(lags, 50)) * 1e3, 3),
             "max": round(float(lags.max()) * 1e3, 3),
@@ -589,14 +475,16 @@ def run_hf_cell(config: BenchConfig, engine: str, policy: str, workload: Workloa
     return CellResult(df, peaks, timeline, info, steps)
 
 
-def _torch_threads(opts: HFOptions) -> int:
-    """Threads the engine ran with (read before or after a session: it restores torch's own)."""
+def torch_threads(opts: HFOptions) -> int:
+    """Torch threads the engine ran with (read before or after a session: it restores
+    torch's own)."""
     import torch
 
     return opts.num_threads or int(torch.get_num_threads())
 
 
-def _start_session(loaded: LoadedModel, hook: Any, opts: HFOptions) -> EngineSession:
+def start_session(loaded: LoadedModel, hook: Any, opts: HFOptions) -> EngineSession:
+    """A started engine session on ``loaded`` with hook relay ``hook`` and ``opts``' limits."""
     from superinfer.adapters.hf.engine import EngineSession
 
     session = EngineSession(loaded, hook, _engine_config(opts))
@@ -607,199 +495,16 @@ def _start_session(loaded: LoadedModel, hook: Any, opts: HFOptions) -> EngineSes
 # -- the simulator profile ---------------------------------------------------------------------
 
 
-def _sim_step_time(opts: HFOptions) -> HFCPUStepTime:
+def sim_step_time(opts: HFOptions) -> HFCPUStepTime:
+    """The ``sim:hf-cpu`` step-time model of ``opts.step_time_file`` (default coefficients when
+    unset).
+
+    Raises:
+        UserError: an unreadable or invalid calibration file.
+    """
     if opts.step_time_file is None:
         return HFCPUStepTime()
     try:
         return HFCPUStepTime.from_file(Path(opts.step_time_file))
     except ValueError as exc:
         raise UserError(str(exc)) from None
-
-
-def run_sim_hf_cpu_cell(
-    config: BenchConfig, engine: str, policy: str, workload: Workload
-) -> CellResult:
-    """Simulate ``workload`` on ``sim:hf-cpu`` (the real engine's mechanics and fitted step time).
-
-    Raises:
-        UserError: a bad engine option or calibration file.
-    """
-    from superinfer.harness.runner import TIMELINE_COLUMNS, CellResult, sim_requests_frame
-
-    opts = hf_options(config.engine_options)
-    step_time = _sim_step_time(opts)
-    profile = replace(
-        SIM_HF_CPU,
-        block_size_tokens=opts.page_size_tokens,
-        token_budget=opts.max_batch_tokens,
-        token_budget_large_gpu=opts.max_batch_tokens,
-        max_num_seqs=opts.max_num_seqs,
-        max_num_seqs_large_gpu=opts.max_num_seqs,
-    )
-    sim_config = SimConfig(
-        profile, SMOLLM2_135M, HOST_CPU, tp=1, replicas=1, num_gpu_blocks_override=opts.num_blocks
-    )
-    pm = build_plugin_manager(policy, config.policy_options.get(policy))
-    wall = time.perf_counter()
-    result = Simulator(sim_config, pm.hook, step_time=step_time).run(workload.requests)
-    wall = time.perf_counter() - wall
-    df = sim_requests_frame(result, engine=engine, policy=policy)
-    block_bytes = float(KV_BYTES_PER_TOKEN_FP32 * opts.page_size_tokens)
-    peaks = {"all": max(result.peak_kv_blocks) * block_bytes}
-    for per_replica in result.peak_class_kv_blocks:
-        for cls, blocks in per_replica.items():
-            peaks[cls] = max(peaks.get(cls, 0.0), blocks * block_bytes)
-    timeline = pd.DataFrame(
-        [
-            (engine, policy, rep, t, used * block_bytes / 1e9, waiting, running)
-            for rep, t, used, waiting, running in result.timeline
-        ],
-        columns=list(TIMELINE_COLUMNS),
-    )
-    info = {
-        "wall_s": round(wall, 3),
-        "num_steps": result.num_steps,
-        "num_schedule_calls": result.num_schedule_calls,
-        "simulated_s": result.end_s,
-        "kv_capacity_blocks": opts.num_blocks,
-        "kv_capacity_gb": opts.num_blocks * block_bytes / 1e9,
-        "step_time": step_time.to_dict(),
-        "step_time_file": opts.step_time_file,
-    }
-    return CellResult(df, peaks, timeline, info)
-
-
-# -- calibration -------------------------------------------------------------------------------
-
-#: Closed batches run by :func:`calibrate_hf`: ``(requests, prompt tokens, output tokens)``. They
-#: cover prefill chunks of 32-256 tokens over 0-224 tokens of context, decode batches of 1 to 16
-#: requests at contexts of 32 to 300 tokens, and the mixed steps where one batch turns into the
-#: next.
-CALIBRATION_GRID: tuple[tuple[int, int, int], ...] = (
-    (1, 32, 16),
-    (1, 256, 16),
-    (2, 96, 16),
-    (4, 64, 16),
-    (4, 192, 12),
-    (8, 32, 16),
-    (8, 128, 12),
-    (16, 48, 12),
-    (16, 160, 8),
-)
-
-
-def calibrate_hf(
-    options: Mapping[str, str] | None = None,
-    *,
-    grid: Sequence[tuple[int, int, int]] = CALIBRATION_GRID,
-    seed: int = 0,
-) -> tuple[HFCPUStepTime, dict[str, Any], pd.DataFrame]:
-    """Measure real engine steps over ``grid`` and fit the ``sim:hf-cpu`` step-time model.
-
-    Each grid entry is a closed batch (all requests submitted at once, fcfs) of real ShareGPT
-    prompts; every step it takes is recorded with its shape and wall time.
-
-    Args:
-        options: ``--engine-option`` settings (engine limits, threads).
-        grid: closed batches ``(requests, prompt tokens, output tokens)``.
-        seed: seed of the prompt order.
-
-    Returns:
-        ``(model, report, steps)``: the fitted model, a JSON-able report (coefficients, fit
-        error overall and per step kind, engine settings, wall time), and the measured steps.
-
-    Raises:
-        UserError: bad options, or the hf extra / model not installed.
-    """
-    from superinfer.adapters.hf.engine import ModelNotInstalledError, load_smollm2
-    from superinfer.adapters.hf.view import TrackedRequest
-    from superinfer.harness.workload import BATCH_SLO
-
-    opts = hf_options(options or {})
-    try:
-        loaded = load_smollm2()
-    except ModelNotInstalledError as exc:
-        raise UserError(str(exc)) from None
-    builder = PromptBuilder(loaded.tokenizer, load_sharegpt_prompts(), seed=seed)
-    records: list[StepRecord] = []
-    wall = time.perf_counter()
-    for batch, (n, prompt, output) in enumerate(grid):
-        pm = build_plugin_manager("fcfs")
-        session = _start_session(loaded, pm.hook, opts)
-        try:
-            for i in range(n):
-                rid = f"cal{batch}-{i}"
-                session.submit(
-                    TrackedRequest(rid, 0.0, prompt, output, BATCH_SLO),
-                    builder.build(batch * 16 + i, prompt),
-                    output,
-                )
-            finished = 0
-            deadline = time.perf_counter() + opts.drain_s
-            while finished < n and time.perf_counter() < deadline:
-                if session.fatal_error is not None:
-                    raise session.fatal_error
-                out = session.next_output(0.05)
-                finished += out is not None and out.is_finished()
-        finally:
-            session.stop(hard=True)
-        if finished < n:
-            raise UserError(f"calibration batch {batch} did not finish within {opts.drain_s} s")
-        records.extend(
-            replace(r, step_index=len(records) + k) for k, r in enumerate(session.binding.steps)
-        )
-    steps = steps_frame(records, engine=HF_ENGINE, policy="fcfs")
-    model, report = fit_steps(steps)
-    report = {
-        **report,
-        "grid": [list(g) for g in grid],
-        "engine": asdict(opts),
-        "model": loaded.name,
-        "dtype": loaded.dtype,
-        "torch_threads": _torch_threads(opts),
-        "wall_s": round(time.perf_counter() - wall, 3),
-        "step_profile": step_profile(steps),
-    }
-    return model, report, steps
-
-
-def fit_steps(steps: pd.DataFrame) -> tuple[HFCPUStepTime, dict[str, Any]]:
-    """Fit the ``sim:hf-cpu`` step-time model to recorded steps (:data:`STEP_COLUMNS`; only
-    ``num_tokens``, ``num_seqs``, ``num_samples``, ``kv_tokens``, ``kind`` and ``duration_ms``
-    are read), and set their ``predicted_ms`` column.
-
-    Returns:
-        The model and the JSON-able fit report (coefficients, fit error overall and per kind).
-
-    Raises:
-        UserError: too few steps or a missing column.
-    """
-    try:
-        samples = [
-            StepSample(
-                shape_of_totals(
-                    int(r["num_tokens"]),
-                    int(r["num_seqs"]),
-                    int(r["num_samples"]),
-                    int(r["kv_tokens"]),
-                ),
-                float(r["duration_ms"]) / 1e3,
-            )
-            for _, r in steps.iterrows()
-        ]
-        model, fit = HFCPUStepTime.fit(samples)
-    except (KeyError, ValueError) as exc:
-        raise UserError(f"cannot fit the step-time model to these steps: {exc}") from None
-    steps["predicted_ms"] = [model.step_time_s(s.shape) * 1e3 for s in samples]
-    rel = (steps["predicted_ms"] - steps["duration_ms"]).abs() / steps["duration_ms"]
-    report = {
-        "coefficients": model.to_dict(),
-        "units": "s per unit of each feature (sim/hf_cpu.py FEATURES)",
-        "fit": asdict(fit),
-        "fit_by_kind": {
-            kind: {"steps": int(m.sum()), "mean_abs_rel_err": round(float(rel[m].mean()), 4)}
-            for kind in ("prefill", "decode", "mixed")
-            if (m := steps["kind"] == kind).any()
-        },
-    }
-    return model, report

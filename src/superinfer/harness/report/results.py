@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from superinfer.harness.metrics import SUMMARY_COLUMNS, metrics_long
+from superinfer.harness.report.metrics import SUMMARY_COLUMNS, metrics_long
 
 __all__ = ["git_sha", "manifest", "write_atomic", "write_run"]
 
@@ -118,7 +118,7 @@ def write_run(
     steps: pd.DataFrame | None = None,
 ) -> None:
     """Write the files of a run directory (atomically, each): ``summary.csv``, ``metrics.csv``
-    (the summary in long format, :func:`~superinfer.harness.metrics.metrics_long`),
+    (the summary in long format, :func:`~superinfer.harness.report.metrics.metrics_long`),
     ``requests.parquet``, ``manifest.json``, ``report.md`` and, when given, ``timeline.parquet``
     and (for real engines) ``steps.parquet``.
     """

@@ -39,10 +39,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from superinfer.harness.cells import CellSpec, attainment, check_cell, resolve_policy
 from superinfer.harness.errors import UserError
-from superinfer.harness.executors import CellRunner, ProgressFn
-from superinfer.harness.workload import Workload
+from superinfer.harness.grid.cells import CellSpec, attainment, check_cell
+from superinfer.harness.grid.executors import CellRunner, ProgressFn
+from superinfer.harness.policies import resolve_policy
+from superinfer.harness.workload.workload import Workload
 from superinfer.policy_core.types import SLO
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Run many cells: in local processes or as Ray tasks, through the cell cache, with progress.
 
-Both executors run the same function (:func:`superinfer.harness.cells.run_cell`) on the same
+Both executors run the same function (:func:`superinfer.harness.grid.cells.run_cell`) on the same
 specs, so they give the same outcomes; only the wall time differs. The driver alone reads and
 writes the cache, as each cell comes back, so an interrupted run keeps every finished cell.
 """
@@ -14,8 +14,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from types import TracebackType
 from typing import Any
 
-from superinfer.harness.cells import CellCache, CellSpec, cell_key, run_cell
 from superinfer.harness.errors import UserError
+from superinfer.harness.grid.cells import CellCache, CellSpec, cell_key, run_cell
 
 __all__ = ["EXECUTORS", "CellRunner"]
 
