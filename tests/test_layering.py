@@ -210,3 +210,35 @@ def test_no_import_cycle_inside_src() -> None:
     graph = {node: succs - {node} for node, succs in graph.items()}
     cycles = [c for c in _strongly_connected(graph) if len(c) > 1]
     assert not cycles, f"import cycles: {cycles}"
+
+
+def test_no_source_file_is_over_600_lines() -> None:
+    long = {
+        str(p.relative_to(SRC)): n
+        for p in SRC.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 600
+    }
+    assert not long, f"files over 600 lines: {long}"
+
+
+def test_engine_ids_are_compared_only_in_the_registry() -> None:
+    """No ``== "sim:..."``, ``startswith("sim:")`` or ``in ("hf", ...)`` outside the registry.
+
+    An HTTP *backend* (``--backend sglang``: a client dialect) is not an engine id.
+    """
+    import re
+
+    pattern = re.compile(
+        r"""(==|!=)\s*["'](sim:[\w-]+|hf|http|sglang)["']"""
+        r"""|startswith\(\s*["']sim:?["']"""
+        r"""|\bengine\w*\s+(not\s+)?in\s+\(\s*["'](sim:[\w-]+|hf|http)["']"""
+    )
+    registry = SRC / "harness" / "engines" / "registry.py"
+    hits = [
+        f"{p.relative_to(SRC)}:{i}: {line.strip()}"
+        for p in SRC.rglob("*.py")
+        if p != registry
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line) and "backend" not in line
+    ]
+    assert not hits, "engine ids compared outside harness/engines/registry.py:\n" + "\n".join(hits)
