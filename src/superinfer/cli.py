@@ -23,12 +23,7 @@ from superinfer.policy_core.validation import PolicyError
 
 __all__ = ["cli", "main"]
 
-DEFAULT_OUT = Path("results/default")
-#: Run directory of a bench on the real CPU engine (and its simulator profile) only.
-HF_OUT = Path("results/hf")
-#: Run directory of a bench of a live server (engine http) only.
-HTTP_OUT = Path("results/http")
-ROUTERS = ["round_robin", "least_tokens", "slo_aware", "cache_aware"]
+ROUTERS = ["round_robin", "least_tokens", "slo_aware", "cache_aware"]  # sim.routers.ROUTERS
 _HF = "with engine hf or sim:hf-cpu"
 
 
@@ -173,8 +168,8 @@ def cli() -> None:
               "--options).")
 @_seed()
 @click.option("--out", default=None, type=click.Path(),
-              help=f"Run directory to write [default: {DEFAULT_OUT}; {HF_OUT} when every engine "
-              f"is hf or sim:hf-cpu; {HTTP_OUT} when every engine is http].")
+              help="Run directory to write [default: results/default; results/hf when every engine "
+              "is hf or sim:hf-cpu; results/http when every engine is http].")
 @click.option("--suite", type=click.Choice(["headline", "rotation"]), default=None,
               help="Run a fixed experiment instead of one run. headline: every policy on every "
               "engine over a load sweep (defaults: the seven headline policies, --rate-scale 0.7 "
@@ -297,12 +292,15 @@ def _calibrate_gpu(out: str | None, install: bool) -> None:
 # fmt: off
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--engine", type=click.Choice(["sglang", "hf"]), required=True,
-              help="sglang: SGLang's own server with the policy plugged in (CUDA GPU). hf: an "
+              help="sglang: SGLang's own server with the policy plugged in (CPU recipe without a "
+              "CUDA GPU). hf: an "
               "OpenAI-compatible server on the real CPU engine (SmolLM2-135M, transformers "
               "continuous batching) with the policy deciding every step.")
 @click.option("--policy", default=None,
-              help="Policy name [sglang: the config's, else fcfs; hf: superinfer if registered, "
-              "else fcfs].")
+              help="Policy name [sglang: the config's, else fcfs; native, lpm, priority: SGLang's "
+              "own scheduling, no plugin; hf: superinfer if registered, else fcfs].")
+@click.option("--kv-policy", "serve_kv_policy", default=None,
+              help="sglang: prefix-cache placement policy through the plugin (lru, lfu, reuse).")
 @click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
               help="Policy option; repeatable.")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
@@ -337,7 +335,8 @@ def serve(ctx: click.Context, /, engine: str, **p: Any) -> None:
     superinfer serve --engine sglang -- ARGS
         ARGS go to `python -m sglang.launch_server`; superinfer adds the plugin switches
         (SUPERINFER_SGLANG=1, policy, config), --enable-priority-scheduling and its eviction
-        policy. Needs a CUDA GPU.
+        policy; --policy native|lpm|priority runs SGLang's own scheduling without the plugin.
+        Without a CUDA GPU the CPU recipe is applied (one log line; docs/adapters.md).
     """
     {"hf": _serve_hf, "sglang": _serve_sglang}[engine](ctx, **p)
 
@@ -345,6 +344,8 @@ def serve(ctx: click.Context, /, engine: str, **p: Any) -> None:
 def _serve_hf(ctx: click.Context, **p: Any) -> None:
     from superinfer.harness.engines.hf_serve import serve_hf
 
+    if p["serve_kv_policy"] is not None:
+        raise UserError("--kv-policy applies to serve --engine sglang only")
     given = [k for k in ("config_path", "engine_args") if p[k]]
     if given:
         raise UserError(
@@ -361,22 +362,21 @@ def _serve_hf(ctx: click.Context, **p: Any) -> None:
 
 
 def _serve_sglang(ctx: click.Context, **p: Any) -> None:
-    flags = {"priority_convention": "--priority-convention", "slo_classes": "--slo-class",
-             "default_class": "--default-class", "engine_options": "--engine-option"}  # fmt: skip
-    for name, flag in flags.items():
+    for name in ("priority_convention", "slo_classes", "default_class", "engine_options"):
         if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT:
-            raise UserError(f"{flag} applies to serve --engine hf only")
+            flag = {"slo_classes": "slo-class", "engine_options": "engine-option"}.get(name, name)
+            raise UserError(f"--{flag.replace('_', '-')} applies to serve --engine hf only")
+    from superinfer.adapters.manager import UnknownPolicyError
     from superinfer.adapters.sglang.config import ConfigError
     from superinfer.adapters.sglang.launch import ServeError, exec_server, launch_command
 
     passed = tuple(p["engine_args"])
     for flag, value in (("--host", p["host"]), ("--port", p["port"])):
         passed += (flag, str(value)) if value is not None else ()
+    options = {k: p[k] for k in ("policy", "policy_opts", "config_path")}
     try:
-        argv, env = launch_command(passed, policy=p["policy"], policy_opts=p["policy_opts"],
-                                   config_path=p["config_path"])  # fmt: skip
-        exec_server(argv, env)
-    except (ConfigError, ServeError) as exc:
+        exec_server(*launch_command(passed, **options, kv_policy=p["serve_kv_policy"]))
+    except (ConfigError, ServeError, UnknownPolicyError) as exc:
         raise click.ClickException(str(exc)) from None
 
 

@@ -22,13 +22,14 @@ def test_engine_ids_map_to_their_family() -> None:
     assert engine_family("sim:hf-cpu").name == "sim-hf-cpu"
     assert engine_family("hf").name == "hf"
     assert engine_family("http").name == "http"
+    assert engine_family("sglang").name == "sglang"
     assert [engine_family(e).label_only for e in ("sim:vllm", "hf", "http")] == [
         False,
         False,
         True,
     ]
     with pytest.raises(
-        UserError, match=r"^unknown engine 'foo:bar'; engine families: sim, hf, http$"
+        UserError, match=r"^unknown engine 'foo:bar'; engine families: sim, hf, sglang, http$"
     ):
         engine_family("foo:bar")
 
@@ -40,6 +41,26 @@ def test_runners_load_from_their_modules() -> None:
     assert engine_family("sim:sglang").load_runner() is run_sim_cell
     assert engine_family("sim:hf-cpu").load_runner() is run_sim_hf_cpu_cell
     assert engine_family("http").load_runner() is run_http_cell
+    from superinfer.harness.engines.sglang import run_sglang_cell
+
+    assert engine_family("sglang").load_runner() is run_sglang_cell
+
+
+def test_the_sglang_engine_runs_its_own_policies_beside_ours() -> None:
+    from superinfer.harness.policies import select_policies
+
+    family = engine_family("sglang")
+    assert family.engine_policies == ("native", "lpm", "priority")
+    assert run_dir(("sglang",)) == "results/sglang-cpu"
+    own = family.engine_policies
+    assert select_policies((), engine_policies=own, default=family.default_policies) == [
+        "native", "lpm", "priority", "superinfer",
+    ]  # fmt: skip
+    assert select_policies(("native", "superinfer"), engine_policies=own) == [
+        "native", "superinfer",
+    ]  # fmt: skip
+    with pytest.raises(UserError, match=r"^unknown policy 'native'; registered: "):
+        select_policies(("native",))
 
 
 def test_run_dir_shaping_and_source_follow_the_engines() -> None:

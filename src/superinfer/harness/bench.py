@@ -140,7 +140,13 @@ def run_bench(
             )
         policies = list(config.policies) or ["server"]
     else:
-        policies = select_policies(config.policies)
+        own = tuple(dict.fromkeys(p for f in families for p in f.engine_policies))
+        defaults = {f.default_policies for f in families}
+        policies = select_policies(
+            config.policies,
+            engine_policies=own,
+            default=next(iter(defaults)) if len(defaults) == 1 else (),
+        )
         if config.policy_opts:
             resolved = resolve_policy_opts(policies, config.policy_opts)
             merged = {

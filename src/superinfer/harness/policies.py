@@ -90,16 +90,24 @@ def policy_class(name: str) -> type:
     return loaded if isinstance(loaded, type) else type(loaded)
 
 
-def select_policies(names: Sequence[str]) -> list[str]:
-    """The policies a run selects: ``names`` in order, or every registered one (sorted) if empty.
+def select_policies(
+    names: Sequence[str], *, engine_policies: Sequence[str] = (), default: Sequence[str] = ()
+) -> list[str]:
+    """The policies a run selects: ``names`` in order; if empty, ``default``, else every
+    registered one (sorted).
+
+    Args:
+        names: the ``--policies`` names.
+        engine_policies: names the engines run themselves (accepted though not registered).
+        default: the engines' default selection.
 
     Raises:
         UserError: a name that is not registered; the message lists the registered ones.
     """
     registered = available_policies()
     if not names:
-        return sorted(registered)
-    unknown = [n for n in names if n not in registered]
+        return list(default) if default else sorted(registered)
+    unknown = [n for n in names if n not in registered and n not in engine_policies]
     if unknown:
         known = ", ".join(sorted(registered))
         raise UserError(f"unknown policy {unknown[0]!r}; registered: {known}")

@@ -4,6 +4,7 @@ torchvision stand-in; none of these needs sglang imported in this process."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import sysconfig
@@ -16,7 +17,8 @@ import pytest
 from superinfer.adapters.manager import UnknownPolicyError
 from superinfer.adapters.sglang.config import AdapterConfig, ConfigError, load_config
 from superinfer.adapters.sglang.cpu_compat import PTH_NAME
-from superinfer.adapters.sglang.launch import launch_command
+from superinfer.adapters.sglang.fixture import TINY_LLAMA, build_fixture, ensure_fixture
+from superinfer.adapters.sglang.launch import STAND_IN_PATH, cpu_recipe, launch_command
 from superinfer.adapters.sglang.view import LogicalClock, SLOFieldError, resolve_slo
 from superinfer.policy_core.types import SLO
 
@@ -157,6 +159,8 @@ def test_launch_command_respects_the_callers_choices() -> None:
 
 
 def test_serve_on_a_machine_without_a_gpu_is_a_one_line_error() -> None:
+    # Without a GPU the CPU recipe applies (runs offline): a model folder that does not exist is
+    # refused in one line before any server starts.
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -171,10 +175,75 @@ def test_serve_on_a_machine_without_a_gpu_is_a_one_line_error() -> None:
     assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
     assert run.stderr.startswith(
         (
-            "Error: superinfer serve --engine sglang needs a CUDA GPU",
+            "Error: --model-path m: no such folder (the CPU recipe runs offline",
             "Error: sglang is not installed",
         )
     )
+
+
+def test_native_policies_start_sglang_without_the_plugin() -> None:
+    plugin_env = {"SUPERINFER_SGLANG": "1", "SUPERINFER_POLICY": "edf", "KEEP": "1"}
+    argv, env = launch_command(["--model-path", "m"], policy="native", environ=plugin_env)
+    assert argv[3:] == ["--model-path", "m", "--schedule-policy", "fcfs"] and env == {"KEEP": "1"}
+    argv, _ = launch_command([], policy="lpm", environ={})
+    assert argv[3:] == ["--schedule-policy", "lpm"]
+    argv, _ = launch_command([], policy="priority", environ={})
+    assert argv[3:] == ["--schedule-policy", "fcfs", "--enable-priority-scheduling"]
+    with pytest.raises(ConfigError, match="--policy lpm means --schedule-policy lpm, not fcfs"):
+        launch_command(["--schedule-policy", "fcfs"], policy="lpm", environ={})
+    with pytest.raises(ConfigError, match="--policy native is SGLang's own scheduling"):
+        launch_command([], policy="native", kv_policy="reuse", environ={})
+
+
+def test_kv_policy_reaches_the_scheduler_through_the_environment() -> None:
+    argv, env = launch_command([], policy="fcfs", kv_policy="reuse", environ={})
+    assert env["SUPERINFER_KV_POLICY"] == "reuse" and load_config(env).kv_policy == "reuse"
+    with pytest.raises(UnknownPolicyError, match="unknown kv policy 'mru'"):
+        launch_command([], policy="fcfs", kv_policy="mru", environ={})
+
+
+def test_cpu_recipe_fills_what_the_caller_left_out(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    args, env, line = cpu_recipe(
+        ["--model-path", str(tmp_path), "--max-total-tokens", "700"], {"PYTHONPATH": "/x"}
+    )
+    flags = [a for a in args if a.startswith("--")]
+    assert flags == [
+        "--model-path", "--max-total-tokens", "--device", "--attention-backend",
+        "--cuda-graph-backend-decode", "--cuda-graph-backend-prefill",
+        "--disable-overlap-schedule", "--sampling-backend", "--dtype", "--mem-fraction-static",
+        "--max-running-requests", "--chunked-prefill-size", "--context-length", "--sleep-on-idle",
+        "--load-format",
+    ]  # fmt: skip
+    assert args[args.index("--max-total-tokens") + 1] == "700" and args[-1] == "dummy"
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["PYTHONPATH"] == f"{STAND_IN_PATH}{os.pathsep}/x"
+    assert line.startswith("superinfer: no CUDA GPU here: SGLang CPU recipe (")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    args, _, _ = cpu_recipe(["--model-path", str(tmp_path)], {})
+    assert "--load-format" not in args
+
+
+def test_the_sgl_kernel_stand_in_names_the_op_it_lacks() -> None:
+    code = (
+        "import sgl_kernel\n"
+        "from sgl_kernel import copy_all_layer_kv_cache_cpu as op\n"
+        "try:\n"
+        "    op(1)\n"
+        "except NotImplementedError as e:\n"
+        "    print(e)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(STAND_IN_PATH)},
+    )
+    assert run.stdout.splitlines() == [
+        "sgl_kernel.copy_all_layer_kv_cache_cpu: not available on CPU (superinfer's import-only "
+        "sgl_kernel stand-in; this SGLang path needs the real sgl_kernel CPU build)"
+    ]
 
 
 def test_torchvision_stand_in_answers_imports_not_probes() -> None:
@@ -193,3 +262,18 @@ def test_torchvision_stand_in_answers_imports_not_probes() -> None:
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.stdout.splitlines() == ["None", "bicubic True", "torchvision.transforms.Resize"]
+
+
+def test_the_tiny_llama_fixture_is_built_offline_from_the_smollm2_gguf(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    folder = build_fixture(tmp_path / "tiny")
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == [
+        ".superinfer-fixture.json", "chat_template.jinja", "config.json",
+        "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    ]  # fmt: skip
+    assert json.loads((folder / "config.json").read_text()) == TINY_LLAMA
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    assert len(tokenizer["model"]["vocab"]) == TINY_LLAMA["vocab_size"] == 49152
+    stamp = (folder / "config.json").stat().st_mtime_ns
+    assert ensure_fixture(folder) == folder and (folder / "config.json").stat().st_mtime_ns == stamp

@@ -24,6 +24,7 @@ from superinfer.policy_core.types import (
 )
 
 __all__ = [
+    "register_eviction_policy",
     "EVICTION_POLICY_NAME",
     "Band",
     "PlacementBook",
@@ -236,3 +237,18 @@ class SuperinferEvictionStrategy(EvictionStrategy):  # type: ignore[misc]  # unt
         book = self._book()
         band = book.band(node.id) if book is not None else Band.KEEP
         return (int(band), node.priority, node.last_access_time)
+
+
+def register_eviction_policy(book: Callable[[], Any]) -> None:
+    """Make ``--radix-eviction-policy superinfer`` known to SGLang's parser and cache factory."""
+    from sglang.srt.arg_groups.choices import (
+        RADIX_EVICTION_POLICY_CHOICES,
+        add_radix_eviction_policy_choices,
+    )
+    from sglang.srt.mem_cache import utils as cache_utils
+
+    if EVICTION_POLICY_NAME not in RADIX_EVICTION_POLICY_CHOICES:
+        add_radix_eviction_policy_choices([EVICTION_POLICY_NAME])
+    cache_utils._EVICTION_POLICY_FACTORIES[EVICTION_POLICY_NAME] = lambda **_: (
+        SuperinferEvictionStrategy(book)
+    )

@@ -3,7 +3,8 @@
 It reaches SGLang's scheduler processes through the environment (they are ``spawn`` children, and
 ``ServerArgs`` arrive pickled without new fields; ``../shared/engines/sglang-0.5.md`` section 4):
 ``SUPERINFER_CONFIG`` names a JSON file, ``SUPERINFER_POLICY`` and ``SUPERINFER_POLICY_OPTS``
-(``key=value,key=value``) override its policy. Every mistake is a :class:`ConfigError` whose one
+(``key=value,key=value``) override its policy, ``SUPERINFER_KV_POLICY`` its prefix-cache placement
+policy (``superinfer.kv_policies``). Every mistake is a :class:`ConfigError` whose one
 line names the file and the field.
 """
 
@@ -21,6 +22,7 @@ from superinfer.policy_core.types import SLO
 __all__ = [
     "DEFAULT_SLO_CLASSES",
     "ENV_CONFIG",
+    "ENV_KV_POLICY",
     "ENV_POLICY",
     "ENV_POLICY_OPTS",
     "ENV_SWITCH",
@@ -33,6 +35,7 @@ ENV_SWITCH = "SUPERINFER_SGLANG"
 ENV_CONFIG = "SUPERINFER_CONFIG"
 ENV_POLICY = "SUPERINFER_POLICY"
 ENV_POLICY_OPTS = "SUPERINFER_POLICY_OPTS"
+ENV_KV_POLICY = "SUPERINFER_KV_POLICY"
 
 #: The benchmark's classes (``harness/workload.py``): chat must meet TTFT <= 1 s and TPOT <= 100 ms,
 #: batch must finish within 600 s.
@@ -75,6 +78,8 @@ class AdapterConfig:
         token_s: logical seconds per token a batch runs.
         pin_budget_fraction: most of the KV pool pins may hold, in (0, 1].
         source: where this came from, for error messages.
+        kv_policy: prefix-cache placement policy (``superinfer.kv_policies``: ``lru``, ``lfu``,
+            ``reuse``), or ``None`` for SGLang's own eviction order.
     """
 
     policy: str = "fcfs"
@@ -86,6 +91,7 @@ class AdapterConfig:
     token_s: float = DEFAULT_TOKEN_S
     pin_budget_fraction: float = DEFAULT_PIN_BUDGET_FRACTION
     source: str = "defaults"
+    kv_policy: str | None = None
 
     def __post_init__(self) -> None:
         where = self.source
@@ -135,6 +141,7 @@ def _from_mapping(raw: Mapping[str, Any], where: str) -> AdapterConfig:
         "priority_classes",
         "clock",
         "pin_budget_fraction",
+        "kv_policy",
     }
     if extra := sorted(set(raw) - known):
         raise ConfigError(
@@ -169,6 +176,8 @@ def _from_mapping(raw: Mapping[str, Any], where: str) -> AdapterConfig:
         for key in ("step_s", "token_s"):
             if key in clock:
                 kwargs[key] = _number(clock[key], f"clock.{key}", where)
+    if raw.get("kv_policy") is not None:
+        kwargs["kv_policy"] = str(raw["kv_policy"])
     if "pin_budget_fraction" in raw:
         kwargs["pin_budget_fraction"] = _number(
             raw["pin_budget_fraction"], "pin_budget_fraction", where
@@ -213,6 +222,8 @@ def load_config(environ: Mapping[str, str] | None = None) -> AdapterConfig:
         raw = loaded
     if (policy := env.get(ENV_POLICY)) and policy != raw.get("policy"):
         raw = {**raw, "policy": policy, "policy_options": {}}  # the file's options were not for it
+    if kv_policy := env.get(ENV_KV_POLICY):
+        raw = {**raw, "kv_policy": kv_policy}
     if opts := env.get(ENV_POLICY_OPTS):
         raw = {**raw, "policy_options": {**raw.get("policy_options", {}), **_parse_opts(opts)}}
     return _from_mapping(raw, where)

@@ -17,7 +17,8 @@ target (sglang 0.5.23)                          type     what the adapter does
 ``ScheduleBatch.retract_decode``                AROUND   ask the policy at a KV shortage
 ``ScheduleBatch._get_decode_retraction_order``  REPLACE  its order
 ``Scheduler.process_batch_result``              AFTER    clock, first tokens, finishes,
-                                                         ``superinfer_step_finished``
+                                                         ``superinfer_step_finished``, stats file
+``Scheduler.run_batch``                         AROUND   step wall time (stats file only)
 ``Scheduler.send_abort_output``                 AFTER    aborts
 ``UnifiedRadixCache._evict``                    AROUND   ``superinfer_kv_placement``
 ``UnifiedRadixCache.checkpoint_into_tree``,     AROUND   insert priority from the rank
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ from typing import Any, Protocol
 
 from superinfer.adapters.manager import UnknownPolicyError, build_plugin_manager
 from superinfer.adapters.sglang.config import ENV_SWITCH, AdapterConfig, ConfigError, load_config
+from superinfer.adapters.sglang.stats import Telemetry, kv_usage
 from superinfer.adapters.sglang.view import (
     EngineLimits,
     LogicalClock,
@@ -165,6 +168,9 @@ class SGLangAdapter:
         self._retracting: Any = None  # the batch inside retract_decode
         self._node_seen: dict[int, tuple[float, float]] = {}
         self._seq = 0
+        self.telemetry = Telemetry.from_env(
+            {"policy": config.policy, "kv_policy": config.kv_policy}
+        )  # SUPERINFER_STATS_FILE: the counters for the harness (.stats)
 
     # -- binding --------------------------------------------------------------------------------
 
@@ -261,6 +267,7 @@ class SGLangAdapter:
                 self.stats.bad_slo += 1
                 if self.engine is not None:
                     self.engine.abort(req, str(exc), 400)
+                self.telemetry.publish(self.stats, force=True)
                 return None
             rec = self._admit_record(req, slo)
             if self.limits.priority_scheduling:
@@ -330,11 +337,24 @@ class SGLangAdapter:
                 finished_ids=tuple(finished),
             )
         )
+        idle = not scheduler.waiting_queue and all(r.finished() for r in reqs)
+        kv = kv_usage(*self._pool())
+        self.telemetry.publish(self.stats, force=idle, kv=kv, pins=len(self.book.pins))
+
+    def run_batch(self, original: Callable[..., Any], scheduler: Any, *a: Any, **k: Any) -> Any:
+        """AROUND ``Scheduler.run_batch``: the step's wall time, for the stats file only."""
+        start = time.perf_counter()
+        try:
+            return original(scheduler, *a, **k)
+        finally:
+            self.telemetry.step.add(time.perf_counter() - start)
 
     # -- scheduling -----------------------------------------------------------------------------
 
     def _decide(self, state: StepState) -> ScheduleDecision | None:
+        start = time.perf_counter()  # measured, never decided on (decisions use self.clock)
         decision: ScheduleDecision | None = self.hook.superinfer_schedule(state=state)
+        self.telemetry.policy.add(time.perf_counter() - start)
         if decision is None:
             return None
         try:
@@ -522,6 +542,7 @@ HOOKS: tuple[tuple[str, str, str], ...] = (
     (f"{_SCHED}.__init__", "AFTER", "on_scheduler_init"),
     (f"{_SCHED}._add_request_to_queue", "AROUND", "add_request_to_queue"),
     (f"{_SCHED}.process_batch_result", "AFTER", "on_batch_result"),
+    (f"{_SCHED}.run_batch", "AROUND", "run_batch"),
     (f"{_SCHED}.send_abort_output", "AFTER", "on_abort_output"),
     (f"{_POLICY}.calc_priority", "AROUND", "calc_priority"),
     (f"{_ADDER}.add_one_req", "AROUND", "add_one_req"),
@@ -535,20 +556,10 @@ HOOKS: tuple[tuple[str, str, str], ...] = (
 
 
 def register_eviction_policy(book: Callable[[], Any]) -> None:
-    """Make ``--radix-eviction-policy superinfer`` known to SGLang's parser and cache factory."""
-    from sglang.srt.arg_groups.choices import (
-        RADIX_EVICTION_POLICY_CHOICES,
-        add_radix_eviction_policy_choices,
-    )
-    from sglang.srt.mem_cache import utils as cache_utils
+    """Make ``--radix-eviction-policy superinfer`` known to SGLang (:mod:`.apply`)."""
+    from superinfer.adapters.sglang.apply import register_eviction_policy as register_in_sglang
 
-    from superinfer.adapters.sglang.apply import EVICTION_POLICY_NAME, SuperinferEvictionStrategy
-
-    if EVICTION_POLICY_NAME not in RADIX_EVICTION_POLICY_CHOICES:
-        add_radix_eviction_policy_choices([EVICTION_POLICY_NAME])
-    cache_utils._EVICTION_POLICY_FACTORIES[EVICTION_POLICY_NAME] = lambda **_: (
-        SuperinferEvictionStrategy(book)
-    )
+    register_in_sglang(book)
 
 
 def install(adapter: SGLangAdapter) -> None:
@@ -573,10 +584,15 @@ def register() -> None:
         return
     try:
         config = load_config()
-        pm = build_plugin_manager(config.policy, config.policy_options)
+        pm = build_plugin_manager(config.policy, config.policy_options, kv_policy=config.kv_policy)
     except (ConfigError, UnknownPolicyError) as exc:
         # SystemExit passes through load_plugins' `except Exception`: a server asked to run the
         # policy must not start without it.
         raise SystemExit(f"superinfer: {exc}") from None
     install(SGLangAdapter(config, pm.hook))
-    logger.info("superinfer: policy %s installed in pid %d", config.policy, os.getpid())
+    logger.info(
+        "superinfer: policy %s (kv policy %s) installed in pid %d",
+        config.policy,
+        config.kv_policy,
+        os.getpid(),
+    )

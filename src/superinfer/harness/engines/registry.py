@@ -82,7 +82,12 @@ class EngineFamily:
         label_only: the policy runs on a server the harness does not control; ``--policies``
             only labels the rows.
         kind: how the report describes it: ``sim-gpu`` (a simulated GPU cluster), ``real-cpu``
-            (the real CPU engine), ``sim-cpu`` (its simulator profile) or ``live`` (a server).
+            (the real CPU engine), ``sim-cpu`` (its simulator profile), ``real-server`` (a real
+            server the harness starts per policy) or ``live`` (a server).
+        engine_policies: policy names the engine runs itself, without our plugin (accepted by
+            ``--policies`` beside the registered ones; ``sglang``: ``native``, ``lpm``,
+            ``priority`` are SGLang's own scheduling).
+        default_policies: what ``--policies`` defaults to; empty: every registered policy.
     """
 
     name: str
@@ -92,6 +97,8 @@ class EngineFamily:
     default_source: tuple[str, str] = ("workload", "azure-mixed")
     label_only: bool = False
     kind: str = "sim-gpu"
+    engine_policies: tuple[str, ...] = ()
+    default_policies: tuple[str, ...] = ()
     _cache: dict[str, Callable[..., Any]] = field(default_factory=dict, compare=False, repr=False)
 
     def load_runner(self) -> Callable[..., Any]:
@@ -124,6 +131,16 @@ FAMILIES: Mapping[str, EngineFamily] = MappingProxyType(
             default_source=("trace", "azure"),
             kind="real-cpu",
         ),
+        "sglang": EngineFamily(
+            "sglang",
+            f"{_PKG}.sglang:run_sglang_cell",
+            out_dir="results/sglang-cpu",
+            shaping=HF_WORKLOAD,
+            default_source=("trace", "azure"),
+            kind="real-server",
+            engine_policies=("native", "lpm", "priority"),
+            default_policies=("native", "lpm", "priority", "superinfer"),
+        ),
         "http": EngineFamily(
             "http",
             f"{_PKG}.http:run_http_cell",
@@ -134,7 +151,9 @@ FAMILIES: Mapping[str, EngineFamily] = MappingProxyType(
     }
 )
 #: Engine ids with a family of their own, ahead of the prefix rule.
-_EXACT = MappingProxyType({"sim:hf-cpu": "sim-hf-cpu", "hf": "hf", "http": "http"})
+_EXACT = MappingProxyType(
+    {"sim:hf-cpu": "sim-hf-cpu", "hf": "hf", "sglang": "sglang", "http": "http"}
+)
 #: Engine-id prefixes (the part before ``:``) -> family.
 _PREFIX = MappingProxyType({"sim": "sim"})
 

@@ -19,8 +19,8 @@ from superinfer.harness.offline.cache_trace import (
     ReplayResult,
     record_hits,
 )
-from superinfer.policy_core.reuse import NodeColumns, ReusePredictor, ReusePredictorConfig
 from superinfer.policy_core.kv_placement_plan import PlacementPlanner, ScoreFn
+from superinfer.policy_core.reuse import NodeColumns, ReusePredictor, ReusePredictorConfig
 
 __all__ = [
     "belady_prefix_hits",

@@ -196,19 +196,23 @@ def _engines_line(cfg: dict[str, Any], meta: dict[str, Any]) -> str:
         )
     real = _cell_of_kind(meta, "real-cpu")
     live = _cell_of_kind(meta, "live")
+    server = _cell_of_kind(meta, "real-server").get("sglang", {})
     cores = meta.get("host", {}).get("cpu_count")
     text = {
         "real-cpu": "(the real transformers continuous-batching engine running "
         f"SmolLM2-135M-Instruct in fp32, one replica on a {cores}-core CPU host, "
         f"{real.get('torch_threads', '?')} torch thread(s))",
         "sim-cpu": "(its simulator profile, step time fitted on it)",
+        "real-server": f"(the real SGLang server started per policy on {cores} CPU cores, "
+        f"{'CPU recipe' if server.get('cpu_recipe') else 'GPU'}, replayed over HTTP; latencies "
+        "measured at the client)",
         "live": f"(a live server at {live.get('url', '?')}, backend "
         f"`{live.get('backend', '?')}`, model `{live.get('model', '?')}`; latencies measured "
         "at the client, KV not observable)",
     }
     parts = [
         f"`{e}` {text[kind]}"
-        for kind in ("real-cpu", "sim-cpu", "live")
+        for kind in ("real-cpu", "sim-cpu", "real-server", "live")
         for e in dict.fromkeys(engines)
         if kinds[e] == kind
     ]

@@ -1,0 +1,105 @@
+"""The real SGLang server with the plugin inside (policy ``superinfer``, kv policy ``reuse``).
+
+One server for the whole module (a start costs 40-70 s on 2 cores); the tests run in file order
+on it and each says what state it leaves. Flags: tests/adapters/sglang/live.py.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+from collections.abc import Iterator
+
+import pytest
+
+from tests.adapters.sglang.gate import require_sglang
+
+require_sglang()
+
+from superinfer.adapters.sglang.server import SGLangServer  # noqa: E402
+from tests.adapters.sglang.live import (  # noqa: E402
+    chat_behind_batch,
+    concurrently,
+    generate,
+    live_server,
+    prompt,
+    wait_stats,
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[SGLangServer]:
+    yield from live_server("superinfer", kv_policy="reuse")
+
+
+def test_the_cpu_recipe_is_one_log_line_and_the_plugin_decides(server: SGLangServer) -> None:
+    assert server.recipe_line is not None and "\n" not in server.recipe_line
+    assert server.log_path.read_text().splitlines()[0] == server.recipe_line
+    meta = generate(server, prompt(1, 5), 8, "chat")
+    assert meta["completion_tokens"] == 8
+    stats = wait_stats(server, lambda s: s["decisions"] > 0)
+    assert stats["decisions"] > 0 and stats["invalid_decisions"] == 0
+    assert (stats["policy"], stats["kv_policy"]) == ("superinfer", "reuse")
+    assert stats["policy_us"]["count"] >= stats["decisions"] and stats["policy_us"]["p50"] > 0
+    assert stats["step_us"]["count"] == stats["steps"] > 0
+
+
+def test_an_unknown_slo_class_is_http_400(server: SGLangServer) -> None:
+    with pytest.raises(urllib.error.HTTPError) as err:
+        generate(server, "x", 2, "premium")
+    assert err.value.code == 400
+    message = json.loads(err.value.read())["error"]["message"]
+    assert message == "custom_params.slo: unknown class 'premium' (classes: batch, chat)"
+    assert wait_stats(server, lambda s: s["bad_slo"] == 1)["bad_slo"] == 1
+
+
+def test_chat_behind_a_queue_of_batch_starts_first(server: SGLangServer) -> None:
+    received, chat, batch = chat_behind_batch(server)
+    queued = sorted(name for name, ts in batch.items() if ts > received)
+    assert queued, "no batch request was queued when chat arrived"
+    # The policy starts chat before every batch request still queued when it arrived (under
+    # native it starts after all of them: test_server_cpu_native.py).
+    assert sorted(name for name, ts in batch.items() if ts > chat) == queued, (chat, batch)
+
+
+def test_kv_pressure_with_mixed_priorities(server: SGLangServer) -> None:
+    before = server.stats() or {}
+    jobs = {
+        f"r{i}": (
+            lambda i=i: generate(
+                server, prompt(200 + i, 25), 300, "chat" if i % 2 else "batch", i % 2 - 1
+            )
+        )
+        for i in range(8)
+    }
+    metas = concurrently(jobs, dict.fromkeys(jobs, 0.05))
+    assert {(m["finish_reason"]["type"], m["completion_tokens"]) for m in metas.values()} == {
+        ("length", 300)
+    }
+    stats = wait_stats(server, lambda s: s["kv"]["in_use"] == 0)
+    acted = (stats["retraction_points"] - before.get("retraction_points", 0)) + (
+        stats["preempted"] - before.get("preempted", 0)
+    )
+    assert acted >= 1, stats
+    assert stats["kv"]["in_use"] == 0 and stats["kv"]["total"] == 1024
+
+
+def test_reuse_placement_keeps_the_shared_chat_prefix_under_eviction_pressure(
+    server: SGLangServer,
+) -> None:
+    shared = prompt(500, 60)
+    first = generate(server, shared + " question " + prompt(600, 5), 4, "chat")
+    assert first["cached_tokens"] == 0
+    hits = [
+        generate(server, shared + " question " + prompt(601 + i, 5), 4, "chat")["cached_tokens"]
+        for i in range(3)
+    ]
+    assert min(hits) > 100, hits
+    placements = (server.stats() or {}).get("placements", 0)
+    pressure = [generate(server, prompt(700 + i, 150), 4, "batch") for i in range(6)]
+    # 6 distinct prompts of ~470 tokens through a 1024-token pool: the radix cache must evict.
+    assert sum(m["prompt_tokens"] for m in pressure) > 2 * 1024
+    after = generate(server, shared + " question " + prompt(800, 5), 4, "chat")
+    assert after["cached_tokens"] >= min(hits), (after["cached_tokens"], hits)
+    stats = wait_stats(server, lambda s: s["placements"] > placements)
+    assert stats["placements"] > placements, stats
