@@ -104,6 +104,8 @@ class ServingEngine:
             registry=self.registry,
         )
         session.binding.on_end = self._on_end_thread
+        # a policy error fails its own request; the engine serves on (plugin.PolicyScheduler)
+        session.binding.isolate_policy_errors = True
 
     @property
     def policy_errors(self) -> int:

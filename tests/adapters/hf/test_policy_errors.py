@@ -9,6 +9,7 @@ shows it a request with an absurd TPOT target, as the ``superinfer`` policy did 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,13 @@ from superinfer.policy_core.validation import PolicyError  # noqa: E402
 from tests.adapters.hf.test_scheduler import CHAT, arrive, make_scheduler, run_step  # noqa: E402
 
 HUGE = SLO("chat", ttft_ms=1000.0, tpot_ms=1.7e308)
+
+
+def serving_scheduler(policy: object) -> tuple[Any, Any]:
+    """A scheduler bound as a server binds it (``isolate_policy_errors``)."""
+    scheduler, binding = make_scheduler(policy)  # type: ignore[arg-type]
+    binding.isolate_policy_errors = True
+    return scheduler, binding
 
 
 @dataclass
@@ -70,7 +78,7 @@ class RaisesOnArrival:
 
 
 def test_a_waiting_request_the_policy_raises_on_is_failed_alone() -> None:
-    scheduler, binding = make_scheduler(Overflowing())  # type: ignore[arg-type]
+    scheduler, binding = serving_scheduler(Overflowing())
     arrive(scheduler, binding, "ok", prompt=6, output=2)
     arrive(scheduler, binding, "bad", prompt=6, output=2, slo=HUGE)
     batch, _, num_q, _ = scheduler.schedule_batch(16, 32)
@@ -85,7 +93,7 @@ def test_a_waiting_request_the_policy_raises_on_is_failed_alone() -> None:
 
 
 def test_a_running_request_the_policy_raises_on_is_failed_and_its_kv_freed() -> None:
-    scheduler, binding = make_scheduler(Overflowing(running_only=True))  # type: ignore[arg-type]
+    scheduler, binding = serving_scheduler(Overflowing(running_only=True))
     arrive(scheduler, binding, "bad", prompt=6, output=4, slo=HUGE)
     arrive(scheduler, binding, "ok", prompt=6, output=2, slo=CHAT)
     batch, *_ = scheduler.schedule_batch(16, 32)  # both admitted: nothing raises yet
@@ -104,7 +112,7 @@ def test_a_running_request_the_policy_raises_on_is_failed_and_its_kv_freed() -> 
 
 
 def test_an_arrival_hook_error_fails_that_request_only() -> None:
-    scheduler, binding = make_scheduler(RaisesOnArrival("bad"))  # type: ignore[arg-type]
+    scheduler, binding = serving_scheduler(RaisesOnArrival("bad"))
     arrive(scheduler, binding, "bad", prompt=4, output=2)
     arrive(scheduler, binding, "ok", prompt=4, output=2)
     assert binding.ended["bad"][:2] == ("failed", "policy error: KeyError: 'bad'")
@@ -114,7 +122,7 @@ def test_an_arrival_hook_error_fails_that_request_only() -> None:
 
 
 def test_a_policy_that_cannot_schedule_an_empty_step_stops_the_engine() -> None:
-    scheduler, binding = make_scheduler(AlwaysRaises())  # type: ignore[arg-type]
+    scheduler, binding = serving_scheduler(AlwaysRaises())
     arrive(scheduler, binding, "r1", prompt=4, output=2)
     with pytest.raises(ZeroDivisionError):
         scheduler.schedule_batch(16, 32)
@@ -134,7 +142,7 @@ def test_an_error_no_single_request_causes_fails_every_live_request() -> None:
                 raise PolicyError("two at once")
             return super().schedule(state)
 
-    scheduler, binding = make_scheduler(Pairs())  # type: ignore[arg-type]
+    scheduler, binding = serving_scheduler(Pairs())
     arrive(scheduler, binding, "a", prompt=4, output=2)
     arrive(scheduler, binding, "b", prompt=4, output=2)
     batch, *_ = scheduler.schedule_batch(16, 32)
@@ -144,3 +152,13 @@ def test_an_error_no_single_request_causes_fails_every_live_request() -> None:
         "b": ("failed", "policy error: PolicyError: two at once"),
     }
     assert binding.policy_errors == 2 and binding.error is None and binding.used_blocks == 0
+
+
+def test_without_isolation_a_policy_error_stops_the_engine_as_before() -> None:
+    # `bench --engine hf` does not isolate: a policy bug ends the run (exit 3), as before.
+    scheduler, binding = make_scheduler(Overflowing())  # type: ignore[arg-type]
+    arrive(scheduler, binding, "bad", prompt=6, output=2, slo=HUGE)
+    with pytest.raises(OverflowError, match="cannot convert float infinity"):
+        scheduler.schedule_batch(16, 32)
+    assert isinstance(binding.error, OverflowError) and binding.policy_errors == 0
+    assert list(scheduler.waiting_requests) == ["bad"]

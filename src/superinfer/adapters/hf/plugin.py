@@ -42,7 +42,7 @@ from superinfer.adapters.hf.view import (
     total_blocks,
 )
 from superinfer.policy_core.batching import blocks_for_tokens
-from superinfer.policy_core.types import ScheduleDecision, StepState, StepStats
+from superinfer.policy_core.types import RequestView, ScheduleDecision, StepState, StepStats
 from superinfer.policy_core.validation import PolicyError, check_decision
 
 __all__ = ["SCHEDULER_NAME", "EngineBinding", "PolicyScheduler", "StepRecord", "install"]
@@ -149,6 +149,8 @@ class EngineBinding:
             with state ``"waiting"`` or ``"running"`` (holding KV); read under :attr:`lock`.
         used_blocks: KV blocks in use after the latest scheduling call.
         capacity_blocks: KV blocks of the pool (set by ``bind``).
+        isolate_policy_errors: a policy error fails only the request(s) it came from and the
+            engine goes on (a server sets it); ``False`` (a benchmark): it stops the engine.
         policy_errors: requests failed because the policy raised on them (``"policy error:
             ..."``), or raised in a lifecycle hook, the engine going on with the others.
         hook_errors: the latest (at most 16) errors a lifecycle hook raised, one line each.
@@ -173,6 +175,7 @@ class EngineBinding:
     queue_by_tier: dict[tuple[int, str], int] = field(default_factory=dict)
     used_blocks: int = 0
     capacity_blocks: int = 0
+    isolate_policy_errors: bool = False
     policy_errors: int = 0
     hook_errors: list[str] = field(default_factory=list)
 
@@ -253,6 +256,8 @@ class PolicyScheduler(Scheduler):
         try:
             b.hook.superinfer_request_arrived(request=request_view(state, rec, 0), now_s=now)
         except Exception as exc:  # noqa: BLE001  (fails this request only)
+            if not b.isolate_policy_errors:
+                raise
             with b.lock:
                 b.policy_errors += 1
             reason = f"policy error: {type(exc).__name__}: {exc}"
@@ -281,13 +286,7 @@ class PolicyScheduler(Scheduler):
                 _notify(b, b.hook.superinfer_request_finished, request=view, now_s=b.clock())
                 self._finished_ids.append(request_id)
             else:
-                _notify(
-                    b,
-                    b.hook.superinfer_request_aborted,
-                    request=view,
-                    now_s=b.clock(),
-                    reason=state.error or "engine_error",
-                )
+                _aborted(b, view, b.clock(), state.error or "engine_error")
         super().finish_request(request_id)
         if b is not None:
             self._snapshot(b)
@@ -305,13 +304,7 @@ class PolicyScheduler(Scheduler):
                 if rec is None:
                     continue
                 now = b.clock()
-                _notify(
-                    b,
-                    b.hook.superinfer_request_aborted,
-                    request=request_view(state, rec, 0),
-                    now_s=now,
-                    reason="cancelled",
-                )
+                _aborted(b, request_view(state, rec, 0), now, "cancelled")
                 b.record_end(state.request_id, "failed", "cancelled", now)
             if cancelled:
                 self._snapshot(b)
@@ -321,13 +314,7 @@ class PolicyScheduler(Scheduler):
         b = self._require()
         now = b.clock()
         blocks = kv_blocks(full_attention_allocator(self.cache), rec.request_id)
-        _notify(
-            b,
-            b.hook.superinfer_request_aborted,
-            request=request_view(state, rec, blocks),
-            now_s=now,
-            reason=reason,
-        )
+        _aborted(b, request_view(state, rec, blocks), now, reason)
         b.record_end(rec.request_id, status, reason, now)
 
     # -- scheduling -----------------------------------------------------------------------------
@@ -438,8 +425,7 @@ class PolicyScheduler(Scheduler):
         now = b.clock()
         with b.lock:
             b.policy_errors += 1
-        _notify(b, b.hook.superinfer_request_aborted, request=view, now_s=now,
-                reason="policy_error")  # fmt: skip
+        _aborted(b, view, now, "policy_error")
         b.record_end(request_id, "failed", reason, now)
 
     def _schedule(
@@ -455,6 +441,8 @@ class PolicyScheduler(Scheduler):
             try:
                 decision = self._decide(b, state)
             except Exception as exc:  # noqa: BLE001  (isolated and reported per request)
+                if not b.isolate_policy_errors:
+                    raise
                 self._fail_culprits(b, token_budget, exc)
                 continue
             policy_s = b.clock() - policy_start
@@ -466,8 +454,7 @@ class PolicyScheduler(Scheduler):
             views = {v.request_id: v for v in state.waiting}
             for rid, reason in applied.rejected.items():
                 now = b.clock()
-                _notify(b, b.hook.superinfer_request_aborted, request=views[rid], now_s=now,
-                        reason=reason)  # fmt: skip
+                _aborted(b, views[rid], now, reason)
                 b.record_end(rid, "rejected", reason, now)
         used = self._record_kv(b)
         if not applied.batch:
@@ -572,16 +559,23 @@ class PolicyScheduler(Scheduler):
 
 
 def _notify(b: EngineBinding, hook: Callable[..., Any], **kwargs: Any) -> None:
-    """Call a lifecycle hook (arrival aside); a policy error there is counted in
-    :attr:`EngineBinding.policy_errors` and :attr:`EngineBinding.hook_errors` and the engine
-    goes on: the request it concerns has already finished or is being ended."""
+    """Call a lifecycle hook (arrival aside); with ``isolate_policy_errors`` an error there is
+    counted (``policy_errors``, ``hook_errors``) and the engine goes on: the request it concerns
+    has already finished or is being ended."""
     try:
         hook(**kwargs)
     except Exception as exc:  # noqa: BLE001
+        if not b.isolate_policy_errors:
+            raise
         with b.lock:
             b.policy_errors += 1
             b.hook_errors.append(f"{type(exc).__name__}: {exc}"[:200])
             del b.hook_errors[:-16]
+
+
+def _aborted(b: EngineBinding, view: RequestView, now_s: float, reason: str) -> None:
+    """``superinfer_request_aborted`` through :func:`_notify`."""
+    _notify(b, b.hook.superinfer_request_aborted, request=view, now_s=now_s, reason=reason)
 
 
 def install() -> None:
