@@ -407,8 +407,8 @@ class PolicyScheduler(Scheduler):
                 culprits[rid] = exc
         if not culprits:
             culprits = dict.fromkeys(ids, error)
-        for rid, exc in culprits.items():
-            self._fail(b, rid, f"policy error: {type(exc).__name__}: {exc}")
+        for rid, raised in culprits.items():
+            self._fail(b, rid, f"policy error: {type(raised).__name__}: {raised}")
         self._snapshot(b)
 
     def _fail(self, b: EngineBinding, request_id: str, reason: str) -> None:
