@@ -81,3 +81,20 @@ class EngineCollector:
         yield ended
         yield met
         yield attain
+        failed = CounterMetricFamily(
+            "superinfer_requests_failed",
+            "Failed requests, per SLO class and kind of reason (policy_error, "
+            "client_disconnected, engine_error, ...)",
+            labels=["slo_class", "kind"],
+        )
+        for name, s in sorted(stats.items()):
+            for kind, count in sorted(s.failed_by_kind.items()):
+                failed.add_metric([name, kind], float(count))
+        yield failed
+        errors = CounterMetricFamily(
+            "superinfer_policy_errors",
+            "Errors the policy raised while serving (each failed one request, or a lifecycle "
+            "hook call); the engine went on",
+        )
+        errors.add_metric([], float(engine.policy_errors))
+        yield errors
