@@ -1,14 +1,14 @@
 """The ``sglang`` engine: a real SGLang server per policy, replayed through the ``http`` engine.
 
 For each cell (one policy) :func:`run_sglang_cell` starts ``sglang.launch_server`` on a free
-127.0.0.1 port with :class:`superinfer.adapters.sglang.server.SGLangServer` (the CPU recipe
-without a CUDA GPU; ``native``, ``lpm`` and ``priority`` are SGLang's own scheduling without the
-plugin, every other policy runs through it), waits for ``/health``, replays the workload with
-``harness.engines.http.run_http_cell`` and ``--backend sglang``, stops the server by its
-process group, and returns the ``http`` engine's
-:class:`~superinfer.harness.engines.base.CellResult` with the server's facts added to ``info["sglang"]``: ``log`` (the kept server log), ``startup_s``,
-``argv``, ``cpu_recipe`` (the recipe's log line, ``None`` on a GPU), ``plugin`` (whether the
-plugin ran) and ``plugin_stats`` (the plugin's counters, :mod:`superinfer.adapters.sglang.stats`:
+127.0.0.1 port with :class:`superinfer.adapters.sglang.server.SGLangServer` (the CPU recipe without
+a CUDA GPU; ``native``, ``lpm`` and ``priority`` are SGLang's own scheduling without the plugin,
+every other policy runs through it), waits for ``/health``, replays the workload with
+``harness.engines.http.run_http_cell`` and ``--backend sglang``, stops the server by its process
+group, and returns the ``http`` engine's :class:`~superinfer.harness.engines.base.CellResult` with
+the server's facts added to ``info["sglang"]``: ``log`` (the kept server log), ``startup_s``,
+``argv``, ``cpu_recipe`` (the recipe's log line, ``None`` on a GPU), ``plugin`` (whether the plugin
+ran) and ``plugin_stats`` (the plugin's counters, :mod:`superinfer.adapters.sglang.stats`:
 decisions, preemptions, retractions, radix placements, policy and step time per step).
 
 Engine options (``--engine-option``) read here, the rest go to the ``http`` engine:
