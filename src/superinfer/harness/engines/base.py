@@ -37,7 +37,7 @@ class BenchConfig:
         gpu: GPU name.
         tp: tensor-parallel degree per replica.
         replicas: replicas behind the router.
-        router: how arrivals are spread over replicas (``sim.engine.ROUTERS``).
+        router: how arrivals are spread over replicas (``sim.routers.ROUTERS``).
         cpu_kv_ratio: CPU-tier KV capacity per replica as a multiple of its HBM KV capacity;
             ``None`` takes each engine profile's own, 0 disables the tier.
         policies: policy names; empty means every registered policy.

@@ -76,7 +76,7 @@ class CellSpec:
         gpu: GPU name.
         tp: tensor-parallel degree (GPUs per replica).
         replicas: replicas behind the router.
-        router: one of ``sim.engine.ROUTERS``.
+        router: one of ``sim.routers.ROUTERS``.
         cpu_kv_ratio: CPU-tier KV capacity as a multiple of HBM's (``None``: the profile's).
         rate_scale: arrival-rate multiplier.
         seed: seed of every random choice (recorded; trace replays draw none).
@@ -277,7 +277,7 @@ def load_workload(trace: str, rate_scale: float, seed: int = 0) -> Workload:
     """The whole workload ``trace`` at ``rate_scale``.
 
     ``trace`` is a ``--trace`` name or CSV path (``harness.workload.TRACES``), or else a workload
-    spec: a built-in name or a TOML path (``harness.specs``), built with ``seed``.
+    spec: a built-in name or a TOML path (``harness.workload.specs``), built with ``seed``.
 
     Raises:
         UserError: unknown trace or spec, or a bad scale; ``TraceFormatError`` for a malformed

@@ -20,13 +20,13 @@ passes **and** whose next ``confirm`` counts pass too (a pass followed by a fail
 of routing, not a capacity to provision). Counts below the last failing gallop count are not
 simulated. Cells stop as soon as a class has missed more requests than its target allows, and
 simulate only until the last instant a measured request could still meet its SLO; neither
-changes any attainment (``harness.cells``).
+changes any attainment (``harness.grid.cells``).
 
 **Cost.** ``cost_per_mtok = gpus x gpu_price x window_s / 3600 / (output tokens / 1e6)``: the
 fleet's GPU-hours over the window per million output tokens it generated for the requests that
 arrived in the window. **Utilisation**, two ways: ``busy_fraction``, replica-seconds of steps in
 the window over ``replicas x window_s`` (what ``nvidia-smi`` shows; near 1 whenever decodes are
-in flight), and ``mfu``, model FLOPs utilisation (``harness.cells.run_cell``; docs/metrics.md).
+in flight), and ``mfu``, model FLOPs utilisation (``harness.grid.cells.run_cell``; docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -551,7 +551,7 @@ def render_plan(result: FleetPlan, config: FleetConfig, workload: Workload) -> s
         f"GPU price ${config.gpu_price:.2f}/GPU-hour (--gpu-price).",
         f"- Search: replica counts {config.min_replicas}..{config.max_replicas}, gallop then "
         f"upward scan, a plan's next {config.confirm} count(s) must pass too "
-        "(src/superinfer/harness/fleet.py).",
+        "(src/superinfer/harness/grid/fleet.py).",
         "",
         "| engine | policy | layout | replicas | GPUs | meets SLO | chat att. | batch att. "
         "| busy | MFU | output tok/s/GPU | $/1M output tok |",

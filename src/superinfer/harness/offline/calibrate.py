@@ -443,7 +443,7 @@ def render_report(result: CalibrationResult) -> str:
         "Produced by `superinfer calibrate` from `shared/data/profiling` (Vidur's measured kernel "
         "timings: A100 and H100, Llama-2 7B/70B and Llama-3 8B/70B, TP 1/2/4/8). Errors are "
         "absolute relative errors of predicted vs measured median op time. Forms of every fit: "
-        "`src/superinfer/harness/calibrate.py`; the simulator's model: "
+        "`src/superinfer/harness/offline/calibrate.py`; the simulator's model: "
         "`src/superinfer/sim/calibrated.py`.",
         "",
         "## Linear layers (GEMMs)",
