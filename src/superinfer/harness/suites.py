@@ -535,7 +535,7 @@ def run_rotation(
                     "chat_class": cls,
                     "chat_ttft_attainment": float(ttft_ok.mean()) if len(chat) else math.nan,
                     "chat_slo_attainment": float(chat_row.slo_attainment),
-                    "chat_tbt_p99_ms": float(chat.max_itl_ms.quantile(0.99)),
+                    "chat_tbt_p99_ms": float(chat.max_itl_ms.dropna().quantile(0.99)),
                     "chat_tpot_p99_ms": float(chat_row.tpot_p99_ms),
                     "swap_out_bytes": stats.get("swap_out_bytes", 0),
                     "swap_in_bytes": stats.get("swap_in_bytes", 0),

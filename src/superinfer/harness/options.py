@@ -1,0 +1,95 @@
+"""Checks of ``superinfer bench`` options made before any work (issue 20 item 8): each bad value
+is one line naming the flag, or, for a value from a workload spec's ``[bench]`` table, the spec
+file, line and key."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from superinfer.harness.errors import SpecError, UserError
+from superinfer.harness.workload.limits import (
+    MAX_DURATION_S,
+    MAX_REPLICAS,
+    MAX_TOKENS,
+    MAX_TP,
+    check_rate_scale,
+)
+from superinfer.harness.workload.specs import WorkloadSpec
+
+__all__ = ["MAX_CPU_KV_RATIO", "MAX_LENGTH_SCALE", "check_numbers", "policy_names", "spec_error"]
+
+#: Largest ``--cpu-kv-ratio`` (CPU-tier KV over HBM KV; real hosts hold a few times HBM).
+MAX_CPU_KV_RATIO = 1000.0
+#: Largest ``--length-scale``.
+MAX_LENGTH_SCALE = 1000.0
+
+
+def _number(flag: str, value: float, *, low: float, high: float, strict: bool) -> None:
+    ok = math.isfinite(value) and (value > low if strict else value >= low)
+    if not ok:
+        raise UserError(f"{flag} must be a finite number {'>' if strict else '>='} {low:g}, "
+                        f"got {value}")  # fmt: skip
+    if value > high:
+        raise UserError(f"{flag} {value:g} is over the limit of {high:g}")
+
+
+def _integer(flag: str, value: int, high: int) -> None:
+    if not 1 <= value <= high:
+        raise UserError(f"{flag} must be in [1, {high:,}], got {value}")
+
+
+def check_numbers(p: Mapping[str, Any]) -> None:
+    """Check the numeric ``bench`` options in ``p`` (by parameter name; ``None``: unset).
+
+    Bounds: ``--rate-scale`` finite in ``(0, MAX_RATE_SCALE]``; ``--duration-s`` in
+    ``(0, MAX_DURATION_S]``; ``--start-s`` in ``[0, MAX_DURATION_S]``; ``--length-scale`` in
+    ``(0, MAX_LENGTH_SCALE]``; ``--max-prompt-tokens`` / ``--max-output-tokens`` in
+    ``[1, MAX_TOKENS]``; ``--cpu-kv-ratio`` in ``[0, MAX_CPU_KV_RATIO]``; ``--tp`` in
+    ``[1, MAX_TP]``; ``--replicas`` in ``[1, MAX_REPLICAS]`` (``workload.limits``).
+
+    Raises:
+        UserError: the first value out of bounds; the message names its flag.
+    """
+    if p.get("rate_scale") is not None:
+        check_rate_scale(p["rate_scale"])
+    for key, low, strict in (("duration_s", 0.0, True), ("start_s", 0.0, False)):
+        if p.get(key) is not None:
+            flag = "--" + key.replace("_", "-")
+            _number(flag, p[key], low=low, high=MAX_DURATION_S, strict=strict)
+    if p.get("length_scale") is not None:
+        _number("--length-scale", p["length_scale"], low=0.0, high=MAX_LENGTH_SCALE, strict=True)
+    if p.get("cpu_kv_ratio") is not None:
+        _number("--cpu-kv-ratio", p["cpu_kv_ratio"], low=0.0, high=MAX_CPU_KV_RATIO, strict=False)
+    for key in ("max_prompt_tokens", "max_output_tokens"):
+        if p.get(key) is not None:
+            _integer("--" + key.replace("_", "-"), p[key], MAX_TOKENS)
+    if p.get("tp") is not None:
+        _integer("--tp", p["tp"], MAX_TP)
+    if p.get("replicas") is not None:
+        _integer("--replicas", p["replicas"], MAX_REPLICAS)
+
+
+def spec_error(spec: WorkloadSpec, key: str, problem: str) -> SpecError:
+    """A :class:`SpecError` at ``[bench]`` key ``key`` of ``spec`` (its file and line)."""
+    return SpecError(spec.path, spec.line_of(f"bench.{key}"), f"bench.{key}", problem)
+
+
+def policy_names(value: str | None, where: str = "--policies") -> tuple[str, ...]:
+    """The comma-separated policy names of ``value`` (``None``: unset, ``()``).
+
+    Raises:
+        UserError: ``value`` given but naming no policy (``--policies ""``), or a name given
+            twice; the message names ``where``.
+    """
+    if value is None:
+        return ()
+    names = [n.strip() for n in value.split(",")]
+    if not any(names):
+        raise UserError(f"{where} {value!r} names no policy (leave it out for the default)")
+    names = [n for n in names if n]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UserError(f"{where} names {twice[0]!r} twice")
+    return tuple(names)
