@@ -27,17 +27,18 @@ MAX_LENGTH_SCALE = 1000.0
 
 
 def _number(flag: str, value: float, *, low: float, high: float, strict: bool) -> None:
-    ok = math.isfinite(value) and (value > low if strict else value >= low)
-    if not ok:
-        raise UserError(f"{flag} must be a finite number {'>' if strict else '>='} {low:g}, "
-                        f"got {value}")  # fmt: skip
+    if not (math.isfinite(value) and (value > low if strict else value >= low)):
+        op = ">" if strict else ">="
+        raise UserError(f"{flag} must be {op} {low:g} and finite, got {value}")
     if value > high:
         raise UserError(f"{flag} {value:g} is over the limit of {high:g}")
 
 
 def _integer(flag: str, value: int, high: int) -> None:
-    if not 1 <= value <= high:
-        raise UserError(f"{flag} must be in [1, {high:,}], got {value}")
+    if value < 1:
+        raise UserError(f"{flag} must be >= 1, got {value}")
+    if value > high:
+        raise UserError(f"{flag} {value} is over the limit of {high:,}")
 
 
 def check_numbers(p: Mapping[str, Any]) -> None:

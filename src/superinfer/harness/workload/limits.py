@@ -46,7 +46,7 @@ def check_rate_scale(rate_scale: float, flag: str = "--rate-scale") -> float:
         UserError: ``inf``, ``nan``, ``<= 0`` or over the bound; the message names ``flag``.
     """
     if not (math.isfinite(rate_scale) and rate_scale > 0):
-        raise UserError(f"{flag} must be a finite number > 0, got {rate_scale}")
+        raise UserError(f"{flag} must be > 0 and finite, got {rate_scale}")
     if rate_scale > MAX_RATE_SCALE:
         raise UserError(f"{flag} {rate_scale:g} is over the limit of {MAX_RATE_SCALE:g}")
     return rate_scale

@@ -192,13 +192,15 @@ def scale_lengths(
             scaled length over ``MAX_TOKENS`` (``workload.limits``).
     """
     if not (math.isfinite(length_scale) and length_scale > 0):
-        raise UserError(f"--length-scale must be a finite number > 0, got {length_scale}")
+        raise UserError(f"--length-scale must be > 0 and finite, got {length_scale}")
     for flag, cap in (
         ("--max-prompt-tokens", max_prompt_tokens),
         ("--max-output-tokens", max_output_tokens),
     ):
-        if cap is not None and not 1 <= cap <= MAX_TOKENS:
-            raise UserError(f"{flag} must be in [1, {MAX_TOKENS:,}], got {cap}")
+        if cap is not None and cap < 1:
+            raise UserError(f"{flag} must be >= 1, got {cap}")
+        if cap is not None and cap > MAX_TOKENS:
+            raise UserError(f"{flag} {cap} is over the limit of {MAX_TOKENS:,}")
     requests = []
     for spec in workload.requests:
         output = _scaled(spec.output_tokens, length_scale, max_output_tokens)
