@@ -132,11 +132,22 @@ def test_staged_run_keeps_the_previous_run_whole_on_failure(tmp_path: Path) -> N
         raise RuntimeError("plots failed")
     assert _listing(out) == {"manifest.json": "old manifest", "summary.csv": "old summary"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no stage left behind
+    (out / "MANIFEST.md").write_text("kept")  # not a run file: moved into the new run
+    (out / "logs").mkdir()
+    (out / "logs" / "a.log").write_text("log")
     with staged_dir(out) as stage:
         (stage / "summary.csv").write_text("new summary")
         (stage / "report.md").write_text("new report")
-    # no old file beside the new ones
-    assert _listing(out) == {"report.md": "new report", "summary.csv": "new summary"}
+    # no old run file beside the new ones (manifest.json was the previous run's)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "MANIFEST.md",
+        "logs",
+        "report.md",
+        "summary.csv",
+    ]
+    assert (out / "summary.csv").read_text() == "new summary"
+    assert (out / "MANIFEST.md").read_text() == "kept"
+    assert (out / "logs" / "a.log").read_text() == "log"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -29,7 +29,15 @@ import pandas as pd
 from superinfer.harness.errors import UserError
 from superinfer.harness.report.metrics import SUMMARY_COLUMNS, metrics_long
 
-__all__ = ["check_out_dir", "git_sha", "manifest", "staged_dir", "write_atomic", "write_run"]
+__all__ = [
+    "RUN_FILES",
+    "check_out_dir",
+    "git_sha",
+    "manifest",
+    "staged_dir",
+    "write_atomic",
+    "write_run",
+]
 
 #: Float format of CSV files: enough digits to compare runs, few enough to read.
 CSV_FLOAT_FORMAT = "%.6g"
@@ -85,12 +93,35 @@ def check_out_dir(path: Path, flag: str = "--out") -> Path:
     return path
 
 
+#: The files a ``bench`` run directory is made of (:func:`write_run` and the report's plots).
+RUN_FILES = frozenset(
+    {
+        "summary.csv",
+        "metrics.csv",
+        "requests.parquet",
+        "timeline.parquet",
+        "steps.parquet",
+        "manifest.json",
+        "report.md",
+        "ttft_cdf.png",
+        "e2e_cdf.png",
+        "attainment.png",
+        "kv_hbm.png",
+        "queue.png",
+        "sweep.png",
+    }
+)
+
+
 @contextlib.contextmanager
-def staged_dir(out_dir: Path) -> Iterator[Path]:
+def staged_dir(out_dir: Path, owned: Collection[str] = RUN_FILES) -> Iterator[Path]:
     """Stage a run directory: yield a temporary sibling of ``out_dir`` to write into; when the
-    block ends without an exception, the stage replaces ``out_dir`` (the previous one is
-    removed) and gets mode ``0777`` less the umask. On an exception the stage is removed and
-    ``out_dir`` is left as it was.
+    block ends without an exception, the stage replaces ``out_dir`` and gets mode ``0777`` less
+    the umask. On an exception the stage is removed and ``out_dir`` is left as it was.
+
+    The previous run's files (names in ``owned``) are all dropped, so old and new results never
+    mix; anything else in ``out_dir`` that the new run did not write (a ``MANIFEST.md``, a
+    ``README.md``, a calibration file, a folder) is moved into the new directory.
 
     Raises:
         UserError: ``out_dir`` exists and is not a directory.
@@ -114,6 +145,9 @@ def staged_dir(out_dir: Path) -> Iterator[Path]:
                 os.replace(old, out_dir)
             raise
         if old is not None:
+            for entry in old.iterdir():
+                if entry.name not in owned and not (out_dir / entry.name).exists():
+                    os.replace(entry, out_dir / entry.name)
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
