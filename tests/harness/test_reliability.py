@@ -22,8 +22,8 @@ from superinfer.harness.bench import _family_policies, bench_config, bench_out_d
 from superinfer.harness.engines.base import RequestOutcome, requests_frame
 from superinfer.harness.engines.registry import engine_family
 from superinfer.harness.errors import SpecError, TraceFormatError, UserError
-from superinfer.harness.options import check_numbers, policy_names
 from superinfer.harness.report.results import check_out_dir, staged_dir, write_atomic
+from superinfer.harness.workload.limits import check_numbers, policy_names
 from superinfer.harness.workload.spec_build import build_from_spec
 from superinfer.harness.workload.specs import load_workload_spec, parse_spec
 from superinfer.harness.workload.traces import load_azure_csv, load_mooncake_jsonl

@@ -23,10 +23,10 @@ from superinfer.harness.engines.registry import (
     run_dir,
     shaping_defaults,
 )
-from superinfer.harness.errors import UserError
-from superinfer.harness.options import check_numbers, policy_names, spec_error
+from superinfer.harness.errors import SpecError, UserError
 from superinfer.harness.policies import resolve_policy_opts, select_policies
 from superinfer.harness.report.metrics import summarize
+from superinfer.harness.workload.limits import check_numbers, policy_names
 from superinfer.harness.workload.resolve import resolve_workload
 from superinfer.harness.workload.specs import WorkloadSpec, load_workload_spec
 from superinfer.harness.workload.workload import Workload, scale_lengths
@@ -275,6 +275,11 @@ def _check_spec_bench(
         raise spec_error(spec, "router", f"unknown router {values['router']!r}; known: {known}")
 
 
+def spec_error(spec: WorkloadSpec, key: str, problem: str) -> SpecError:
+    """A :class:`SpecError` at ``[bench]`` key ``key`` of ``spec`` (its file and line)."""
+    return SpecError(spec.path, spec.line_of(f"bench.{key}"), f"bench.{key}", problem)
+
+
 def _engine_policies(engine: str) -> tuple[str, ...]:
     """The policies engine id ``engine`` runs itself (none for an unknown id)."""
     try:
@@ -333,7 +338,7 @@ def bench_config(params: Mapping[str, Any], *, given: Collection[str]) -> BenchC
     Raises:
         UserError: both ``--workload`` and ``--trace``, ``--kv-quant-opt`` without
             ``--kv-quant``, an unknown workload spec, a number out of bounds
-            (``harness.options.check_numbers``), or ``--policies`` empty or naming one twice.
+            (``workload.limits.check_numbers``), or ``--policies`` empty or naming one twice.
         SpecError: a spec's ``[bench]`` value that is unknown (named by file, line and key).
     """
     p = dict(params)
