@@ -11,11 +11,14 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from superinfer.adapters.manager import available_policies
 from superinfer.harness.bench import _family_policies, bench_config, bench_out_dir
@@ -23,9 +26,10 @@ from superinfer.harness.engines.base import RequestOutcome, requests_frame
 from superinfer.harness.engines.registry import engine_family
 from superinfer.harness.errors import SpecError, TraceFormatError, UserError
 from superinfer.harness.report.results import check_out_dir, staged_dir, write_atomic
-from superinfer.harness.workload.limits import check_numbers, policy_names
+from superinfer.harness.workload.limits import MAX_TOKENS, check_numbers, policy_names
 from superinfer.harness.workload.spec_build import build_from_spec
 from superinfer.harness.workload.specs import load_workload_spec, parse_spec
+from superinfer.harness.workload.trace_fields import show_value
 from superinfer.harness.workload.traces import load_azure_csv, load_mooncake_jsonl
 from superinfer.harness.workload.workload import CHAT_SLO, build_workload
 from superinfer.sim.request import RequestSpec
@@ -284,9 +288,9 @@ def test_policy_lists_and_numeric_flags_fail_in_one_line() -> None:
         ({"replicas": 0}, "--replicas must be >= 1, got 0"),
         ({"tp": 5000}, "--tp 5000 is over the limit of 1,024"),
     ]  # fmt: skip
-    for given, expected in cases:
+    for opts, expected in cases:
         with pytest.raises(UserError) as err:
-            bench_config({**PARAMS, **given}, given=set(given))
+            bench_config({**PARAMS, **opts}, given=set(opts))
         assert str(err.value) == expected
     # unset (None) and defaults pass
     assert bench_config(PARAMS, given=set()).policies == ()
@@ -358,3 +362,47 @@ def test_max_itl_is_empty_for_one_token_and_unfinished_requests() -> None:
     # a quantile over them (the rotation suite's chat_tbt_p99_ms) sees only the real gap
     assert float(itl.dropna().quantile(0.99)) == 7.5
     assert math.isnan(float(pd.Series([math.nan]).dropna().quantile(0.99)))
+
+
+# -- loaders fuzzed up to the result file ----------------------------------------------------
+
+_LENGTHS = st.one_of(
+    st.integers(min_value=1, max_value=4096),
+    st.integers(min_value=MAX_TOKENS - 2, max_value=MAX_TOKENS + 2),
+    st.integers(min_value=MAX_TOKENS, max_value=10**30),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.tuples(_LENGTHS, _LENGTHS), min_size=1, max_size=6))
+def test_loaded_lengths_reach_requests_parquet_unchanged(rows: list[tuple[int, int]]) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "t.csv"
+        lines = [f"2023-11-16 18:15:{10 + i:02d}.5,{p},{o}" for i, (p, o) in enumerate(rows)]
+        path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(lines) + "\n")
+        over = [
+            (i + 2, field, value)
+            for i, pair in enumerate(rows)
+            for field, value in zip(("ContextTokens", "GeneratedTokens"), pair, strict=True)
+            if value > MAX_TOKENS
+        ]
+        if over:
+            line, field, value = over[0]
+            with pytest.raises(TraceFormatError) as err:
+                build_workload(str(path))
+            assert str(err.value) == (
+                f"{path}:{line}: field {field!r}: {show_value(value)} is over the limit of "
+                f"{MAX_TOKENS:,} tokens"
+            )
+            return
+        wl = build_workload(str(path))
+        outcomes = [
+            (s, RequestOutcome(s.output_tokens, 0.1, 0.2, "finished", "", 0, 0, 1.0))
+            for s in wl.requests
+        ]
+        frame = requests_frame(outcomes, engine="e", policy="p")
+        frame.to_parquet(Path(folder) / "requests.parquet", index=False)
+        back = pd.read_parquet(Path(folder) / "requests.parquet")
+        assert back.prompt_tokens.tolist() == [p for p, _ in rows]
+        assert back.output_tokens.tolist() == [o for _, o in rows]
+        assert back.generated_tokens.tolist() == [o for _, o in rows]
