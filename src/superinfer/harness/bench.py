@@ -257,25 +257,25 @@ def _check_spec_bench(
         for engine in _split(values.get("engines")):
             engine_family(engine)
     except UserError as exc:
-        raise spec_error(spec, "engines", str(exc)) from None
+        raise _spec_error(spec, "engines", str(exc)) from None
     if "policies" in values:
         own = tuple(p for e in engines for p in _engine_policies(e))
         try:
             select_policies(policy_names(values["policies"]), engine_policies=own)
         except UserError as exc:
-            raise spec_error(spec, "policies", str(exc)) from None
+            raise _spec_error(spec, "policies", str(exc)) from None
     for key, lookup in (("model", get_model), ("gpu", get_gpu)):
         if key in values:
             try:
                 lookup(values[key])
             except KeyError as exc:
-                raise spec_error(spec, key, str(exc.args[0])) from None
+                raise _spec_error(spec, key, str(exc.args[0])) from None
     if "router" in values and values["router"] not in ROUTERS:
         known = ", ".join(ROUTERS)
-        raise spec_error(spec, "router", f"unknown router {values['router']!r}; known: {known}")
+        raise _spec_error(spec, "router", f"unknown router {values['router']!r}; known: {known}")
 
 
-def spec_error(spec: WorkloadSpec, key: str, problem: str) -> SpecError:
+def _spec_error(spec: WorkloadSpec, key: str, problem: str) -> SpecError:
     """A :class:`SpecError` at ``[bench]`` key ``key`` of ``spec`` (its file and line)."""
     return SpecError(spec.path, spec.line_of(f"bench.{key}"), f"bench.{key}", problem)
 
