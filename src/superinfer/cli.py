@@ -196,19 +196,19 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
     """
     from rich.console import Console
 
-    from superinfer.harness.bench import bench_config, build_bench_workload, run_bench, write_bench
+    from superinfer.harness import bench as hb
 
     default = click.core.ParameterSource.DEFAULT
     given = {k for k in params if ctx.get_parameter_source(k) != default}
     params["kv_quant_opts"] = _key_values(params["kv_quant_opts"], "--kv-quant-opt")
     params["engine_options"] = _key_values(params["engine_options"], "--engine-option")
-    config = bench_config(params, given=given)
+    config = hb.bench_config(params, given=given)
     console = Console(stderr=True)
     suite, out = params["suite"], params["out"]
     if suite is not None:
         from superinfer.harness.suites import run_suite
 
-        out_dir = Path(out or f"results/{suite}")
+        out_dir = hb.bench_out_dir(config, out, suite=suite)
         with console.status("running") as status:
             table, files = run_suite(suite, config, out_dir, rate_scales=params["rate_scales"],
                                      workers=params["workers"], progress=status.update,
@@ -216,12 +216,13 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
         print_summary(table) if suite == "headline" else click.echo(table.to_string(index=False))
         console.print(f"wrote {out_dir}/ ({files})")
         return
+    hb.bench_out_dir(config, out)  # a bad --out fails now, not after the run
     with console.status(f"loading workload {config.workload or config.trace}"):
-        wl = build_bench_workload(config)
+        wl = hb.build_bench_workload(config)
     with bench_progress(console, len(wl.requests)) as on_cell:
-        result = run_bench(config, workload=wl, on_cell=on_cell)
+        result = hb.run_bench(config, workload=wl, on_cell=on_cell)
     with console.status("drawing plots"):
-        out_dir, plots, summary = write_bench(result, config, out)
+        out_dir, plots, summary = hb.write_bench(result, config, out)
     print_summary(summary)
     extra = ", steps.parquet" if not result.steps.empty else ""
     console.print(

@@ -7,25 +7,28 @@ its family's runner (``engines.registry``), and the cells' tables are gathered i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from superinfer.adapters.manager import available_policies
 from superinfer.harness.engines.base import TIMELINE_COLUMNS, BenchConfig, CellResult
 from superinfer.harness.engines.registry import (
+    EngineFamily,
     default_source,
     engine_family,
     run_dir,
     shaping_defaults,
 )
-from superinfer.harness.errors import UserError
+from superinfer.harness.errors import SpecError, UserError
 from superinfer.harness.policies import resolve_policy_opts, select_policies
 from superinfer.harness.report.metrics import summarize
+from superinfer.harness.workload.limits import check_numbers, policy_names
 from superinfer.harness.workload.resolve import resolve_workload
-from superinfer.harness.workload.specs import load_workload_spec
+from superinfer.harness.workload.specs import WorkloadSpec, load_workload_spec
 from superinfer.harness.workload.workload import Workload, scale_lengths
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "BenchResult",
     "CellResult",
     "bench_config",
+    "bench_out_dir",
     "build_bench_workload",
     "run_bench",
     "suite_defaults",
@@ -140,13 +144,7 @@ def run_bench(
             )
         policies = list(config.policies) or ["server"]
     else:
-        own = tuple(dict.fromkeys(p for f in families for p in f.engine_policies))
-        defaults = {f.default_policies for f in families}
-        policies = select_policies(
-            config.policies,
-            engine_policies=own,
-            default=next(iter(defaults)) if len(defaults) == 1 else (),
-        )
+        policies = _family_policies(config, families)
         if config.policy_opts:
             resolved = resolve_policy_opts(policies, config.policy_opts)
             merged = {
@@ -217,6 +215,79 @@ def run_bench(
     )
 
 
+def _family_policies(config: BenchConfig, families: Sequence[EngineFamily]) -> list[str]:
+    """The policies a run of ``families`` selects: ``config.policies``, else the families'
+    common default, else every registered policy all of them can run.
+
+    Raises:
+        UserError: an unknown name, or one a family cannot run
+            (:attr:`~superinfer.harness.engines.registry.EngineFamily.unsupported_policies`).
+    """
+    own = tuple(dict.fromkeys(p for f in families for p in f.engine_policies))
+    unsupported = {p: f.name for f in families for p in f.unsupported_policies}
+    defaults = {f.default_policies for f in families}
+    default = next(iter(defaults)) if len(defaults) == 1 else ()
+    if not default and unsupported:
+        default = tuple(p for p in sorted(available_policies()) if p not in unsupported)
+    policies = select_policies(config.policies, engine_policies=own, default=default)
+    for name in policies:
+        if name in unsupported:
+            raise UserError(
+                f"policy {name!r} cannot run on engine {unsupported[name]!r} (it needs each "
+                "request's true output length, which that engine's runner does not feed it); "
+                "leave it out of --policies"
+            )
+    return policies
+
+
+def _check_spec_bench(
+    spec: WorkloadSpec, values: Mapping[str, Any], engines: Sequence[str]
+) -> None:
+    """Check the ``[bench]`` values of ``spec`` a run uses (``values``; the run's ``engines``):
+    known engines, policies (registered, or run by one of ``engines`` itself), model, GPU and
+    router.
+
+    Raises:
+        SpecError: the first unknown name, at the spec's file, line and ``bench.<key>``.
+    """
+    from superinfer.sim.hardware import get_gpu, get_model
+    from superinfer.sim.routers import ROUTERS
+
+    try:
+        for engine in _split(values.get("engines")):
+            engine_family(engine)
+    except UserError as exc:
+        raise _spec_error(spec, "engines", str(exc)) from None
+    if "policies" in values:
+        own = tuple(p for e in engines for p in _engine_policies(e))
+        try:
+            select_policies(policy_names(values["policies"]), engine_policies=own)
+        except UserError as exc:
+            raise _spec_error(spec, "policies", str(exc)) from None
+    for key, lookup in (("model", get_model), ("gpu", get_gpu)):
+        if key in values:
+            try:
+                lookup(values[key])
+            except KeyError as exc:
+                raise _spec_error(spec, key, str(exc.args[0])) from None
+    if "router" in values and values["router"] not in ROUTERS:
+        known = ", ".join(ROUTERS)
+        raise _spec_error(spec, "router", f"unknown router {values['router']!r}; known: {known}")
+
+
+def _spec_error(spec: WorkloadSpec, key: str, problem: str) -> SpecError:
+    """A :class:`SpecError` at ``[bench]`` key ``key`` of ``spec`` (its file and line)."""
+    return SpecError(spec.path, spec.line_of(f"bench.{key}"), f"bench.{key}", problem)
+
+
+def _engine_policies(engine: str) -> tuple[str, ...]:
+    """The policies engine id ``engine`` runs itself (none for an unknown id)."""
+    try:
+        return engine_family(engine).engine_policies
+    except UserError:
+        return ()
+
+
 def _split(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
 
@@ -266,7 +337,9 @@ def bench_config(params: Mapping[str, Any], *, given: Collection[str]) -> BenchC
 
     Raises:
         UserError: both ``--workload`` and ``--trace``, ``--kv-quant-opt`` without
-            ``--kv-quant``, or an unknown workload spec.
+            ``--kv-quant``, an unknown workload spec, a number out of bounds
+            (``workload.limits.check_numbers``), or ``--policies`` empty or naming one twice.
+        SpecError: a spec's ``[bench]`` value that is unknown (named by file, line and key).
     """
     p = dict(params)
     suite = p.get("suite")
@@ -278,12 +351,17 @@ def bench_config(params: Mapping[str, Any], *, given: Collection[str]) -> BenchC
         raise UserError("give --workload or --trace, not both")
     if p["kv_quant_opts"] and not p["kv_quant"]:
         raise UserError("--kv-quant-opt needs --kv-quant")
+    check_numbers({k: p.get(k) for k in given if k != "policies"})
+    policy_names(p["policies"] if "policies" in given else None)
     options = {k: p[k] for k in ("model", "gpu", "tp", "replicas", "router", "engines", "policies")}
+    from_spec: dict[str, Any] = {}
     if p["workload"] is not None:
-        for key, value in load_workload_spec(p["workload"]).bench.items():
-            if key not in given:
-                options[key] = value
+        spec = load_workload_spec(p["workload"])
+        from_spec = {k: v for k, v in spec.bench.items() if k not in given and k not in own}
+        options.update(from_spec)
     options.update({k: v for k, v in own.items() if k in options})
+    if from_spec:
+        _check_spec_bench(spec, from_spec, _split(options["engines"]))
     engine_ids = _split(options["engines"])
     trace, workload = p["trace"], p["workload"]
     if trace is None and workload is None:
@@ -306,7 +384,7 @@ def bench_config(params: Mapping[str, Any], *, given: Collection[str]) -> BenchC
         kv_quant=p["kv_quant"],
         kv_quant_options=p["kv_quant_opts"],
         kv_policy=p["kv_policy"],
-        policies=_split(options["policies"]),
+        policies=policy_names(options["policies"]),
         policy_opts=p["policy_opt"],
         seed=p["seed"],
         workload=workload,
@@ -329,14 +407,38 @@ def write_bench(
 
     Returns:
         ``(run directory, plot files, summary as written)``.
+
+    The files are written into a temporary sibling directory renamed into place at the end
+    (``report.results.staged_dir``): a failure leaves the previous run directory whole.
+
+    Raises:
+        UserError: ``out`` cannot hold a run directory (checked again: it may have changed).
     """
     from superinfer.harness.report.markdown import as_written, render_markdown, write_plots
-    from superinfer.harness.report.results import manifest, write_run
+    from superinfer.harness.report.results import manifest, staged_dir, write_run
 
     meta = manifest(result.info)
-    out_dir = Path(out) if out is not None else Path(run_dir(config.engines))
-    plots = write_plots(out_dir, result.summary, result.requests, result.timeline, meta)
-    summary = as_written(result.summary)
-    report = render_markdown(summary, meta, plots)
-    write_run(out_dir, result.summary, result.requests, meta, report, result.timeline, result.steps)
+    out_dir = bench_out_dir(config, out)
+    with staged_dir(out_dir) as stage:
+        plots = write_plots(stage, result.summary, result.requests, result.timeline, meta)
+        summary = as_written(result.summary)
+        report = render_markdown(summary, meta, plots)
+        write_run(
+            stage, result.summary, result.requests, meta, report, result.timeline, result.steps
+        )
     return out_dir, plots, summary
+
+
+def bench_out_dir(config: BenchConfig, out: str | None, *, suite: str | None = None) -> Path:
+    """The run directory of ``config``: ``out``, else ``results/<suite>`` for a suite, else
+    the engines' default (``engines.registry.run_dir``), checked writable before any work.
+
+    Raises:
+        UserError: ``out`` exists and is not a directory, lies under a file, or cannot be
+            written (``report.results.check_out_dir``).
+    """
+    from superinfer.harness.report.results import check_out_dir
+
+    if out is not None:
+        return check_out_dir(Path(out))
+    return check_out_dir(Path(f"results/{suite}" if suite else run_dir(config.engines)))

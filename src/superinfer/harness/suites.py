@@ -40,7 +40,7 @@ from superinfer.harness.errors import UserError
 from superinfer.harness.policies import native_policy
 from superinfer.harness.report.markdown import format_value
 from superinfer.harness.report.metrics import SUMMARY_COLUMNS
-from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, write_atomic
+from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, staged_dir, write_atomic
 
 __all__ = [
     "HEADLINE_POLICIES",
@@ -535,7 +535,7 @@ def run_rotation(
                     "chat_class": cls,
                     "chat_ttft_attainment": float(ttft_ok.mean()) if len(chat) else math.nan,
                     "chat_slo_attainment": float(chat_row.slo_attainment),
-                    "chat_tbt_p99_ms": float(chat.max_itl_ms.quantile(0.99)),
+                    "chat_tbt_p99_ms": float(chat.max_itl_ms.dropna().quantile(0.99)),
                     "chat_tpot_p99_ms": float(chat_row.tpot_p99_ms),
                     "swap_out_bytes": stats.get("swap_out_bytes", 0),
                     "swap_in_bytes": stats.get("swap_in_bytes", 0),
@@ -561,7 +561,7 @@ def run_suite(
     Args:
         suite: ``headline`` (every policy over a load sweep) or ``rotation``.
         config: the bench settings, suite defaults merged (``bench.bench_config``).
-        out_dir: the directory to write.
+        out_dir: the directory to write (staged and renamed into place, ``results.staged_dir``).
         rate_scales: headline: the loads of the sweep, or ``--rate-scales`` text (comma-
             separated; empty or ``None``: :data:`SWEEP_RATE_SCALES`).
         workers: headline: processes running loads x engines in parallel.
@@ -585,11 +585,13 @@ def run_suite(
                 ) from None
         rates = tuple(rate_scales or ()) or SWEEP_RATE_SCALES
         result = run_headline(config, rate_scales=rates, progress=progress, workers=workers)
-        write_headline(out_dir, result, command=command)
         files = "summary.csv, sweep.csv, starvation.csv, sweep.png, starvation.png, report.md, "
+        with staged_dir(out_dir, owned=(files + "manifest.json").split(", ")) as stage:
+            write_headline(stage, result, command=command)
         return result.summary, files + "manifest.json"
     table = run_rotation(config, progress=progress)
-    write_csv(out_dir / "summary.csv", table)
     meta = manifest({"suite": "rotation", "config": asdict(config)}, command=command)
-    write_text(out_dir / "manifest.json", json.dumps(meta, indent=2, default=str) + "\n")
+    with staged_dir(out_dir, owned=("summary.csv", "manifest.json")) as stage:
+        write_csv(stage / "summary.csv", table)
+        write_text(stage / "manifest.json", json.dumps(meta, indent=2, default=str) + "\n")
     return table, "summary.csv, manifest.json"

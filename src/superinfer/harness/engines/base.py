@@ -140,7 +140,8 @@ class RequestOutcome(NamedTuple):
         reason: why it was rejected or failed (empty when finished).
         num_preemptions: times it was preempted.
         replica: replica that served it.
-        max_itl_ms: largest gap between consecutive output tokens (ms).
+        max_itl_ms: largest gap between consecutive output tokens (ms); ``requests_frame``
+            empties it (NaN) for a request with under two tokens or that did not finish.
     """
 
     generated_tokens: int
@@ -167,7 +168,8 @@ def requests_frame(
         policy: policy name for the rows.
 
     Returns:
-        One row per request, in ``rows`` order.
+        One row per request, in ``rows`` order; ``max_itl_ms`` is NaN for a request with
+        under two output tokens or one that did not finish (docs/metrics.md).
     """
     data = [
         (
@@ -190,4 +192,7 @@ def requests_frame(
     df = pd.DataFrame(data, columns=cols)
     for col in ("first_token_s", "finish_s", "slo_ttft_ms", "slo_tpot_ms", "slo_deadline_s"):
         df[col] = df[col].astype(float)
+    # a gap needs two tokens, and latencies are empty for requests that did not finish
+    no_gap = (df["status"] != "finished") | (df["generated_tokens"] < 2)
+    df["max_itl_ms"] = df["max_itl_ms"].astype(float).mask(no_gap)
     return add_latency_columns(df)[list(REQUEST_COLUMNS)]

@@ -87,7 +87,11 @@ class EngineFamily:
         engine_policies: policy names the engine runs itself, without our plugin (accepted by
             ``--policies`` beside the registered ones; ``sglang``: ``native``, ``lpm``,
             ``priority`` are SGLang's own scheduling).
-        default_policies: what ``--policies`` defaults to; empty: every registered policy.
+        default_policies: what ``--policies`` defaults to; empty: every registered policy
+            the run's families can all run (:attr:`unsupported_policies` left out).
+        unsupported_policies: registered policies this family cannot run, left out of the
+            default selection and refused by name (``hf``: ``oracle``, which needs each
+            request's true output length and the real engine's runner does not feed it).
     """
 
     name: str
@@ -99,6 +103,7 @@ class EngineFamily:
     kind: str = "sim-gpu"
     engine_policies: tuple[str, ...] = ()
     default_policies: tuple[str, ...] = ()
+    unsupported_policies: tuple[str, ...] = ()
     _cache: dict[str, Callable[..., Any]] = field(default_factory=dict, compare=False, repr=False)
 
     def load_runner(self) -> Callable[..., Any]:
@@ -130,6 +135,7 @@ FAMILIES: Mapping[str, EngineFamily] = MappingProxyType(
             shaping=HF_WORKLOAD,
             default_source=("trace", "azure"),
             kind="real-cpu",
+            unsupported_policies=("oracle",),
         ),
         "sglang": EngineFamily(
             "sglang",

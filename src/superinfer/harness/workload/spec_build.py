@@ -3,6 +3,7 @@ and its SLO."""
 
 from __future__ import annotations
 
+import math
 import sys
 import zlib
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import numpy as np
 from superinfer.harness.errors import DataError, SpecError, UserError
 from superinfer.harness.workload.arrivals import gamma_arrivals, spread_buckets
 from superinfer.harness.workload.data import trace_path
+from superinfer.harness.workload.limits import MAX_REQUESTS, check_rate_scale
 from superinfer.harness.workload.specs import SourceSpec, WorkloadSpec
 from superinfer.harness.workload.traces import (
     MOONCAKE_BLOCK_TOKENS,
@@ -107,6 +109,16 @@ def _synthetic(
 ) -> list[tuple[float, str, int, _Row]]:
     arr = src.arrivals
     assert arr.rate_rps is not None
+    rate = arr.rate_rps * scale
+    expected = math.inf if until_s is None else rate * until_s
+    if src.num_requests is not None:
+        expected = min(expected, src.num_requests)
+    if not expected <= MAX_REQUESTS:
+        raise UserError(
+            f"source {src.name!r}: {arr.process} arrivals at {rate:g} req/s over {until_s:g} s "
+            f"are about {expected:.3g} requests, over the limit of {MAX_REQUESTS:,} per source; "
+            "lower rate_rps, --rate-scale or the window, or set num_requests"
+        )
     times = gamma_arrivals(
         _rng(seed, src.name, 0),
         arr.rate_rps * scale,
@@ -149,8 +161,7 @@ def build_from_spec(
         SpecError: a source's file cannot be found.
         TraceFormatError: a malformed trace file.
     """
-    if not rate_scale > 0:
-        raise UserError(f"--rate-scale must be > 0, got {rate_scale}")
+    check_rate_scale(rate_scale)
     if duration_s is not None and not duration_s > 0:
         raise UserError(f"--duration-s must be > 0, got {duration_s}")
     window = duration_s if duration_s is not None else spec.duration_s

@@ -37,6 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from superinfer.harness.errors import SpecError, UserError
+from superinfer.harness.workload.limits import (
+    MAX_DURATION_S,
+    MAX_RATE_RPS,
+    MAX_RATE_SCALE,
+    MAX_REPLICAS,
+    MAX_REQUESTS,
+    MAX_TOKENS,
+    MAX_TP,
+)
 from superinfer.harness.workload.traces import (
     TIME_UNITS,
     ColumnMap,
@@ -291,6 +300,7 @@ class _Checker:
         *,
         minimum: float = 0.0,
         strict: bool = True,
+        maximum: float = math.inf,
     ) -> float | None:
         if key not in obj:
             return None
@@ -303,10 +313,18 @@ class _Checker:
             raise self.error(path, f"{value!r} is not a finite number")
         if (strict and not value > minimum) or value < minimum:
             raise self.error(path, f"{value} must be {'>' if strict else '>='} {minimum:g}")
+        if value > maximum:
+            raise self.error(path, f"{value:g} is over the limit of {maximum:g}")
         return float(value)
 
     def integer(
-        self, obj: Mapping[str, Any], key: str, path: str, *, minimum: int = 1
+        self,
+        obj: Mapping[str, Any],
+        key: str,
+        path: str,
+        *,
+        minimum: int = 1,
+        maximum: int = MAX_TOKENS,
     ) -> int | None:
         if key not in obj:
             return None
@@ -315,6 +333,8 @@ class _Checker:
             raise self.error(path, f"{value!r} is not an integer")
         if value < minimum:
             raise self.error(path, f"{value} must be >= {minimum}")
+        if value > maximum:
+            raise self.error(path, f"{value} is over the limit of {maximum:,}")
         return value
 
 
@@ -354,7 +374,7 @@ def _parse_arrivals(chk: _Checker, obj: Any, path: str, fmt: str) -> ArrivalSpec
         raise chk.error(
             f"{path}.process", f"format {fmt!r} has no arrival times; use poisson or gamma"
         )
-    rate = chk.number(obj, "rate_rps", f"{path}.rate_rps")
+    rate = chk.number(obj, "rate_rps", f"{path}.rate_rps", maximum=MAX_RATE_RPS)
     burstiness = chk.number(obj, "burstiness", f"{path}.burstiness")
     spread = chk.string(obj, "spread", f"{path}.spread", ("uniform", "none"))
     if process == "trace":
@@ -455,8 +475,9 @@ def _parse_source(chk: _Checker, obj: Any, index: int, slos: Mapping[str, SLO]) 
         arrivals=arrivals,
         max_output_tokens=chk.integer(obj, "max_output_tokens", f"{path}.max_output_tokens"),
         output_tokens=output,
-        rate_scale=chk.number(obj, "rate_scale", f"{path}.rate_scale") or 1.0,
-        num_requests=chk.integer(obj, "num_requests", f"{path}.num_requests"),
+        rate_scale=chk.number(obj, "rate_scale", f"{path}.rate_scale", maximum=MAX_RATE_SCALE)
+        or 1.0,
+        num_requests=chk.integer(obj, "num_requests", f"{path}.num_requests", maximum=MAX_REQUESTS),
         order=order,
         columns=columns,
         line=chk.lines.find(path),
@@ -513,14 +534,23 @@ def parse_spec(text: str, *, path: str = "<spec>", folder: Path | None = None) -
                 f"bench.{key}",
                 f"{bench[key]!r} is not a{'n' if kind is int else ''} {kind.__name__}",
             )
+    for key, top in (("tp", MAX_TP), ("replicas", MAX_REPLICAS)):
+        chk.integer(bench, key, f"bench.{key}", maximum=top)
+    if "policies" in bench:
+        names = [n.strip() for n in bench["policies"].split(",")]
+        if not any(names):
+            raise chk.error("bench.policies", "is empty (leave it out for the default)")
+        twice = sorted({n for n in names if n and names.count(n) > 1})
+        if twice:
+            raise chk.error("bench.policies", f"names {twice[0]!r} twice")
     name = chk.string(doc, "name", "name") or (Path(path).stem if folder else path)
     return WorkloadSpec(
         name=name,
         sources=sources,
         description=chk.string(doc, "description", "description") or "",
-        rate_scale=chk.number(doc, "rate_scale", "rate_scale") or 1.0,
-        start_s=chk.number(doc, "start_s", "start_s", strict=False) or 0.0,
-        duration_s=chk.number(doc, "duration_s", "duration_s"),
+        rate_scale=chk.number(doc, "rate_scale", "rate_scale", maximum=MAX_RATE_SCALE) or 1.0,
+        start_s=chk.number(doc, "start_s", "start_s", strict=False, maximum=MAX_DURATION_S) or 0.0,
+        duration_s=chk.number(doc, "duration_s", "duration_s", maximum=MAX_DURATION_S),
         clock=chk.string(doc, "clock", "clock", ("shared", "per-source")) or "shared",
         bench=dict(bench),
         path=path,

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from superinfer.harness.errors import TraceFormatError
+from superinfer.harness.workload.limits import MAX_HASH, MAX_TOKENS
 
 __all__ = [
     "SHOWN_CHARS",
@@ -58,14 +59,27 @@ def numbered_lines(text: str) -> Iterator[tuple[int, str]]:
         yield number, line.rstrip("\r")
 
 
+def _in_bounds(path: Path, line: int, field: str, value: int) -> int:
+    if value < 1:
+        raise TraceFormatError(path, line, field, f"{show_value(value)} must be >= 1")
+    if value > MAX_TOKENS:
+        raise TraceFormatError(
+            path, line, field, f"{show_value(value)} is over the limit of {MAX_TOKENS:,} tokens"
+        )
+    return value
+
+
 def positive_int(path: Path, line: int, field: str, text: str) -> int:
+    """A token count in ``[1, MAX_TOKENS]`` written as a decimal integer.
+
+    Raises:
+        TraceFormatError: not an integer, or out of bounds (the message names the bound).
+    """
     try:
         value = int(text)
     except ValueError:
         raise TraceFormatError(path, line, field, f"{show_value(text)} is not an integer") from None
-    if value < 1:
-        raise TraceFormatError(path, line, field, f"{value} must be >= 1")
-    return value
+    return _in_bounds(path, line, field, value)
 
 
 def lenient_positive_int(path: Path, line: int, field: str, text: str) -> int:
@@ -83,13 +97,16 @@ def lenient_positive_int(path: Path, line: int, field: str, text: str) -> int:
 
 
 def json_positive_int(path: Path, line: int, field: str, value: object) -> int:
+    """A token count in ``[1, MAX_TOKENS]`` from a JSON value (an integral float is accepted).
+
+    Raises:
+        TraceFormatError: not an integer, or out of bounds (the message names the bound).
+    """
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
         raise TraceFormatError(path, line, field, f"{show_value(value)} is not an integer")
-    if value < 1:
-        raise TraceFormatError(path, line, field, f"{value} must be >= 1")
-    return value
+    return _in_bounds(path, line, field, value)
 
 
 def finite_seconds(path: Path, line: int, field: str, value: float, unit: float) -> float:
@@ -107,9 +124,9 @@ def check_hashes(
     path: Path, line: int, field: str, hashes: object, prompt: int, block_tokens: int
 ) -> tuple[int, ...]:
     if not isinstance(hashes, list) or not all(
-        isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hashes
+        isinstance(h, int) and not isinstance(h, bool) and 0 <= h <= MAX_HASH for h in hashes
     ):
-        raise TraceFormatError(path, line, field, "not a list of integers >= 0")
+        raise TraceFormatError(path, line, field, "not a list of integers in [0, 2^63)")
     expected = -(-prompt // block_tokens)
     if len(hashes) != expected:
         raise TraceFormatError(

@@ -11,6 +11,7 @@ from typing import Any
 
 from superinfer.harness.errors import UserError
 from superinfer.harness.workload.data import trace_path
+from superinfer.harness.workload.limits import MAX_TOKENS, check_rate_scale
 from superinfer.harness.workload.traces import TraceRow, load_azure_csv
 from superinfer.policy_core.types import SLO
 from superinfer.sim.request import RequestSpec
@@ -122,8 +123,7 @@ def build_workload(
             empty window.
         TraceFormatError: a malformed trace file.
     """
-    if not rate_scale > 0:
-        raise UserError(f"--rate-scale must be > 0, got {rate_scale}")
+    check_rate_scale(rate_scale)
     if duration_s is not None and not duration_s > 0:
         raise UserError(f"--duration-s must be > 0, got {duration_s}")
     if not start_s >= 0:
@@ -165,7 +165,13 @@ def build_workload(
 
 def _scaled(tokens: int, scale: float, cap: int | None) -> int:
     out = max(1, round(tokens * scale))
-    return out if cap is None else min(out, cap)
+    out = out if cap is None else min(out, cap)
+    if out > MAX_TOKENS:
+        raise UserError(
+            f"--length-scale {scale:g} makes a {tokens}-token length {out:,} tokens, over the "
+            f"limit of {MAX_TOKENS:,}"
+        )
+    return out
 
 
 def scale_lengths(
@@ -182,16 +188,19 @@ def scale_lengths(
     new output length if larger (the output cap does not apply to it: it is a declaration).
 
     Raises:
-        UserError: a non-positive scale or cap.
+        UserError: a non-finite or non-positive scale, a cap outside ``[1, MAX_TOKENS]``, or a
+            scaled length over ``MAX_TOKENS`` (``workload.limits``).
     """
-    if not length_scale > 0:
-        raise UserError(f"--length-scale must be > 0, got {length_scale}")
+    if not (math.isfinite(length_scale) and length_scale > 0):
+        raise UserError(f"--length-scale must be > 0 and finite, got {length_scale}")
     for flag, cap in (
         ("--max-prompt-tokens", max_prompt_tokens),
         ("--max-output-tokens", max_output_tokens),
     ):
         if cap is not None and cap < 1:
             raise UserError(f"{flag} must be >= 1, got {cap}")
+        if cap is not None and cap > MAX_TOKENS:
+            raise UserError(f"{flag} {cap} is over the limit of {MAX_TOKENS:,}")
     requests = []
     for spec in workload.requests:
         output = _scaled(spec.output_tokens, length_scale, max_output_tokens)
