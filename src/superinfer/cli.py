@@ -133,8 +133,8 @@ def cli() -> None:
               help="With --kv-quant: a planner setting, repeatable (int8_pressure, int4_pressure, "
               "hysteresis, floors such as 'chat=int8,batch=int4', default_floor, count_waiting; "
               "docs/kv_quant.md).")
-@click.option("--policies", default=None,
-              help="Comma-separated policy names [default: every registered policy].")
+@click.option("--policies", default=None, help="Comma-separated policy names [default: every "
+              "registered policy; hf: all but oracle; sglang: native,lpm,priority,superinfer].")
 @click.option("--rate-scale", default=None, type=float,
               help=f"Arrival-rate multiplier (2 = twice the trace's request rate) [default: 1; "
               f"0.05 {_HF}].")
