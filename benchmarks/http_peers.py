@@ -31,7 +31,7 @@ import sys
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from superinfer.harness.peers import llamacpp_server, superinfer_server
+from superinfer.harness.engines.peers import llamacpp_server, superinfer_server
 
 #: ``superinfer bench`` shaping of the workload (the hf engine's default, docs/hf-engine.md).
 WORKLOAD = ["--trace", "azure", "--start-s", "100", "--rate-scale", "0.05",

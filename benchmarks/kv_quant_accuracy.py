@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from superinfer.adapters.hf.kv_quant_cache import KVFormat, make_kivi_cache
-from superinfer.harness.data import trace_path
+from superinfer.harness.workload.data import trace_path
 from superinfer.policy_core.types import KVPrecision
 
 MODEL = "SmolLM2-135M-Instruct"

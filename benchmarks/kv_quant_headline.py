@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from superinfer.harness.cells import resolve_policy
-from superinfer.harness.results import CSV_FLOAT_FORMAT, write_atomic
-from superinfer.harness.runner import BenchConfig, run_bench
+from superinfer.harness.bench import BenchConfig, run_bench
+from superinfer.harness.policies import resolve_policy
+from superinfer.harness.report.results import CSV_FLOAT_FORMAT, write_atomic
 from superinfer.harness.suites import HEADLINE_RATE_SCALE, ROTATION_DEFAULTS
 
 ENGINES = ("sim:vllm", "sim:sglang", "sim:trtllm")

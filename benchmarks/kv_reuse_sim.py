@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from superinfer.harness.runner import BenchConfig, build_bench_workload, run_bench
+from superinfer.harness.bench import BenchConfig, build_bench_workload, run_bench
 
 COLUMNS = ["router", "engine", "kv_policy", "n_requests", "ttft_p50_ms", "ttft_p99_ms",
            "slo_attainment", "prompt_tokens_cached", "prefix_hit_rate", "wall_s"]  # fmt: skip

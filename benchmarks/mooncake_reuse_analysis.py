@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from superinfer.harness.cache_eval import BlockTrace, belady_prefix_hits, load_cache_trace
+from superinfer.harness.offline.cache_eval import BlockTrace, belady_prefix_hits, load_cache_trace
 
 
 def _next_use(trace: BlockTrace) -> np.ndarray:

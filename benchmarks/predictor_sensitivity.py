@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from superinfer.harness.cache_eval import BlockTrace, load_cache_trace, replay
+from superinfer.harness.offline.cache_eval import BlockTrace, load_cache_trace, replay
 from superinfer.policy_core.reuse import ReusePredictorConfig
 
 CAPACITY_FRAC = 0.1

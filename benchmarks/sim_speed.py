@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from superinfer.adapters.manager import available_policies, build_plugin_manager
-from superinfer.harness.workload import build_workload
+from superinfer.harness.workload.workload import build_workload
 from superinfer.sim.engine import SimConfig, Simulator
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.profiles import get_profile

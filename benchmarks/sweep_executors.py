@@ -20,9 +20,9 @@ import os
 import time
 from pathlib import Path
 
-from superinfer.harness.cells import CellSpec, load_workload
-from superinfer.harness.executors import CellRunner
-from superinfer.harness.sweep import sweep_table
+from superinfer.harness.grid.cells import CellSpec, load_workload
+from superinfer.harness.grid.executors import CellRunner
+from superinfer.harness.grid.sweep import sweep_table
 
 COLUMNS = ["executor", "workers", "cells", "wall_s", "start_s", "same_table"]
 

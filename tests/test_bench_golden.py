@@ -1,10 +1,11 @@
 """`make bench`'s decisions pinned across refactors (issue 16: behaviour unchanged).
 
-``tests/data/bench_300s_summary.csv`` is the ``summary.csv`` of ``superinfer bench --duration-s 300``
-(the `make bench` defaults: azure-mixed on sim:vllm, Llama-3.1-70B, A100-80GB, TP4, 4 replicas,
-every registered policy) written by the code *before* the harness/CLI/policy/simulator redesign
-(commit dad3899). The whole hour is checked by ``benchmarks/check_make_bench.sh`` against
-``results/default/summary.csv``. A deliberate change of behaviour regenerates the file and says so.
+``tests/data/bench_300s_summary.csv`` is the ``summary.csv`` of ``superinfer bench --duration-s
+300`` (the `make bench` defaults: azure-mixed on sim:vllm, Llama-3.1-70B, A100-80GB, TP4, 4
+replicas, every registered policy) written by the code *before* the harness/CLI/policy/simulator
+redesign (commit dad3899). The whole hour is checked by ``benchmarks/check_make_bench.sh`` against
+``results/default/summary.csv``. A deliberate change of behaviour regenerates the file and says
+so.
 """
 
 from __future__ import annotations

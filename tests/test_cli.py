@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from superinfer.harness.metrics import SUMMARY_COLUMNS
+from superinfer.harness.report.metrics import SUMMARY_COLUMNS
 
 SMALL = ["--duration-s", "120", "--replicas", "1", "--policies", "fcfs,priority"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from superinfer.harness.arrivals import gamma_arrivals, spread_buckets
+from superinfer.harness.workload.arrivals import gamma_arrivals, spread_buckets
 
 
 def test_poisson_arrivals_start_at_zero_and_have_the_rate() -> None:

@@ -14,15 +14,15 @@ import pandas as pd
 import pytest
 
 from superinfer.cli import main
-from superinfer.harness.cache_eval import (
+from superinfer.harness.errors import TraceFormatError
+from superinfer.harness.offline.cache_eval import (
     HIT_RATE_COLUMNS,
     BlockTrace,
     belady_prefix_hits,
     block_trace,
     replay,
 )
-from superinfer.harness.errors import TraceFormatError
-from superinfer.harness.traces import TraceRow
+from superinfer.harness.workload.traces import TraceRow
 from superinfer.policy_core.reuse import ReusePredictorConfig
 
 

@@ -10,7 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from superinfer.harness.cells import (
+from superinfer.harness.engines.base import BenchConfig
+from superinfer.harness.engines.sim import run_sim_cell
+from superinfer.harness.errors import UserError
+from superinfer.harness.grid.cells import (
     AttainmentGuard,
     CellCache,
     CellSpec,
@@ -18,14 +21,12 @@ from superinfer.harness.cells import (
     attainment,
     cell_key,
     load_workload,
-    resolve_policy,
     run_cell,
     select_requests,
     slo_bound_s,
 )
-from superinfer.harness.errors import UserError
-from superinfer.harness.runner import BenchConfig, run_sim_cell
-from superinfer.harness.workload import BATCH_SLO, CHAT_SLO
+from superinfer.harness.policies import resolve_policy
+from superinfer.harness.workload.workload import BATCH_SLO, CHAT_SLO
 from superinfer.policy_core.types import SLO
 
 #: A small cell on the Azure mix: 8B on one A100, a minute at the trace's busiest stretch.
@@ -125,10 +126,10 @@ def test_native_resolves_to_the_profile_or_falls_back_with_a_note(
     assert resolve_policy("native", "sim:trtllm") == ("fcfs", None)
     assert resolve_policy("native", "sim:sglang") == ("lpm", None)
     assert resolve_policy("priority", "sim:sglang") == ("priority", None)
-    import superinfer.harness.cells as cells
+    import superinfer.harness.policies as policies
 
-    without_lpm = {k: v for k, v in cells.available_policies().items() if k != "lpm"}
-    monkeypatch.setattr(cells, "available_policies", lambda: without_lpm)
+    without_lpm = {k: v for k, v in policies.available_policies().items() if k != "lpm"}
+    monkeypatch.setattr(policies, "available_policies", lambda: without_lpm)
     policy, note = resolve_policy("native", "sim:sglang")
     assert policy == "fcfs" and note == (
         "sim:sglang's native policy 'lpm' is not registered: ran 'fcfs'"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from superinfer.harness.cells import CellCache, load_workload
 from superinfer.harness.errors import UserError
-from superinfer.harness.executors import CellRunner
-from superinfer.harness.fleet import (
+from superinfer.harness.grid.cells import CellCache, load_workload
+from superinfer.harness.grid.executors import CellRunner
+from superinfer.harness.grid.fleet import (
     PLAN_COLUMNS,
     FleetConfig,
     next_count,
@@ -19,7 +19,7 @@ from superinfer.harness.fleet import (
     plan_count,
     plan_fleet,
 )
-from superinfer.harness.workload import CHAT_SLO, Workload
+from superinfer.harness.workload.workload import CHAT_SLO, Workload
 from superinfer.sim.request import RequestSpec
 
 

@@ -11,17 +11,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from superinfer.harness.bench import BenchConfig, run_bench
+from superinfer.harness.engines.hf import HFOptions, hf_options
+from superinfer.harness.engines.registry import HF_WORKLOAD
+from superinfer.harness.engines.registry import shaping_defaults as workload_defaults
 from superinfer.harness.errors import DataError, UserError
-from superinfer.harness.hf_runner import (
-    HF_WORKLOAD,
-    HFOptions,
-    PromptBuilder,
-    hf_options,
-    load_sharegpt_prompts,
-    workload_defaults,
-)
-from superinfer.harness.runner import BenchConfig, run_bench
-from superinfer.harness.workload import CHAT_SLO, Workload, build_workload, scale_lengths
+from superinfer.harness.workload.prompts import PromptBuilder, load_sharegpt_prompts
+from superinfer.harness.workload.workload import CHAT_SLO, Workload, build_workload, scale_lengths
 from superinfer.sim.request import RequestSpec
 
 

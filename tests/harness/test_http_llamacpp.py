@@ -21,7 +21,7 @@ pytest.importorskip("httpx_sse", reason="httpx-sse missing: run `make install-se
 pytest.importorskip("transformers", reason="transformers missing: run `make install-hf`")
 
 from superinfer.cli import cli  # noqa: E402
-from superinfer.harness.peers import LLAMACPP_ALIAS, llamacpp_python, llamacpp_server  # noqa: E402
+from superinfer.harness.engines.peers import LLAMACPP_ALIAS, llamacpp_python, llamacpp_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

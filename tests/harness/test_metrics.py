@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from superinfer.harness.metrics import add_latency_columns, summarize
+from superinfer.harness.report.metrics import add_latency_columns, summarize
 
 NAN = float("nan")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from superinfer.harness.errors import UserError
-from superinfer.harness.runner import build_policy, resolve_policy_opts
-from superinfer.harness.workload import Workload
+from superinfer.harness.policies import build_policy, resolve_policy_opts
+from superinfer.harness.workload.workload import Workload
 from superinfer.policy_core.policies.oracle import OraclePolicy
 from superinfer.sim.request import RequestSpec
 from tests.factories import CHAT

@@ -8,18 +8,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from superinfer.harness.bench import BenchConfig, run_bench
 from superinfer.harness.errors import UserError
-from superinfer.harness.metrics import METRIC_COLUMNS, metrics_long, summarize
-from superinfer.harness.plots import PLOT_FILES
-from superinfer.harness.report import (
+from superinfer.harness.report.markdown import (
     as_written,
     compare_runs,
     rebuild_report,
     render_markdown,
     write_plots,
 )
-from superinfer.harness.results import manifest, write_run
-from superinfer.harness.runner import BenchConfig, run_bench
+from superinfer.harness.report.metrics import METRIC_COLUMNS, metrics_long, summarize
+from superinfer.harness.report.plots import PLOT_FILES
+from superinfer.harness.report.results import manifest, write_run
 from tests.harness.test_metrics import table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -7,15 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from superinfer.harness.data import trace_path
 from superinfer.harness.errors import SpecError, UserError
-from superinfer.harness.specs import build_from_spec, builtin_specs, load_spec, parse_spec
-from superinfer.harness.traces import load_mooncake_jsonl
-from superinfer.harness.workload import build_workload
+from superinfer.harness.workload.data import trace_path
+from superinfer.harness.workload.spec_build import build_from_spec
+from superinfer.harness.workload.specs import builtin_specs, load_workload_spec, parse_spec
+from superinfer.harness.workload.traces import load_mooncake_jsonl
+from superinfer.harness.workload.workload import build_workload
 
 
 def test_azure_mixed_is_exactly_the_default_trace_workload() -> None:
-    spec = build_from_spec(load_spec("azure-mixed"))
+    spec = build_from_spec(load_workload_spec("azure-mixed"))
     trace = build_workload("azure")
     assert len(spec.requests) == 28_185
     assert spec.requests == trace.requests  # every field of every request, in order
@@ -27,8 +28,8 @@ def test_builtins_are_listed() -> None:
 
 
 def test_mooncake_chat_spreads_buckets_and_keeps_block_hashes() -> None:
-    one = build_from_spec(load_spec("mooncake-chat"), seed=0)
-    two = build_from_spec(load_spec("mooncake-chat"), seed=1)
+    one = build_from_spec(load_workload_spec("mooncake-chat"), seed=0)
+    two = build_from_spec(load_workload_spec("mooncake-chat"), seed=1)
     assert len(one.requests) == 12_031
     first = one.requests[0]
     assert (first.request_id, first.hash_block_tokens, first.block_hashes[:3]) == (
@@ -49,18 +50,18 @@ def test_mooncake_chat_spreads_buckets_and_keeps_block_hashes() -> None:
     assert len(set(np.round(times, 6))) > 12_000  # bursts are spread (1,180 distinct stamps)
     assert [r.request_id for r in one.requests] == [r.request_id for r in two.requests]
     assert [r.arrival_s for r in one.requests] != [r.arrival_s for r in two.requests]
-    assert one.requests == build_from_spec(load_spec("mooncake-chat"), seed=0).requests
+    assert one.requests == build_from_spec(load_workload_spec("mooncake-chat"), seed=0).requests
 
 
 def test_sharegpt_poisson_is_seeded_and_windowed() -> None:
-    wl = build_from_spec(load_spec("sharegpt-poisson"), seed=0)
-    again = build_from_spec(load_spec("sharegpt-poisson"), seed=0)
+    wl = build_from_spec(load_workload_spec("sharegpt-poisson"), seed=0)
+    again = build_from_spec(load_workload_spec("sharegpt-poisson"), seed=0)
     assert wl.requests == again.requests
     assert len(wl.requests) == 2_415  # ~4 req/s x 600 s
     assert wl.requests[0].arrival_s == 0.0 and wl.requests[-1].arrival_s < 600.0
     assert len({r.request_id for r in wl.requests}) == len(wl.requests)
     assert {r.slo.name for r in wl.requests} == {"chat"}
-    short = build_from_spec(load_spec("sharegpt-poisson"), seed=0, duration_s=60.0)
+    short = build_from_spec(load_workload_spec("sharegpt-poisson"), seed=0, duration_s=60.0)
     assert short.requests == tuple(r for r in wl.requests if r.arrival_s < 60.0)
 
 
@@ -90,7 +91,7 @@ slo = {ttft_ms = 500, priority = 0}
 columns = {arrival = "t", prompt_tokens = "in", output_tokens = "out"}
 """,
     )
-    wl = build_from_spec(load_spec(str(spec)))
+    wl = build_from_spec(load_workload_spec(str(spec)))
     # Times 0, 2, 4, 6 s at twice the rate -> 0, 1, 2, 3; window [1, 3) -> shifted to 0, 1.
     assert [(r.request_id, r.arrival_s, r.prompt_tokens) for r in wl.requests] == [
         ("app-3", 0.0, 20),
@@ -112,9 +113,11 @@ num_requests = {n}
 arrivals = {{process = "gamma", rate_rps = 2.0, burstiness = 0.5}}
 columns = {{prompt_tokens = "in", output_tokens = "out"}}
 """
-    alone = build_from_spec(load_spec(str(_write(tmp_path, source.format(name="a", n=30)))))
+    alone = build_from_spec(
+        load_workload_spec(str(_write(tmp_path, source.format(name="a", n=30))))
+    )
     both = build_from_spec(
-        load_spec(
+        load_workload_spec(
             str(
                 _write(
                     tmp_path,
@@ -150,9 +153,9 @@ file = "b.csv"
 slo = "batch"
 columns = {{arrival = "t", prompt_tokens = "in", output_tokens = "out"}}
 """
-    shared = build_from_spec(load_spec(str(_write(tmp_path, body.format(clock="shared")))))
+    shared = build_from_spec(load_workload_spec(str(_write(tmp_path, body.format(clock="shared")))))
     own = build_from_spec(
-        load_spec(str(_write(tmp_path, body.format(clock="per-source"), "o.toml")))
+        load_workload_spec(str(_write(tmp_path, body.format(clock="per-source"), "o.toml")))
     )
     assert [(r.request_id, r.arrival_s) for r in shared.requests] == [
         ("a-2", 0.0),
@@ -183,7 +186,7 @@ num_requests = 3
 arrivals = {process = "poisson", rate_rps = 1.0}
 """,
     )
-    wl = build_from_spec(load_spec(str(spec)))
+    wl = build_from_spec(load_workload_spec(str(spec)))
     assert [r.request_id for r in wl.requests] == ["sg-0", "sg-1", "sg-2"]
     assert {r.output_tokens for r in wl.requests} == {64}
     assert wl.requests[0].prompt_tokens == 4  # Mistral v1: Hello / there / , / world
@@ -253,7 +256,7 @@ arrivals = {process = "poisson", rate_rps = 1.0}
 def test_malformed_specs_name_file_line_and_field(tmp_path: Path, text: str, expected: str) -> None:
     path = _write(tmp_path, text)
     with pytest.raises(SpecError) as info:
-        build_from_spec(load_spec(str(path)))
+        build_from_spec(load_workload_spec(str(path)))
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(str(path))
@@ -264,4 +267,4 @@ def test_unbounded_synthetic_source_and_unknown_name(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="neither num_requests nor a window"):
         build_from_spec(parse_spec(GOOD_SOURCE))
     with pytest.raises(UserError, match="unknown workload 'nope'; use a built-in"):
-        load_spec("nope")
+        load_workload_spec("nope")

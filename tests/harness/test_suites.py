@@ -5,9 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from superinfer.harness.bench import BenchConfig
 from superinfer.harness.errors import UserError
-from superinfer.harness.runner import BenchConfig
-from superinfer.harness.suites import native_policy, run_headline
+from superinfer.harness.policies import native_policy
+from superinfer.harness.suites import run_headline
 
 TINY = BenchConfig(
     trace="azure",
@@ -47,7 +48,7 @@ def test_bad_workers_and_loads_are_user_errors() -> None:
 def test_a_bench_with_placement_planner_and_superinfer_runs_and_keeps_its_stats() -> None:
     """The placement plugins are unhashable dataclasses: collecting the scheduling policy's
     counters must not put plugins in a set (it did, and `bench --kv-policy` crashed)."""
-    from superinfer.harness.runner import run_bench
+    from superinfer.harness.bench import run_bench
 
     config = BenchConfig(
         workload="mooncake-chat",

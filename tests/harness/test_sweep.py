@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from superinfer.harness.cells import CellCache
 from superinfer.harness.errors import UserError
-from superinfer.harness.executors import CellRunner
-from superinfer.harness.sweep import SWEEP_CELL_COLUMNS, load_spec, sweep_table
+from superinfer.harness.grid.cells import CellCache
+from superinfer.harness.grid.executors import CellRunner
+from superinfer.harness.grid.sweep import SWEEP_CELL_COLUMNS, load_sweep_spec, sweep_table
 
 SPEC = """
 out = "somewhere"
@@ -37,7 +37,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_grid_expands_in_file_order_and_resolves_native(tmp_path: Path) -> None:
-    spec = load_spec(write(tmp_path, SPEC))
+    spec = load_sweep_spec(write(tmp_path, SPEC))
     assert spec.out == Path("somewhere") and spec.base.duration_s == 30.0
     cells, notes = spec.cells()
     # native is fcfs on sim:vllm (folding into the fcfs cells) and lpm on sim:sglang.
@@ -67,14 +67,14 @@ def test_grid_expands_in_file_order_and_resolves_native(tmp_path: Path) -> None:
 def test_spec_errors_name_the_file_and_field(tmp_path: Path, text: str, message: str) -> None:
     path = write(tmp_path, text)
     with pytest.raises(UserError) as info:
-        load_spec(path).cells()
+        load_sweep_spec(path).cells()
     assert str(info.value).startswith(f"{path}: ")
     assert message in str(info.value)
 
 
 def tiny_cells(tmp_path: Path) -> list:
     text = SPEC.replace('["native", "fcfs", "priority"]', '["fcfs", "priority"]')
-    return load_spec(write(tmp_path, text)).cells()[0]
+    return load_sweep_spec(write(tmp_path, text)).cells()[0]
 
 
 def test_pool_and_in_process_agree_and_a_rerun_resumes_from_the_cache(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from superinfer.harness.errors import TraceFormatError
-from superinfer.harness.traces import (
+from superinfer.harness.workload.traces import (
     ColumnMap,
     LengthRow,
     TraceRow,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from superinfer.harness.data import trace_path
 from superinfer.harness.errors import TraceFormatError
-from superinfer.harness.traces import (
+from superinfer.harness.workload.data import trace_path
+from superinfer.harness.workload.traces import (
     ColumnMap,
     LengthRow,
     TraceRow,
@@ -19,7 +19,7 @@ from superinfer.harness.traces import (
     load_table,
     parse_azure_timestamp,
 )
-from superinfer.harness.workload import build_workload
+from superinfer.harness.workload.workload import build_workload
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 ROW1 = "2023-11-16 18:15:46.6805900,374,44\n"

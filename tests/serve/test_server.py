@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("starlette", reason="starlette missing: run `make install-serve`")
-pytest.importorskip("prometheus_client", reason="prometheus-client missing: make install-serve")
+from tests.adapters.hf.conftest import require  # noqa: E402
+
+# fail, not skip, under `make test` (tests.adapters.hf.conftest.required)
+require("starlette", "run `make install-serve`")
+require("prometheus_client", "run `make install-serve`")
 
 from superinfer.policy_core.policies.fcfs import FCFSPolicy  # noqa: E402
 from superinfer.policy_core.types import SLO, ScheduleDecision, StepState  # noqa: E402

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from superinfer.harness.data import data_dir
+from superinfer.harness.workload.data import data_dir
 from superinfer.sim.calibrated import CalibratedStepTime, _gemm, load_params
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.step_time import BatchShape

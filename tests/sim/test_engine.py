@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from superinfer.adapters.hookspecs import hookimpl
-from superinfer.harness.workload import build_workload
+from superinfer.harness.workload.workload import build_workload
 from superinfer.policy_core.types import ScheduleDecision, StepState
 from superinfer.policy_core.validation import PolicyError
 from superinfer.sim.calibrated import default_step_time

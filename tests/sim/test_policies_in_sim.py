@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from superinfer.adapters.manager import available_policies
-from superinfer.harness.runner import build_policy
-from superinfer.harness.workload import build_workload
+from superinfer.harness.policies import build_policy
+from superinfer.harness.workload.workload import build_workload
 from superinfer.policy_core.policies.superinfer import SuperInferPolicy
 from superinfer.sim.request import RequestStatus
 from tests.sim.helpers import simulate

@@ -55,7 +55,7 @@ def test_roofline_config_refuses_the_cpu_engine_and_unknown_names() -> None:
 
 
 def test_hf_cpu_config_is_what_run_sim_hf_cpu_cell_builds() -> None:
-    # harness/hf_runner.py run_sim_hf_cpu_cell, spelt out
+    # harness/engines/sim.py run_sim_hf_cpu_cell, spelt out
     profile = replace(
         SIM_HF_CPU,
         block_size_tokens=16,

@@ -1,1 +1,5 @@
-"""The harness: workloads, runners, metrics, results and reports. Only the CLI imports it."""
+"""The harness: rooms along a run's data path, each importing only the rooms before it.
+
+``errors`` <- ``workload`` <- ``report`` <- ``policies`` <- ``engines`` <- ``bench`` <- ``grid``
+<- ``offline`` <- ``suites``. Only the CLI imports the harness.
+"""

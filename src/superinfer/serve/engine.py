@@ -19,7 +19,19 @@ from superinfer.serve.config import ServeConfig
 from superinfer.serve.metrics import TPOT_BUCKETS_S, TTFT_BUCKETS_S, EngineCollector
 from superinfer.serve.parsing import Params, RequestError, parse_request
 
-__all__ = ["ClassStats", "Ended", "Live", "ServingEngine"]
+__all__ = ["CLIENT_DISCONNECTED", "ClassStats", "Ended", "Live", "ServingEngine", "failure_kind"]
+
+#: Reason of a request whose client went away before its answer was complete.
+CLIENT_DISCONNECTED = "client disconnected"
+#: Reason prefix of a request failed because the policy raised on it (hf adapter).
+POLICY_ERROR = "policy error"
+
+
+def failure_kind(reason: str) -> str:
+    """The metric label of a failure reason: its text before the first ``:``, snake_cased
+    (``"policy error: OverflowError: ..."`` -> ``"policy_error"``), ``"other"`` if empty."""
+    head = reason.split(":", 1)[0].strip().lower().replace(" ", "_")
+    return head or "other"
 
 
 @dataclass(slots=True)
@@ -49,12 +61,14 @@ class Live:
 @dataclass(slots=True)
 class ClassStats:
     """Requests of one SLO class ended so far: finished, rejected, failed, and finished within
-    every target (``met``)."""
+    every target (``met``); ``failed_by_kind`` splits ``failed`` by the kind of its reason
+    (:func:`failure_kind`: ``policy_error``, ``client_disconnected``, ``engine_error``, ...)."""
 
     finished: int = 0
     rejected: int = 0
     failed: int = 0
     met: int = 0
+    failed_by_kind: dict[str, int] = field(default_factory=dict)
 
 
 class ServingEngine:
@@ -90,6 +104,19 @@ class ServingEngine:
             registry=self.registry,
         )
         session.binding.on_end = self._on_end_thread
+        # a policy error fails its own request; the engine serves on (plugin.PolicyScheduler)
+        session.binding.isolate_policy_errors = True
+
+    @property
+    def policy_errors(self) -> int:
+        """Requests failed (or lifecycle hooks failed) because the policy raised, so far."""
+        binding = self.session.binding
+        with binding.lock:
+            return binding.policy_errors
+
+    def live_requests(self) -> int:
+        """Requests handed to the engine whose end the server has not yet recorded."""
+        return len(self._live)
 
     @property
     def healthy(self) -> bool:
@@ -169,11 +196,14 @@ class ServingEngine:
                     self.cancel(live)
                     return None
 
-    def cancel(self, live: Live) -> None:
-        """Drop a request whose client went away."""
+    def cancel(self, live: Live, reason: str = CLIENT_DISCONNECTED) -> None:
+        """Drop a request whose client went away: the engine frees its KV at its next loop
+        iteration; it is counted ``failed`` with ``reason``, and a waiting route gets an
+        :class:`Ended` with it."""
         if not live.ended:
             self.session.cancel(live.request_id)
-            self._finish(live, "failed", "cancelled")
+            self._finish(live, "failed", reason)
+            live.events.put_nowait(Ended("failed", reason))
 
     def take(self, live: Live, out: GenerationOutput) -> tuple[list[int], str | None]:
         """Fold an engine output into the request: the new tokens, and the finish reason once it
@@ -199,12 +229,16 @@ class ServingEngine:
             return
         live.ended = True
         self._live.pop(live.request_id, None)
+        if status != "finished":  # the engine drops the output handler of finished ones only
+            self.session.forget_handler(live.request_id)
         stats = self._stats.setdefault(live.slo.name, ClassStats())
         if status == "rejected":
             stats.rejected += 1
             return
         if status != "finished":
             stats.failed += 1
+            kind = failure_kind(reason)
+            stats.failed_by_kind[kind] = stats.failed_by_kind.get(kind, 0) + 1
             return
         stats.finished += 1
         times = live.token_times_s

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-if TYPE_CHECKING:
-    from superinfer.serve.engine import ServingEngine
 
 __all__ = ["TPOT_BUCKETS_S", "TTFT_BUCKETS_S", "EngineCollector"]
 
@@ -20,7 +17,9 @@ TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 class EngineCollector:
     """Prometheus metrics read from the engine at scrape time."""
 
-    def __init__(self, engine: ServingEngine) -> None:
+    def __init__(self, engine: Any) -> None:
+        """Read ``engine`` (a :class:`superinfer.serve.engine.ServingEngine`; typed ``Any`` so
+        this module, which the engine imports, does not import it back) at every scrape."""
         self.engine = engine
 
     def collect(self) -> Iterator[Any]:
@@ -82,3 +81,20 @@ class EngineCollector:
         yield ended
         yield met
         yield attain
+        failed = CounterMetricFamily(
+            "superinfer_requests_failed",
+            "Failed requests, per SLO class and kind of reason (policy_error, "
+            "client_disconnected, engine_error, ...)",
+            labels=["slo_class", "kind"],
+        )
+        for name, s in sorted(stats.items()):
+            for kind, count in sorted(s.failed_by_kind.items()):
+                failed.add_metric([name, kind], float(count))
+        yield failed
+        errors = CounterMetricFamily(
+            "superinfer_policy_errors",
+            "Errors the policy raised while serving (each failed one request, or a lifecycle "
+            "hook call); the engine went on",
+        )
+        errors.add_metric([], float(engine.policy_errors))
+        yield errors

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
-from superinfer.serve.engine import Ended, Live, ServingEngine
+from superinfer.serve.engine import CLIENT_DISCONNECTED, POLICY_ERROR, Ended, Live, ServingEngine
 from superinfer.serve.parsing import RequestError
 
 __all__ = ["Detokenizer", "EngineStream", "rejection", "stream", "whole"]
@@ -67,11 +67,15 @@ class EngineStream(StreamingResponse):
 
 def rejection(ended: Ended) -> JSONResponse:
     """The HTTP error of a request the engine ended without output: 400 for a request no load
-    change can serve (:data:`_CLIENT_ERRORS`), else 503."""
+    change can serve (:data:`_CLIENT_ERRORS`), 500 (type and code ``policy_error``) for one the
+    policy raised on, else 503."""
     if ended.status == "rejected":
         status = 400 if ended.reason in _CLIENT_ERRORS else 503
         err = RequestError(status, f"request rejected: {ended.reason}", kind="rejected")
         return err.response(code=ended.reason)
+    if ended.reason.startswith(POLICY_ERROR):
+        err = RequestError(500, f"request failed: {ended.reason}", kind="policy_error")
+        return err.response(code="policy_error")
     err = RequestError(503, f"request failed: {ended.reason}", kind="engine_error")
     return err.response(code=ended.reason)
 
@@ -151,7 +155,9 @@ async def whole(
     request: Request,
 ) -> Response:
     """The whole answer of a request (``stream: false``): waits for its last token; 499 if the
-    client went away, the rejection or a 500 if the engine ended or failed it."""
+    client went away (``app.watch_disconnect`` cancels the request and queues an :class:`Ended`
+    with :data:`CLIENT_DISCONNECTED`), the rejection or a 500 if the engine ended or failed it.
+    ``request`` is kept for the signature's callers; the watch reads its ``receive``."""
     event: GenerationOutput | Ended | None = first
     finish = None
     while finish is None:
@@ -159,10 +165,12 @@ async def whole(
             return Response(status_code=499)
         if isinstance(event, Ended):
             engine.end(live, event)
+            if event.reason == CLIENT_DISCONNECTED:
+                return Response(status_code=499)  # nobody reads it
             return rejection(event)
         _, finish = engine.take(live, event)
         if finish is None:
-            event = await engine.next_event(live, request.is_disconnected)
+            event = await engine.next_event(live)  # a disconnect arrives as an Ended
     if finish.startswith("error"):
         return RequestError(500, finish, kind="engine_error").response()
     text = engine.tokenizer.decode(live.tokens, skip_special_tokens=True)

@@ -1,8 +1,9 @@
 """The step-time model the simulator uses: every term fitted to measured GPU timings.
 
 ``calibration.json`` beside this module holds the parameters ``superinfer calibrate`` fitted to
-Vidur's measured kernel timings (``shared/data/profiling``); ``harness/calibrate.py`` documents
-each fitted form and ``results/calibration/`` its error. Per layer, for a step of ``T`` tokens::
+Vidur's measured kernel timings (``shared/data/profiling``); ``harness/offline/calibrate.py``
+documents each fitted form and ``results/calibration/`` its error. Per layer, for a step of ``T``
+tokens::
 
     GEMMs (QKV, O, gate+up, down)   roofline with per-token-range efficiencies, per GEMM shape
     small kernels                    bytes / B + c   (2 RMSNorms, RoPE, SiLU-and-mul, add)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers", reason="needs the `hf` extra")
+from tests.adapters.hf.conftest import require
+
+# fail, not skip, under `make test` (tests.adapters.hf.conftest.required)
+torch = require("torch", "needs the `hf` extra")
+transformers = require("transformers", "needs the `hf` extra")
 
 from superinfer.adapters.hf.kv_quant_cache import KVFormat, make_kivi_cache  # noqa: E402
 from superinfer.kernels import KVKind, dequantize_kv_ref, quantize_kv_ref  # noqa: E402

@@ -9,14 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from superinfer.harness.hf_runner import (
-    HFOptions,
-    PromptBuilder,
-    load_sharegpt_prompts,
-    replay,
-)
-from superinfer.harness.runner import BenchConfig, run_bench
-from superinfer.harness.workload import BATCH_SLO, CHAT_SLO, Workload
+from superinfer.harness.bench import BenchConfig, run_bench
+from superinfer.harness.engines.hf import HFOptions, replay
+from superinfer.harness.workload.prompts import PromptBuilder, load_sharegpt_prompts
+from superinfer.harness.workload.workload import BATCH_SLO, CHAT_SLO, Workload
 from superinfer.sim.request import RequestSpec
 
 #: (arrival s, prompt tokens, output tokens, class)

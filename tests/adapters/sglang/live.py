@@ -84,20 +84,26 @@ def concurrently(jobs: dict[str, Callable[[], Any]], gaps: dict[str, float]) -> 
     return out
 
 
-def chat_behind_batch(server: SGLangServer) -> tuple[float, dict[str, float]]:
-    """8 batch requests (64 tokens), then 1 s later one chat request (8 tokens).
+def chat_behind_batch(server: SGLangServer) -> tuple[float, float, dict[str, float]]:
+    """8 batch requests (200 tokens each, 4 run at once, sent 50 ms apart), then 0.25 s after the
+    last one a chat request.
+
+    200 decode steps of the first four take 0.8 s on 2 quiet cores (4 ms a step) and 3-12 s on
+    loaded ones, so the last 4 batch requests are still queued when chat arrives (the caller
+    checks: a run where none is queued proves nothing).
 
     Returns:
-        ``(chat first-token ts, {batch name: first-token ts})``.
+        ``(chat received ts, chat first-token ts, {batch name: first-token ts})``.
     """
     jobs: dict[str, Callable[[], Any]] = {
-        f"b{i}": (lambda i=i: generate(server, prompt(i, 10), 64, "batch", -1)) for i in range(8)
+        f"b{i}": (lambda i=i: generate(server, prompt(i, 5), 200, "batch", -1)) for i in range(8)
     }
-    jobs["chat"] = lambda: generate(server, prompt(99, 10), 8, "chat", 0)
-    gaps = {f"b{i}": 0.05 for i in range(8)} | {"chat": 1.0}
+    jobs["chat"] = lambda: generate(server, prompt(99, 5), 8, "chat", 0)
+    gaps = {f"b{i}": 0.05 for i in range(8)} | {"chat": 0.25}
     metas = concurrently(jobs, gaps)
-    chat = first_token_ts(metas.pop("chat"))
-    return chat, {name: first_token_ts(meta) for name, meta in metas.items()}
+    chat = metas.pop("chat")
+    batch = {name: first_token_ts(meta) for name, meta in metas.items()}
+    return float(chat["request_received_ts"]), first_token_ts(chat), batch
 
 
 def wait_stats(

@@ -28,8 +28,10 @@ def test_native_runs_without_the_plugin(server: SGLangServer) -> None:
 
 
 def test_chat_behind_a_queue_of_batch_waits_under_native(server: SGLangServer) -> None:
-    chat, batch = chat_behind_batch(server)
-    # First come, first served: every batch request starts before the chat that came 1 s later.
+    received, chat, batch = chat_behind_batch(server)
+    assert any(ts > received for ts in batch.values()), "no batch request was queued"
+    # First come, first served: every batch request starts before the chat that came 1 s later,
+    # the ones still queued when it arrived included.
     assert sorted(name for name, ts in batch.items() if ts > chat) == []
     assert chat > max(batch.values())
 

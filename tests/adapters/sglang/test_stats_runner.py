@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from superinfer.adapters.sglang.stats import LatencyStats, StatsFile, Telemetry, read_stats
-from superinfer.harness import sglang_runner
+from superinfer.harness.engines import sglang as sglang_runner
+from superinfer.harness.engines.base import BenchConfig, CellResult
 from superinfer.harness.errors import UserError
-from superinfer.harness.runner import BenchConfig, CellResult
 
 
 @dataclass
@@ -80,7 +80,7 @@ def test_the_runner_starts_replays_through_http_and_stops(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     import superinfer.adapters.sglang.server as server_mod
-    import superinfer.harness.http_runner as http_mod
+    import superinfer.harness.engines.http as http_mod
 
     seen: dict[str, Any] = {}
 

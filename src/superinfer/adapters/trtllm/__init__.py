@@ -28,7 +28,7 @@ _HOME = {
     "FileSloTable": "slo_table",
     "InMemorySloTable": "slo_table",
     "GateConfig": "gate",
-    "PrecisionRouter": "gate",
+    "PrecisionRouter": "precision_router",
     "TrtllmGate": "gate",
     "RetentionMapping": "apply",
     "SuperinferScheduler": "scheduler",

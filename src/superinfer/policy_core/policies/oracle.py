@@ -28,7 +28,7 @@ class OraclePolicy(SuperInferPolicy):
     deadline can be met (Liu and Layland, JACM 1973).
 
     Only this policy may read true output lengths; the harness builds it from the workload
-    (``superinfer.harness.runner.build_policy``). It bounds what better length prediction and
+    (``superinfer.harness.policies.build_policy``). It bounds what better length prediction and
     load shedding could add to ``superinfer``; it is not a deployable policy.
 
     Args:

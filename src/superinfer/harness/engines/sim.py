@@ -1,0 +1,190 @@
+"""The simulated engines: ``sim:<profile>`` (a GPU cluster of ``sim.profiles.PROFILES``) and
+``sim:hf-cpu`` (the real CPU engine's mechanics, ``sim/hf_cpu.py``, with its fitted step time)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from superinfer.harness.engines.base import (
+    TIMELINE_COLUMNS,
+    BenchConfig,
+    CellResult,
+    RequestOutcome,
+    requests_frame,
+)
+from superinfer.harness.engines.hf import hf_options, sim_step_time
+from superinfer.harness.errors import UserError
+from superinfer.harness.policies import policy_manager
+from superinfer.harness.workload.workload import Workload
+from superinfer.sim.config import SimConfig, SimResult
+from superinfer.sim.engine import Simulator
+from superinfer.sim.hardware import get_gpu, get_model
+from superinfer.sim.hf_cpu import KV_BYTES_PER_TOKEN_FP32, hf_cpu_sim_config
+from superinfer.sim.profiles import get_profile
+from superinfer.sim.routers import ROUTERS
+
+__all__ = ["run_sim_cell", "run_sim_hf_cpu_cell", "sim_requests_frame"]
+
+
+def sim_requests_frame(result: SimResult, *, engine: str, policy: str) -> pd.DataFrame:
+    """The requests table of one simulation (columns ``REQUEST_COLUMNS``, then
+    ``cached_tokens``: prompt tokens served from the prefix cache at the request's last
+    admission)."""
+    rows = [
+        (
+            req.spec,
+            RequestOutcome(
+                generated_tokens=req.generated_tokens,
+                first_token_s=req.first_token_s,
+                finish_s=req.finish_s,
+                status=req.status.value,
+                reason=req.reason,
+                num_preemptions=req.num_preemptions,
+                replica=req.replica,
+                max_itl_ms=req.max_itl_s * 1e3,
+            ),
+        )
+        for req in result.requests
+    ]
+    out = requests_frame(rows, engine=engine, policy=policy)
+    out["cached_tokens"] = [req.cached_tokens for req in result.requests]
+    return out
+
+
+def run_sim_cell(
+    config: BenchConfig,
+    engine: str,
+    policy: str,
+    workload: Workload,
+    *,
+    plugins: Sequence[object] = (),
+) -> CellResult:
+    """Simulate ``workload`` on ``engine`` (a simulated GPU profile) under ``policy``.
+
+    Args:
+        config: the run's settings (its ``engines`` and ``policies`` are not read).
+        engine: a ``sim:<profile>`` engine id (``sim.profiles.PROFILES``).
+        policy: a registered policy name.
+        workload: the requests.
+        plugins: extra pluggy plugins registered beside the policy (observers: step and
+            request hooks); an exception one raises ends the simulation and propagates.
+
+    Raises:
+        UserError: unknown engine, model or GPU, or a bad TP degree or replica count.
+    """
+    try:
+        profile = get_profile(engine)
+        model, gpu = get_model(config.model), get_gpu(config.gpu)
+    except KeyError as exc:
+        raise UserError(exc.args[0]) from None
+    if config.replicas < 1:
+        raise UserError(f"--replicas must be >= 1, got {config.replicas}")
+    if config.tp < 1 or model.num_kv_heads % config.tp:
+        raise UserError(f"--tp must divide {model.name}'s {model.num_kv_heads} KV heads")
+    if config.router not in ROUTERS:
+        raise UserError(f"unknown router {config.router!r}; known: {', '.join(ROUTERS)}")
+    sim_config = SimConfig(
+        profile,
+        model,
+        gpu,
+        tp=config.tp,
+        replicas=config.replicas,
+        router=config.router,
+        cpu_kv_ratio=config.cpu_kv_ratio,
+        horizon_s=config.horizon_s,
+    )
+    pm = policy_manager(
+        policy,
+        config.policy_options.get(policy, {}),
+        workload=workload,
+        kv_policy=config.kv_policy,
+        quant_options=config.kv_quant_options if config.kv_quant else None,
+        plugins=plugins,
+    )
+    t0 = time.perf_counter()
+    result = Simulator(sim_config, pm.hook).run(workload.requests)
+    wall = time.perf_counter() - t0
+    policy_stats: dict[str, int] = {}
+    # list_name_plugin, not get_plugins: that builds a set, and dataclass plugins (the KV
+    # placement policies) are unhashable
+    for _, plugin in pm.list_name_plugin():
+        stats = getattr(getattr(plugin, "policy", plugin), "stats", None)
+        if callable(stats):  # the scheduling policy's counters (superinfer, oracle)
+            policy_stats = dict(stats())
+    df = sim_requests_frame(result, engine=engine, policy=policy)
+    peaks: dict[str, float] = {
+        "all": max(result.peak_kv_blocks) * result.kv_block_bytes,
+        "all_active": max(result.peak_active_kv_blocks) * result.kv_block_bytes,
+    }
+    for per_replica in result.peak_class_kv_blocks:
+        for cls, blocks in per_replica.items():
+            peaks[cls] = max(peaks.get(cls, 0.0), blocks * result.kv_block_bytes)
+    timeline = pd.DataFrame(
+        [
+            (engine, policy, rep, t, used * result.kv_block_bytes / 1e9, waiting, running)
+            for rep, t, used, waiting, running in result.timeline
+        ],
+        columns=list(TIMELINE_COLUMNS),
+    )
+    info: dict[str, Any] = {
+        "wall_s": round(wall, 3),
+        "num_steps": result.num_steps,
+        "num_schedule_calls": result.num_schedule_calls,
+        "simulated_s": result.end_s,
+        "kv_capacity_blocks": result.kv_capacity_blocks,
+        "kv_capacity_gb": result.kv_capacity_blocks * result.kv_block_bytes / 1e9,
+        "counters": result.counters,
+    }
+    if policy_stats:
+        info["policy_stats"] = policy_stats
+    return CellResult(df, peaks, timeline, info)
+
+
+def run_sim_hf_cpu_cell(
+    config: BenchConfig, engine: str, policy: str, workload: Workload
+) -> CellResult:
+    """Simulate ``workload`` on ``sim:hf-cpu`` (the real engine's mechanics and fitted step time).
+
+    Raises:
+        UserError: a bad engine option or calibration file.
+    """
+    opts = hf_options(config.engine_options)
+    step_time = sim_step_time(opts)
+    sim_config = hf_cpu_sim_config(
+        page_size_tokens=opts.page_size_tokens,
+        num_blocks=opts.num_blocks,
+        max_batch_tokens=opts.max_batch_tokens,
+        max_num_seqs=opts.max_num_seqs,
+    )
+    pm = policy_manager(policy, config.policy_options.get(policy))
+    wall = time.perf_counter()
+    result = Simulator(sim_config, pm.hook, step_time=step_time).run(workload.requests)
+    wall = time.perf_counter() - wall
+    df = sim_requests_frame(result, engine=engine, policy=policy)
+    block_bytes = float(KV_BYTES_PER_TOKEN_FP32 * opts.page_size_tokens)
+    peaks = {"all": max(result.peak_kv_blocks) * block_bytes}
+    for per_replica in result.peak_class_kv_blocks:
+        for cls, blocks in per_replica.items():
+            peaks[cls] = max(peaks.get(cls, 0.0), blocks * block_bytes)
+    timeline = pd.DataFrame(
+        [
+            (engine, policy, rep, t, used * block_bytes / 1e9, waiting, running)
+            for rep, t, used, waiting, running in result.timeline
+        ],
+        columns=list(TIMELINE_COLUMNS),
+    )
+    info = {
+        "wall_s": round(wall, 3),
+        "num_steps": result.num_steps,
+        "num_schedule_calls": result.num_schedule_calls,
+        "simulated_s": result.end_s,
+        "kv_capacity_blocks": opts.num_blocks,
+        "kv_capacity_gb": opts.num_blocks * block_bytes / 1e9,
+        "step_time": step_time.to_dict(),
+        "step_time_file": opts.step_time_file,
+    }
+    return CellResult(df, peaks, timeline, info)

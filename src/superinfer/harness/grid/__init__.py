@@ -1,0 +1,1 @@
+"""Grid room: sweep cells, their cache and executors, sweeps and the fleet planner."""

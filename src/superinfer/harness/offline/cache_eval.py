@@ -1,0 +1,487 @@
+"""Offline prefix-cache evaluator: replay a trace's KV block hashes through LRU, LFU, the reuse
+predictor and Belady's MIN at several capacities, with and without a CPU tier.
+
+Model of the replay (the same for every policy):
+
+- Requests are processed one at a time in arrival order. A request's **prefix hit** is the
+  longest leading run of its blocks that are cached (HBM or CPU); a block after the first miss
+  is recomputed even if cached, as in vLLM's and SGLang's prefix caches. Then every block of the
+  request is in HBM (hits loaded, misses computed), and the policy brings the cache back within
+  capacity. The capacity counts blocks kept for reuse; the running request's own KV is not
+  counted (all requests are done before the next arrives).
+- ``block_hit_rate`` = prefix-hit blocks / blocks requested. ``token_hit_rate`` = sum over
+  requests of ``min(k * block_tokens, prompt_tokens)`` / prompt tokens, for a k-block hit (the
+  last block is usually partial), as in ``shared/data/traces/README.md``.
+- **With a CPU tier** (``cpu_tier = True``), CPU memory holds ``cpu_ratio`` x the HBM capacity.
+  HBM evictions go to CPU (exclusive tiers); a CPU hit counts as a hit in both rates (it saves
+  the prefill) and costs a PCIe load, counted separately in ``hit_rates_detail.csv``
+  (``cpu_block_hit_rate``, ``offloaded_blocks``).
+- LRU, LFU and the predictor evict through the same :class:`PlacementPlanner` (leaves only, lowest
+  keep-score first, deeper first on ties); they differ only in the score: LRU the last access
+  instant, LFU the accesses since insertion (ties by recency), the predictor P(reuse within its
+  horizon) after its LRU cold start.
+- Belady's MIN (Belady, IBM Systems Journal 1966) keeps the blocks with the nearest next use
+  (bypassing blocks never used again), ties broken deeper-first. A block's parent is in every
+  request that holds the block, so its next use is never later: MIN's cache is prefix-closed and
+  its plain hits are prefix hits; MIN maximizes plain hits, which bound every policy's prefix
+  hits, so it is optimal here. With a CPU tier, its HBM holds the ``C_hbm`` nearest next uses
+  and the union the ``C_hbm + C_cpu`` nearest (MIN at each capacity; the union may prefetch
+  freely), an upper bound for both rates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from superinfer.harness.errors import DataError, UserError
+from superinfer.harness.offline.cache_replay import belady_prefix_hits, replay, replay_ordered
+from superinfer.harness.offline.cache_trace import (
+    CACHE_TRACES,
+    COLD_START_S,
+    DEFAULT_CAPACITY_FRACS,
+    DEFAULT_CPU_RATIO,
+    HIT_RATE_COLUMNS,
+    POLICIES,
+    BlockTrace,
+    ReplayResult,
+    block_trace,
+    load_cache_trace,
+)
+from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, write_atomic
+from superinfer.policy_core.reuse import ReusePredictorConfig
+
+__all__ = [
+    "CACHE_TRACES",
+    "HIT_RATE_COLUMNS",
+    "POLICIES",
+    "BlockTrace",
+    "CacheEvalConfig",
+    "ReplayResult",
+    "belady_prefix_hits",
+    "cache_eval_config",
+    "block_trace",
+    "load_cache_trace",
+    "replay",
+    "replay_ordered",
+    "result_line",
+    "run_cache_eval",
+    "write_cache_eval",
+    "write_cache_report",
+]
+
+# -------------------------------------------------------------------------------------------------
+# The evaluation grid and its files
+# -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEvalConfig:
+    """What ``superinfer cache-eval`` runs.
+
+    Attributes:
+        trace: ``mooncake`` or a Mooncake-format ``.jsonl`` path.
+        capacity_fracs: HBM capacities as fractions of the trace's unique blocks.
+        cpu_ratio: CPU tier size as a multiple of the HBM capacity (0: no CPU-tier runs).
+        policies: policies to replay.
+        duration_s: replay only the first ``duration_s`` seconds of arrivals (``None``: all).
+        jobs: worker processes.
+        seed: the predictor's sampling seed.
+    """
+
+    trace: str = "mooncake"
+    capacity_fracs: tuple[float, ...] = DEFAULT_CAPACITY_FRACS
+    cpu_ratio: float = DEFAULT_CPU_RATIO
+    policies: tuple[str, ...] = POLICIES
+    duration_s: float | None = None
+    jobs: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for p in self.policies:
+            if p not in POLICIES:
+                raise UserError(f"unknown cache policy {p!r}; known: {', '.join(POLICIES)}")
+        if not self.policies:
+            raise UserError("--policies is empty")
+        if not self.capacity_fracs:
+            raise UserError("--capacities is empty")
+        for f in self.capacity_fracs:
+            if not 0 < f <= 1:
+                raise UserError(f"capacity fractions must be in (0, 1], got {f}")
+        if self.cpu_ratio < 0:
+            raise UserError(f"--cpu-ratio must be >= 0, got {self.cpu_ratio}")
+        if self.jobs < 1:
+            raise UserError(f"--jobs must be >= 1, got {self.jobs}")
+
+
+def _one(args: tuple[BlockTrace, str, float, int, int, int]) -> ReplayResult:
+    trace, policy, frac, hbm, cpu, seed = args
+    cfg = ReusePredictorConfig(seed=seed) if policy == "predictor" else None
+    return replay(trace, policy, frac, hbm, cpu, predictor_config=cfg)
+
+
+def run_cache_eval(
+    config: CacheEvalConfig, progress: Callable[[str], None] | None = None
+) -> tuple[BlockTrace, list[ReplayResult]]:
+    """Replay every policy x capacity x (with, without CPU tier) of ``config``.
+
+    With-CPU-tier runs where HBM + CPU hold every unique block are skipped: nothing is ever
+    dropped, so every policy hits every reuse (the infinite-cache rate).
+
+    Returns:
+        The trace and the results, ordered by CPU tier, capacity, then policy.
+    """
+    trace = load_cache_trace(config.trace, duration_s=config.duration_s)
+    tiers = [0.0] + ([config.cpu_ratio] if config.cpu_ratio > 0 else [])
+    tasks = []
+    for ratio in tiers:
+        for frac in sorted(config.capacity_fracs):
+            hbm = max(1, int(frac * trace.num_unique))
+            if ratio and hbm + int(ratio * hbm) >= trace.num_unique:
+                continue  # the tiers hold every block: every policy has the infinite-cache rate
+            for policy in config.policies:
+                tasks.append((trace, policy, frac, hbm, int(ratio * hbm), config.seed))
+    results: list[ReplayResult] = []
+    if config.jobs == 1:
+        for i, task in enumerate(tasks):
+            if progress:
+                progress(f"replay {i + 1}/{len(tasks)}: {task[1]} at {task[2]:g}")
+            results.append(_one(task))
+    else:
+        with ProcessPoolExecutor(max_workers=config.jobs) as pool:
+            for i, res in enumerate(pool.map(_one, tasks)):
+                if progress:
+                    progress(f"replay {i + 1}/{len(tasks)} done")
+                results.append(res)
+    return trace, results
+
+
+def hit_rate_table(trace: BlockTrace, results: Sequence[ReplayResult]) -> pd.DataFrame:
+    """``hit_rates.csv``: exactly :data:`HIT_RATE_COLUMNS`."""
+    return pd.DataFrame(
+        [
+            (trace.name, r.policy, r.capacity_frac, r.cpu_tier, r.block_hit_rate, r.token_hit_rate)
+            for r in results
+        ],
+        columns=list(HIT_RATE_COLUMNS),
+    )
+
+
+def detail_table(trace: BlockTrace, results: Sequence[ReplayResult]) -> pd.DataFrame:
+    """``hit_rates_detail.csv``: the HBM / CPU split, transfers, cold start and predictor state."""
+    minutes = int(COLD_START_S // 60)
+    rows = []
+    for r in results:
+        cold_b, cold_t = r.window(minutes)
+        p = r.predictor or {}
+        rows.append(
+            {
+                **dict(zip(HIT_RATE_COLUMNS, hit_rate_table(trace, [r]).iloc[0], strict=True)),
+                "hbm_blocks": r.hbm_blocks,
+                "cpu_blocks": r.cpu_blocks,
+                "hbm_block_hit_rate": (r.hit_blocks - r.cpu_hit_blocks) / r.total_blocks,
+                "cpu_block_hit_rate": r.cpu_hit_blocks / r.total_blocks,
+                "hbm_token_hit_rate": (r.hit_tokens - r.cpu_hit_tokens) / r.total_tokens,
+                "cpu_token_hit_rate": r.cpu_hit_tokens / r.total_tokens,
+                "offloaded_blocks": r.offloaded_blocks,
+                "cpu_loaded_blocks": r.cpu_hit_blocks,
+                "first_10min_block_hit_rate": cold_b,
+                "first_10min_token_hit_rate": cold_t,
+                "predictor_switched_at_s": p.get("switched_at_s"),
+                "predictor_labels": p.get("num_labels"),
+                "predictor_horizon_s": p.get("horizon_s"),
+                "wall_s": r.wall_s,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def minute_table(trace: BlockTrace, results: Sequence[ReplayResult]) -> pd.DataFrame:
+    """``hit_rates_by_minute.csv``: hit rates per minute of arrival (cold start and drift)."""
+    rows = []
+    for r in results:
+        for m in range(len(r.minute_blocks)):
+            b, t = r.minute_blocks[m], r.minute_tokens[m]
+            rows.append(
+                {
+                    "trace": trace.name,
+                    "policy": r.policy,
+                    "capacity_frac": r.capacity_frac,
+                    "cpu_tier": r.cpu_tier,
+                    "minute": m,
+                    "requests": int(r.minute_requests[m]),
+                    "block_hit_rate": r.minute_hit_blocks[m] / b if b else math.nan,
+                    "token_hit_rate": r.minute_hit_tokens[m] / t if t else math.nan,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _plot(table: pd.DataFrame, minutes: pd.DataFrame, out_dir: Path, target_frac: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"lru": "tab:blue", "lfu": "tab:orange", "predictor": "tab:green", "belady": "black"}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, col, label in zip(
+        axes, ("block_hit_rate", "token_hit_rate"), ("blocks", "tokens"), strict=True
+    ):
+        for (policy, cpu), grp in table.groupby(["policy", "cpu_tier"], sort=False):
+            grp = grp.sort_values("capacity_frac")
+            ax.plot(
+                grp.capacity_frac,
+                grp[col],
+                marker="o",
+                ms=3,
+                color=colors.get(str(policy)),
+                ls="--" if cpu else "-",
+                label=f"{policy}{' + CPU tier' if cpu else ''}",
+            )
+        ax.set_xscale("log")
+        ax.axvline(target_frac, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel("HBM capacity (fraction of unique blocks)")
+        ax.set_title(f"prefix hit rate ({label})")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("hit rate")
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    write_atomic(out_dir / "hit_rates.png", lambda p: fig.savefig(p, dpi=120, format="png"))
+    plt.close(fig)
+
+    sel = minutes[(minutes.capacity_frac == target_frac) & ~minutes.cpu_tier]
+    if sel.empty:
+        return
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for policy, grp in sel.groupby("policy", sort=False):
+        ax.plot(grp.minute, grp.block_hit_rate, color=colors.get(str(policy)), label=str(policy))
+    ax.axvline(COLD_START_S / 60, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("minute of the trace")
+    ax.set_ylabel("block hit rate in that minute")
+    ax.set_title(f"hit rate over time, HBM = {target_frac:g} of unique blocks, no CPU tier")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    write_atomic(
+        out_dir / "hit_rates_by_minute.png", lambda p: fig.savefig(p, dpi=120, format="png")
+    )
+    plt.close(fig)
+
+
+def _pct(x: float) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.2f}%"
+
+
+def render_cache_report(
+    trace: BlockTrace,
+    config: CacheEvalConfig,
+    table: pd.DataFrame,
+    detail: pd.DataFrame,
+    meta: dict[str, Any],
+    target_frac: float = 0.1,
+) -> str:
+    """``report.md``: setup, definitions, the tables, the issue-6 target check, cold start."""
+    lines = [
+        "# Prefix-cache hit rates: LRU, LFU, reuse predictor, Belady",
+        "",
+        f"- Trace `{trace.name}`: {trace.num_requests:,} requests, {len(trace.blocks):,} block "
+        f"references, {trace.num_unique:,} unique blocks of {trace.block_tokens} tokens, "
+        f"{trace.arrival_s[-1] / 60:.1f} min.",
+        f"- HBM capacities (fractions of unique blocks): "
+        f"{', '.join(f'{f:g}' for f in sorted(config.capacity_fracs))}; CPU tier = "
+        f"{config.cpu_ratio:g} x the HBM capacity (runs where HBM + CPU hold every block are "
+        "skipped: every policy has the ideal rate there).",
+        f"- Command: `{' '.join(meta.get('command', []))}`; git `{meta.get('git_sha')}`; "
+        f"host {meta.get('host', {}).get('platform')} ({meta.get('host', {}).get('cpu_count')} "
+        "CPUs).",
+        "- Definitions (docs/kv-reuse.md): a block hit is a block of the longest cached prefix "
+        "of a request; with a CPU tier a block found in CPU memory counts as a hit (it saves its "
+        "prefill) and is reported separately in `hit_rates_detail.csv` (`cpu_block_hit_rate`), "
+        "since it costs a PCIe load.",
+        "",
+        "## Hit rates",
+        "",
+    ]
+    for cpu in sorted(table.cpu_tier.unique()):
+        sub = table[table.cpu_tier == cpu]
+        lines += [f"### {'With' if cpu else 'Without'} a CPU tier", ""]
+        policies = list(dict.fromkeys(sub.policy))
+        lines.append("| capacity | " + " | ".join(f"{p} blocks / tokens" for p in policies) + " |")
+        lines.append("|---:|" + "---:|" * len(policies))
+        for frac, grp in sub.groupby("capacity_frac"):
+            by = grp.set_index("policy")
+            cells = [
+                f"{_pct(by.loc[p, 'block_hit_rate'])} / {_pct(by.loc[p, 'token_hit_rate'])}"
+                for p in policies
+            ]
+            lines.append(f"| {frac:g} | " + " | ".join(cells) + " |")
+        lines.append("")
+    base = table[(table.capacity_frac == target_frac) & ~table.cpu_tier].set_index("policy")
+    if {"lru", "predictor", "belady"} <= set(base.index):
+        lru, pred, bel = (
+            float(base.loc[p, "block_hit_rate"]) for p in ("lru", "predictor", "belady")
+        )
+        need = max(lru + 0.05, 0.9 * bel)
+        verdict = "met" if pred >= need else f"missed by {100 * (need - pred):.2f} points"
+        lines += [
+            f"## Target at capacity {target_frac:g} (no CPU tier)",
+            "",
+            f"Predictor {_pct(pred)} vs LRU {_pct(lru)} (+{100 * (pred - lru):.2f} points; "
+            f"target +5) and Belady {_pct(bel)} ({pred / bel:.3f} x; target 0.9 x): "
+            f"**{verdict}** (needed {_pct(need)}).",
+            "",
+        ]
+    cold = detail[(detail.capacity_frac == target_frac) & ~detail.cpu_tier]
+    if not cold.empty:
+        lines += [
+            f"## Cold start (first {COLD_START_S / 60:.0f} minutes, capacity {target_frac:g})",
+            "",
+            "| policy | block hit rate | token hit rate | predictor switched at |",
+            "|---|---:|---:|---:|",
+        ]
+        for _, row in cold.iterrows():
+            sw = row.predictor_switched_at_s
+            sw_txt = "–" if sw is None or pd.isna(sw) else f"{sw:.0f} s"
+            lines.append(
+                f"| {row.policy} | {_pct(row.first_10min_block_hit_rate)} | "
+                f"{_pct(row.first_10min_token_hit_rate)} | {sw_txt} |"
+            )
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _write_csv(df: pd.DataFrame, path: Path) -> None:
+    df.to_csv(path, index=False, float_format=CSV_FLOAT_FORMAT)
+
+
+def _write_text(text: str, path: Path) -> None:
+    path.write_text(text, encoding="utf-8")
+
+
+def write_cache_eval(
+    out_dir: Path,
+    trace: BlockTrace,
+    config: CacheEvalConfig,
+    results: Sequence[ReplayResult],
+    *,
+    command: list[str] | None = None,
+) -> dict[str, Path]:
+    """Write ``hit_rates.csv``, ``hit_rates_detail.csv``, ``hit_rates_by_minute.csv`` and
+    ``manifest.json`` into ``out_dir`` (each atomically), then the report and plots from them."""
+    info = {
+        "config": asdict(config),
+        "trace": {
+            "name": trace.name,
+            "requests": trace.num_requests,
+            "unique_blocks": trace.num_unique,
+            "block_references": len(trace.blocks),
+        },
+        "predictor": {
+            f"{r.capacity_frac:g}/{'cpu' if r.cpu_tier else 'hbm'}": {
+                "hbm_model": r.predictor,
+                "cpu_model": r.cpu_predictor,
+            }
+            for r in results
+            if r.predictor
+        },
+    }
+    meta = manifest(info, command=command)
+    paths: dict[str, Path] = {}
+    for name, df in (
+        ("hit_rates.csv", hit_rate_table(trace, results)),
+        ("hit_rates_detail.csv", detail_table(trace, results)),
+        ("hit_rates_by_minute.csv", minute_table(trace, results)),
+    ):
+        paths[name] = out_dir / name
+        write_atomic(paths[name], partial(_write_csv, df))
+    write_atomic(
+        out_dir / "manifest.json",
+        partial(_write_text, json.dumps(meta, indent=2, default=str) + "\n"),
+    )
+    write_cache_report(out_dir, trace)
+    paths.update({n: out_dir / n for n in ("report.md", "manifest.json", "hit_rates.png")})
+    return paths
+
+
+def write_cache_report(out_dir: Path, trace: BlockTrace | None = None) -> None:
+    """(Re)write ``report.md`` and the plots of ``out_dir`` from its CSVs and manifest only.
+
+    Raises:
+        DataError: a file of the directory is missing.
+    """
+    try:
+        meta = json.loads((out_dir / "manifest.json").read_text(encoding="utf-8"))
+        table = pd.read_csv(out_dir / "hit_rates.csv")
+        detail = pd.read_csv(out_dir / "hit_rates_detail.csv")
+        minutes = pd.read_csv(out_dir / "hit_rates_by_minute.csv")
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{out_dir}: not a cache-eval directory ({exc})") from None
+    cfg = meta["config"]
+    config = CacheEvalConfig(
+        trace=cfg["trace"],
+        capacity_fracs=tuple(cfg["capacity_fracs"]),
+        cpu_ratio=cfg["cpu_ratio"],
+        policies=tuple(cfg["policies"]),
+        duration_s=cfg["duration_s"],
+        jobs=cfg["jobs"],
+        seed=cfg["seed"],
+    )
+    if trace is None:
+        trace = load_cache_trace(config.trace, duration_s=config.duration_s)
+    target = 0.1 if 0.1 in config.capacity_fracs else sorted(config.capacity_fracs)[0]
+    _plot(table, minutes, out_dir, target)
+    report = render_cache_report(trace, config, table, detail, meta, target)
+    write_atomic(out_dir / "report.md", partial(_write_text, report))
+
+
+def cache_eval_config(
+    *,
+    trace: str,
+    capacities: str,
+    cpu_ratio: float,
+    policies: str,
+    duration_s: float | None,
+    jobs: int | None,
+    seed: int,
+) -> CacheEvalConfig:
+    """The evaluation ``superinfer cache-eval`` options describe (``capacities`` and ``policies``
+    comma-separated; ``jobs`` ``None``: the CPU count, at most 4).
+
+    Raises:
+        UserError: a capacity that is not a number.
+    """
+    fracs = []
+    for text in (t.strip() for t in capacities.split(",")):
+        if not text:
+            continue
+        try:
+            fracs.append(float(text))
+        except ValueError:
+            raise UserError(f"--capacities: {text!r} is not a number") from None
+    return CacheEvalConfig(
+        trace=trace,
+        capacity_fracs=tuple(fracs),
+        cpu_ratio=cpu_ratio,
+        policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
+        duration_s=duration_s,
+        jobs=jobs if jobs is not None else max(1, min(4, os.cpu_count() or 1)),
+        seed=seed,
+    )
+
+
+def result_line(r: ReplayResult) -> str:
+    """One replay's hit rates as a line of text."""
+    return (
+        f"{r.policy:10s} capacity {r.capacity_frac:<5g} cpu_tier {str(r.cpu_tier):5s} "
+        f"blocks {100 * r.block_hit_rate:6.2f}%  tokens {100 * r.token_hit_rate:6.2f}%"
+    )

@@ -1,0 +1,241 @@
+"""Calibration of ``sim:hf-cpu`` on the real CPU engine: measure real steps, fit the step time.
+
+``calibrate_hf`` runs closed batches of real ShareGPT prompts through the engine (``hf``),
+records every step's shape and wall time, and ``fit_steps`` fits the model of ``sim/hf_cpu.py``.
+torch and transformers are imported only when a measurement starts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from superinfer.harness.engines.hf import (
+    HF_ENGINE,
+    hf_options,
+    start_session,
+    step_profile,
+    steps_frame,
+    torch_threads,
+)
+from superinfer.harness.errors import UserError
+from superinfer.harness.policies import policy_manager
+from superinfer.harness.report.results import manifest, write_atomic
+from superinfer.harness.workload.prompts import PromptBuilder, load_sharegpt_prompts
+from superinfer.sim.hf_cpu import HFCPUStepTime, StepSample, shape_of_totals
+
+if TYPE_CHECKING:
+    from superinfer.adapters.hf.plugin import StepRecord
+
+__all__ = [
+    "CALIBRATION_GRID",
+    "calibrate_hf",
+    "fit_steps",
+    "fit_summary",
+    "write_hf_calibration",
+]
+
+
+#: Closed batches run by :func:`calibrate_hf`: ``(requests, prompt tokens, output tokens)``. They
+#: cover prefill chunks of 32-256 tokens over 0-224 tokens of context, decode batches of 1 to 16
+#: requests at contexts of 32 to 300 tokens, and the mixed steps where one batch turns into the
+#: next.
+CALIBRATION_GRID: tuple[tuple[int, int, int], ...] = (
+    (1, 32, 16),
+    (1, 256, 16),
+    (2, 96, 16),
+    (4, 64, 16),
+    (4, 192, 12),
+    (8, 32, 16),
+    (8, 128, 12),
+    (16, 48, 12),
+    (16, 160, 8),
+)
+
+
+def calibrate_hf(
+    options: Mapping[str, str] | None = None,
+    *,
+    grid: Sequence[tuple[int, int, int]] = CALIBRATION_GRID,
+    seed: int = 0,
+) -> tuple[HFCPUStepTime, dict[str, Any], pd.DataFrame]:
+    """Measure real engine steps over ``grid`` and fit the ``sim:hf-cpu`` step-time model.
+
+    Each grid entry is a closed batch (all requests submitted at once, fcfs) of real ShareGPT
+    prompts; every step it takes is recorded with its shape and wall time.
+
+    Args:
+        options: ``--engine-option`` settings (engine limits, threads).
+        grid: closed batches ``(requests, prompt tokens, output tokens)``.
+        seed: seed of the prompt order.
+
+    Returns:
+        ``(model, report, steps)``: the fitted model, a JSON-able report (coefficients, fit
+        error overall and per step kind, engine settings, wall time), and the measured steps.
+
+    Raises:
+        UserError: bad options, or the hf extra / model not installed.
+    """
+    from superinfer.adapters.hf.engine import ModelNotInstalledError, load_smollm2
+    from superinfer.adapters.hf.view import TrackedRequest
+    from superinfer.harness.workload.workload import BATCH_SLO
+
+    opts = hf_options(options or {})
+    try:
+        loaded = load_smollm2()
+    except ModelNotInstalledError as exc:
+        raise UserError(str(exc)) from None
+    builder = PromptBuilder(loaded.tokenizer, load_sharegpt_prompts(), seed=seed)
+    records: list[StepRecord] = []
+    wall = time.perf_counter()
+    for batch, (n, prompt, output) in enumerate(grid):
+        pm = policy_manager("fcfs")
+        session = start_session(loaded, pm.hook, opts)
+        try:
+            for i in range(n):
+                rid = f"cal{batch}-{i}"
+                session.submit(
+                    TrackedRequest(rid, 0.0, prompt, output, BATCH_SLO),
+                    builder.build(batch * 16 + i, prompt),
+                    output,
+                )
+            finished = 0
+            deadline = time.perf_counter() + opts.drain_s
+            while finished < n and time.perf_counter() < deadline:
+                if session.fatal_error is not None:
+                    raise session.fatal_error
+                out = session.next_output(0.05)
+                finished += out is not None and out.is_finished()
+        finally:
+            session.stop(hard=True)
+        if finished < n:
+            raise UserError(f"calibration batch {batch} did not finish within {opts.drain_s} s")
+        records.extend(
+            replace(r, step_index=len(records) + k) for k, r in enumerate(session.binding.steps)
+        )
+    steps = steps_frame(records, engine=HF_ENGINE, policy="fcfs")
+    model, report = fit_steps(steps)
+    report = {
+        **report,
+        "grid": [list(g) for g in grid],
+        "engine": asdict(opts),
+        "model": loaded.name,
+        "dtype": loaded.dtype,
+        "torch_threads": torch_threads(opts),
+        "wall_s": round(time.perf_counter() - wall, 3),
+        "step_profile": step_profile(steps),
+    }
+    return model, report, steps
+
+
+def fit_steps(steps: pd.DataFrame) -> tuple[HFCPUStepTime, dict[str, Any]]:
+    """Fit the ``sim:hf-cpu`` step-time model to recorded steps (:data:`STEP_COLUMNS`; only
+    ``num_tokens``, ``num_seqs``, ``num_samples``, ``kv_tokens``, ``kind`` and ``duration_ms``
+    are read), and set their ``predicted_ms`` column.
+
+    Returns:
+        The model and the JSON-able fit report (coefficients, fit error overall and per kind).
+
+    Raises:
+        UserError: too few steps or a missing column.
+    """
+    try:
+        samples = [
+            StepSample(
+                shape_of_totals(
+                    int(r["num_tokens"]),
+                    int(r["num_seqs"]),
+                    int(r["num_samples"]),
+                    int(r["kv_tokens"]),
+                ),
+                float(r["duration_ms"]) / 1e3,
+            )
+            for _, r in steps.iterrows()
+        ]
+        model, fit = HFCPUStepTime.fit(samples)
+    except (KeyError, ValueError) as exc:
+        raise UserError(f"cannot fit the step-time model to these steps: {exc}") from None
+    steps["predicted_ms"] = [model.step_time_s(s.shape) * 1e3 for s in samples]
+    rel = (steps["predicted_ms"] - steps["duration_ms"]).abs() / steps["duration_ms"]
+    report = {
+        "coefficients": model.to_dict(),
+        "units": "s per unit of each feature (sim/hf_cpu.py FEATURES)",
+        "fit": asdict(fit),
+        "fit_by_kind": {
+            kind: {"steps": int(m.sum()), "mean_abs_rel_err": round(float(rel[m].mean()), 4)}
+            for kind in ("prefill", "decode", "mixed")
+            if (m := steps["kind"] == kind).any()
+        },
+    }
+    return model, report
+
+
+def write_hf_calibration(
+    engine_options: Mapping[str, str],
+    *,
+    seed: int = 0,
+    steps_file: str | None = None,
+    out: str = "results/hf/step_time_fit.json",
+) -> tuple[HFCPUStepTime, dict[str, Any], Path, Path]:
+    """Measure (or refit from ``steps_file``) and write the ``sim:hf-cpu`` calibration.
+
+    Writes the coefficients, the fit error and the engine's per-step profile to ``out`` (use it
+    with ``superinfer bench --engine sim:hf-cpu --engine-option step_time_file=PATH``) and the
+    steps to ``<out stem>_steps.csv`` beside it.
+
+    Args:
+        engine_options: ``--engine-option`` settings (engine limits, threads).
+        seed: seed of the prompt order.
+        steps_file: refit from these recorded steps (a ``*_steps.csv`` of calibrate or a run's
+            ``steps.parquet``) instead of measuring; what the earlier measurement recorded in
+            ``out`` is kept.
+        out: the calibration file.
+
+    Returns:
+        ``(model, report, calibration path, steps path)``.
+
+    Raises:
+        UserError: unreadable steps, too few to fit, or the hf extra / model not installed.
+    """
+    path = Path(out)
+    if steps_file is None:
+        model, report, steps = calibrate_hf(engine_options, seed=seed)
+    else:
+        source = Path(steps_file)
+        try:
+            steps = pd.read_parquet(source) if source.suffix == ".parquet" else pd.read_csv(source)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{source}: cannot read recorded steps ({exc})") from None
+        model, report = fit_steps(steps)
+        report["steps_from"] = str(source)
+        try:
+            previous = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        except ValueError:
+            previous = {}
+        for key in ("grid", "engine", "model", "dtype", "torch_threads", "wall_s", "step_profile"):
+            if key in previous:  # what the measurement the steps came from recorded
+                report[key] = previous[key]
+    meta = manifest({"config": {"seed": seed}})
+    doc = {**report, "git_sha": meta["git_sha"], "host": meta["host"], "command": meta["command"]}
+    text = json.dumps(doc, indent=2) + "\n"
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    steps_path = path.with_name(path.stem + "_steps.csv")
+    write_atomic(steps_path, lambda p: steps.to_csv(p, index=False, float_format="%.6g"))
+    return model, report, path, steps_path
+
+
+def fit_summary(model: HFCPUStepTime, report: Mapping[str, Any]) -> list[str]:
+    """Lines describing a fit: its error, then each coefficient (s per unit of its feature)."""
+    fit = report["fit"]
+    lines = [
+        f"fitted on {fit['num_samples']} steps: mean |rel err| {fit['mean_abs_rel_err']:.3f}, "
+        f"p90 {fit['p90_abs_rel_err']:.3f}"
+    ]
+    lines += [f"  {name:12s} {value:.6g} s" for name, value in model.to_dict().items()]
+    return lines
