@@ -42,8 +42,11 @@ import pandas as pd
 
 from superinfer.adapters.sglang.fixture import ensure_fixture
 from superinfer.adapters.sglang.server import SGLangServer
-from superinfer.harness.hf_runner import PromptBuilder, load_sharegpt_prompts, trace_requests_frame
-from superinfer.harness.http_runner import HTTPOptions, replay_http, text_prompts
+from superinfer.harness.engines.hf import trace_requests_frame
+from superinfer.harness.engines.http import text_prompts
+from superinfer.harness.engines.http_client import HTTPOptions
+from superinfer.harness.engines.http_stream import replay_http
+from superinfer.harness.workload.prompts import PromptBuilder, load_sharegpt_prompts
 from superinfer.policy_core.types import SLO
 from superinfer.sim.request import RequestSpec
 

@@ -2,7 +2,7 @@
 
 Runs the ``sglang-cpu-mix`` workload (short chat prompts beside long batch prompts, Poisson
 arrivals; :func:`cpu_mix_workload`) on a fresh ``sglang.launch_server`` per policy and repeat
-(``harness/sglang_runner.py``: CPU recipe, tiny-Llama fixture, ``--chunked-prefill-size 512
+(``harness/engines/sglang.py``: CPU recipe, tiny-Llama fixture, ``--chunked-prefill-size 512
 --context-length 1024``), replayed through the ``http`` engine with ``--backend sglang``, and writes
 one run directory per repeat (``OUT/repeat-N/``: summary.csv, requests.parquet, manifest.json with
 the plugin's counters, report.md) and ``OUT/aggregate.csv`` (mean, min, max and sample standard
@@ -28,11 +28,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from superinfer.harness import runner
-from superinfer.harness.report import as_written, render_markdown, write_plots
-from superinfer.harness.results import manifest, write_run
-from superinfer.harness.sglang_runner import SGLANG_ENGINE, run_sglang_cell
-from superinfer.harness.workload import Source, Workload
+from superinfer.harness.bench import run_bench
+from superinfer.harness.engines.base import BenchConfig
+from superinfer.harness.engines.sglang import SGLANG_ENGINE
+from superinfer.harness.report.markdown import as_written, render_markdown, write_plots
+from superinfer.harness.report.results import manifest, write_run
+from superinfer.harness.workload.workload import Source, Workload
 from superinfer.policy_core.types import SLO
 from superinfer.sim.request import RequestSpec
 
@@ -120,25 +121,6 @@ def _tail(path: Path, lines: int) -> None:
     path.write_text("\n".join(text[-lines:]) + "\n")
 
 
-def _allow_native_policies() -> None:
-    """Let ``run_bench`` take SGLang's own policies (``native``, ``lpm``, ``priority``) as names:
-    until the engine registry lands, the runner checks names against registered policies only."""
-    from superinfer.adapters.sglang.launch import NATIVE_POLICIES
-
-    resolve = runner._resolve_policies
-    if getattr(resolve, "native_ok", False):
-        return
-
-    def resolve_with_native(names: Sequence[str]) -> list[str]:
-        plugin = [n for n in names if n not in NATIVE_POLICIES]
-        if plugin:
-            resolve(plugin)  # raises UserError on an unknown name
-        return list(names) if names else resolve(names)
-
-    resolve_with_native.native_ok = True  # type: ignore[attr-defined]
-    runner._resolve_policies = resolve_with_native
-
-
 def run_one(
     policy: str,
     wl: Workload,
@@ -151,10 +133,8 @@ def run_one(
     log_tail: int,
 ) -> pd.DataFrame:
     """One policy on a fresh server; writes ``out`` (a run directory); returns its summary."""
-    runner.RUNNERS.setdefault(SGLANG_ENGINE, run_sglang_cell)
-    _allow_native_policies()
     out.mkdir(parents=True, exist_ok=True)
-    config = runner.BenchConfig(
+    config = BenchConfig(
         engines=(SGLANG_ENGINE,),
         policies=(policy,),
         policy_options={policy: dict(o.split("=", 1) for o in policy_opts)},
@@ -170,7 +150,7 @@ def run_one(
         },
         backend="sglang",
     )
-    result = runner.run_bench(config, workload=wl)
+    result = run_bench(config, workload=wl)
     meta = manifest(result.info)
     plots = write_plots(out, result.summary, result.requests, result.timeline, meta)
     report = render_markdown(as_written(result.summary), meta, plots)
