@@ -41,8 +41,8 @@ ENV_POLICY = "SUPERINFER_POLICY"
 ENV_POLICY_OPTS = "SUPERINFER_POLICY_OPTS"
 ENV_KV_POLICY = "SUPERINFER_KV_POLICY"
 
-#: The benchmark's classes (``harness/workload/workload.py``): chat must meet TTFT <= 1 s and TPOT <= 100 ms,
-#: batch must finish within 600 s.
+#: The benchmark's classes (``harness/workload/workload.py``): chat must meet TTFT <= 1 s and
+#: TPOT <= 100 ms, batch must finish within 600 s.
 DEFAULT_SLO_CLASSES: Mapping[str, SLO] = {
     "chat": SLO("chat", ttft_ms=1000.0, tpot_ms=100.0, priority=0),
     "batch": SLO("batch", deadline_s=600.0, priority=1),
