@@ -11,6 +11,15 @@ from typing import Any
 import click
 
 from superinfer.adapters.manager import UnknownPolicyError
+from superinfer.cli_options import (
+    EXECUTOR_OPTIONS,
+    ROUTER_OPTION,
+    cluster_options,
+    engine_option,
+    key_values,
+    seed_option,
+    split_names,
+)
 from superinfer.harness.errors import UserError
 from superinfer.harness.report.terminal import (
     bench_progress,
@@ -23,74 +32,7 @@ from superinfer.policy_core.validation import PolicyError
 
 __all__ = ["cli", "main"]
 
-ROUTERS = ["round_robin", "least_tokens", "slo_aware", "cache_aware"]  # sim.routers.ROUTERS
 _HF = "with engine hf or sim:hf-cpu"
-
-
-def _split(value: str | None) -> tuple[str, ...]:
-    return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
-
-
-def _key_values(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint=flag)
-        out[key.strip()] = value.strip()
-    return out
-
-
-def _options(*options: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Apply ``options`` (click decorators) in the order listed, as ``--help`` shows them."""
-
-    def apply(fn: Any) -> Any:
-        for option in reversed(options):
-            fn = option(fn)
-        return fn
-
-    return apply
-
-
-# -- shared option groups ---------------------------------------------------------------------
-
-
-def _engine_option(help: str) -> Callable[[Any], Any]:
-    return click.option("--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE",
-                        help=help)  # fmt: skip
-
-
-def _seed(help: str = "Seed of every random choice.") -> Callable[[Any], Any]:
-    return click.option("--seed", default=0, show_default=True, type=int, help=help)
-
-
-def _cluster(gpu: str, helps: tuple[str, str, str]) -> Callable[[Any], Any]:
-    """--model, --gpu, --tp (bench and fleet plan: ``--gpu`` default and help texts differ)."""
-    model_help, gpu_help, tp_help = helps
-    return _options(
-        click.option("--model", default="llama-3.1-70b", show_default=True, help=model_help),
-        click.option("--gpu", default=gpu, show_default=True, help=gpu_help),
-        click.option("--tp", default=4, show_default=True, type=int, help=tp_help),
-    )
-
-
-_ROUTER = click.option(
-    "--router", default="round_robin", show_default=True, type=click.Choice(ROUTERS),
-    help="How arrivals are spread over replicas.",
-)  # fmt: skip
-
-#: --executor, --address, --workers, --fresh (sweep and fleet plan).
-_EXECUTOR = _options(
-    click.option("--executor", default="local", show_default=True,
-                 type=click.Choice(["local", "ray"]),
-                 help="Run cells in local processes, or as Ray tasks (needs the `ray` extra)."),
-    click.option("--address", default=None,
-                 help="Ray cluster address (`auto`, `ray://host:10001`) [default: a local Ray "
-                 "instance on 127.0.0.1]."),
-    click.option("--workers", default=None, type=int,
-                 help="Local processes, or CPUs of the local Ray instance [default: all CPUs]."),
-    click.option("--fresh", is_flag=True, help="Ignore cached cells (they are still rewritten)."),
-)  # fmt: skip
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -114,12 +56,12 @@ def cli() -> None:
               "azure-mixed), azure-conv, azure-code, or a path to a CSV in the Azure trace format.")
 @click.option("--engines", "--engine", "engines", default="sim:vllm", show_default=True,
               help="Comma-separated engine ids; each runs every policy.")
-@_cluster("a100-80gb", ("Model: llama-3.1-8b or llama-3.1-70b.",
+@cluster_options("a100-80gb", ("Model: llama-3.1-8b or llama-3.1-70b.",
                         "GPU: a100-80gb, h100-80gb or h200.",
                         "Tensor-parallel degree (GPUs per replica)."))
 @click.option("--replicas", default=4, show_default=True, type=int,
               help="Replicas behind the router.")
-@_ROUTER
+@ROUTER_OPTION
 @click.option("--cpu-kv-ratio", default=None, type=float,
               help="CPU-tier KV capacity as a multiple of HBM KV capacity [default: the engine "
               "profile's; 0 disables swap and prefix offload].")
@@ -150,7 +92,7 @@ def cli() -> None:
               help=f"Cap prompt lengths after scaling [default: none; 256 {_HF}].")
 @click.option("--max-output-tokens", default=None, type=int,
               help=f"Cap output lengths after scaling [default: none; 64 {_HF}].")
-@_engine_option("Engine setting, repeatable (hf, sim:hf-cpu: num_blocks, max_batch_tokens, "
+@engine_option("Engine setting, repeatable (hf, sim:hf-cpu: num_blocks, max_batch_tokens, "
                 "max_num_seqs, page_size_tokens, num_threads, drain_s, stall_s, step_time_file; "
                 "http: endpoint, model, prompt, timeout_s, connect_timeout_s, retries, "
                 "retry_backoff_s, max_connections, send_slo, send_priority, eos_token_ids, "
@@ -166,7 +108,7 @@ def cli() -> None:
               help="Policy hyperparameter; repeatable. KEY=VALUE sets it on every selected policy "
               "that has it, POLICY.KEY=VALUE on that policy only (list them: superinfer policies "
               "--options).")
-@_seed()
+@seed_option()
 @click.option("--out", default=None, type=click.Path(),
               help="Run directory to write [default: results/default; results/hf when every engine "
               "is hf or sim:hf-cpu; results/http when every engine is http].")
@@ -200,8 +142,8 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
 
     default = click.core.ParameterSource.DEFAULT
     given = {k for k in params if ctx.get_parameter_source(k) != default}
-    params["kv_quant_opts"] = _key_values(params["kv_quant_opts"], "--kv-quant-opt")
-    params["engine_options"] = _key_values(params["engine_options"], "--engine-option")
+    params["kv_quant_opts"] = key_values(params["kv_quant_opts"], "--kv-quant-opt")
+    params["engine_options"] = key_values(params["engine_options"], "--engine-option")
     config = hb.bench_config(params, given=given)
     console = Console(stderr=True)
     suite, out = params["suite"], params["out"]
@@ -239,8 +181,8 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
               help="gpu or hf. gpu: fit the simulated GPU engines' step-time model to the measured "
               "kernel timings in shared/data/profiling; hf: measure the real CPU engine, fit "
               "sim:hf-cpu.")
-@_engine_option("hf: engine setting, repeatable (as for bench).")
-@_seed("hf: seed of the prompt order.")
+@engine_option("hf: engine setting, repeatable (as for bench).")
+@seed_option("hf: seed of the prompt order.")
 @click.option("--steps", "steps_file", default=None, type=click.Path(dir_okay=False),
               help="hf: refit from steps recorded earlier (a *_steps.csv of calibrate, or a run's "
               "steps.parquet) instead of measuring.")
@@ -273,7 +215,7 @@ def _calibrate_hf(engine_options: tuple[str, ...], seed: int, steps_file: str | 
     from superinfer.harness.offline.calibrate_hf import fit_summary, write_hf_calibration
 
     model, report, path, steps_path = write_hf_calibration(
-        _key_values(engine_options, "--engine-option"), seed=seed, steps_file=steps_file,
+        key_values(engine_options, "--engine-option"), seed=seed, steps_file=steps_file,
         out=out or "results/hf/step_time_fit.json",
     )  # fmt: skip
     click.echo("\n".join([*fit_summary(model, report), f"wrote {path} and {steps_path}"]))
@@ -321,7 +263,7 @@ def _calibrate_gpu(out: str | None, install: bool) -> None:
               "ms, TPOT 100 ms, priority 0), batch (deadline 600 s, priority 1)]")
 @click.option("--default-class", default="batch", show_default=True,
               help="hf: class of a request that names none.")
-@_engine_option("hf: engine setting, repeatable (num_blocks, max_batch_tokens, max_num_seqs, "
+@engine_option("hf: engine setting, repeatable (num_blocks, max_batch_tokens, max_num_seqs, "
                 "page_size_tokens, num_threads).")
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -354,10 +296,10 @@ def _serve_hf(ctx: click.Context, **p: Any) -> None:
             f"(got {'--config' if given[0] == 'config_path' else ' '.join(p['engine_args'])})"
         )
     serve_hf(
-        policy=p["policy"], policy_options=_key_values(p["policy_opts"], "--policy-opt"),
+        policy=p["policy"], policy_options=key_values(p["policy_opts"], "--policy-opt"),
         host=p["host"], port=p["port"], priority_convention=p["priority_convention"],
         slo_classes=p["slo_classes"], default_class=p["default_class"],
-        engine_options=_key_values(p["engine_options"], "--engine-option"),
+        engine_options=key_values(p["engine_options"], "--engine-option"),
         log=lambda line: click.echo(line, err=True),
     )  # fmt: skip
 
@@ -428,7 +370,7 @@ def list_policies(show_options: bool) -> None:
 
 @cli.command()
 @click.argument("spec", type=click.Path(dir_okay=False))
-@_EXECUTOR
+@EXECUTOR_OPTIONS
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Output directory [default: the spec's `out`, else "
               "results/sweeps/<spec name>].")  # fmt: skip
@@ -473,11 +415,11 @@ def fleet() -> None:
 @click.option("--target", default=None,
               help="Attainment target per class: CLASS=FRACTION[,...], e.g. chat=0.99,batch=0.99 "
               "[default: 0.99 for every class].")
-@_cluster("h100-80gb", ("Model.", "GPU.", "GPUs per replica (TP)."))
-@_ROUTER
+@cluster_options("h100-80gb", ("Model.", "GPU.", "GPUs per replica (TP)."))
+@ROUTER_OPTION
 @click.option("--cpu-kv-ratio", default=None, type=float, help="CPU-tier KV over HBM KV.")
 @click.option("--rate-scale", default=1.0, show_default=True, type=float, help="Rate multiplier.")
-@_seed()
+@seed_option()
 @click.option("--window-s", default="900", show_default=True,
               help="Measured window, s, or `full` for the whole workload.")
 @click.option("--window-start-s", default=None, type=float,
@@ -494,7 +436,7 @@ def fleet() -> None:
 @click.option("--split", is_flag=True, help="Also plan separate clusters, one per SLO class.")
 @click.option("--check-full", is_flag=True,
               help="Re-simulate every plan on the whole workload and report its attainment.")
-@_EXECUTOR
+@EXECUTOR_OPTIONS
 @click.option("--out", default="results/fleet", show_default=True,
               type=click.Path(file_okay=False),
               help="Directory for plan.csv, plan_detail.csv, search.csv, plan.md, manifest.json, "
@@ -513,8 +455,8 @@ def fleet_plan(**p: Any) -> None:
 
     console = Console(stderr=True)
     run = {k: p.pop(k) for k in ("executor", "address", "workers", "fresh", "out")}
-    p["engines"] = _split(p["engines"])
-    p["policies"] = None if p["policies"] is None else _split(p["policies"])
+    p["engines"] = split_names(p["engines"])
+    p["policies"] = None if p["policies"] is None else split_names(p["policies"])
     with progress_bar(console) as bar:
         result, _, runner, out_dir = run_fleet_plan(
             p, **run, progress=lambda label: progress_task(bar, label), log=console.print
@@ -544,7 +486,7 @@ def fleet_plan(**p: Any) -> None:
               help="Replay only the first DURATION_S seconds of arrivals [default: all].")
 @click.option("--jobs", default=None, type=int,
               help="Worker processes [default: the CPU count, at most 4].")
-@_seed("The predictor's seed.")
+@seed_option("The predictor's seed.")
 @click.option("--report-only", is_flag=True,
               help="Only rewrite report.md and the plots of --out from its CSVs and manifest.")
 @click.option("--out", default="results/cache", show_default=True, type=click.Path(),
