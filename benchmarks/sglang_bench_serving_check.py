@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from superinfer.adapters.sglang.fixture import ensure_fixture
-from superinfer.adapters.sglang.server import SGLangServer
+from superinfer.adapters.sglang.server import SGLangServer, exit_on_sigterm
 from superinfer.harness.engines.hf import trace_requests_frame
 from superinfer.harness.engines.http import text_prompts
 from superinfer.harness.engines.http_client import HTTPOptions
@@ -203,4 +203,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     raise SystemExit(main())

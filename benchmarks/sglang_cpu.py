@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from superinfer.adapters.sglang.server import exit_on_sigterm
 from superinfer.harness.bench import run_bench
 from superinfer.harness.engines.base import BenchConfig
 from superinfer.harness.engines.sglang import SGLANG_ENGINE
@@ -274,4 +275,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     raise SystemExit(main())

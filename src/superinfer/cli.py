@@ -525,7 +525,14 @@ def cache_eval(**p: Any) -> None:
 
 
 def main() -> None:
-    """Entry point: run the CLI, turning user mistakes into one-line errors (exit status 2)."""
+    """Entry point: run the CLI, turning user mistakes into one-line errors (exit status 2).
+
+    SIGTERM exits through ``SystemExit`` so a run's ``finally`` blocks stop the servers it started
+    (:func:`~superinfer.adapters.sglang.server.exit_on_sigterm`; ``serve`` replaces it with the
+    web server's own handler)."""
+    from superinfer.adapters.sglang.server import exit_on_sigterm
+
+    exit_on_sigterm()
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:

@@ -32,7 +32,13 @@ from superinfer.adapters.sglang.launch import (
 )
 from superinfer.adapters.sglang.stats import ENV_STATS_FILE, read_stats
 
-__all__ = ["DEFAULT_START_TIMEOUT_S", "SGLangServer", "ServerStartError", "free_port"]
+__all__ = [
+    "DEFAULT_START_TIMEOUT_S",
+    "SGLangServer",
+    "ServerStartError",
+    "exit_on_sigterm",
+    "free_port",
+]
 
 #: Start-up bound: 39-70 s measured on 2 idle cores (../shared/engines/sglang-cpu.md, "Costs"),
 #: with room for a machine shared by other jobs.
@@ -93,6 +99,21 @@ def _log_cause(lines: Sequence[str]) -> str | None:
         if text and _CAUSE.search(text) and not text.startswith(("File ", "Traceback")):
             return text
     return None
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise ``SystemExit(143)`` in this (main) thread.
+
+    Python's default SIGTERM action ends the process without running ``finally`` blocks, so a
+    bench killed by SIGTERM would leave the servers it started running in their own process
+    groups (seen: ``pkill -f sglang_cpu.py`` left a busy scheduler behind). With this, the
+    ``finally: server.stop()`` of every caller runs. Call it from a program's entry point only.
+    """
+
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
 
 
 class SGLangServer:
