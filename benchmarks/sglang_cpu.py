@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             summary.insert(0, "repeat", rep)
             frames.append(summary)
-            pd.concat(frames).to_csv(out / "summary_repeats.csv", index=False)
+            pd.concat(frames).to_csv(out / "summary.csv", index=False)
             chat = summary[summary["slo_class"] == "chat"].iloc[0]
             print(
                 f"repeat {rep} {policy}: chat attainment {chat['slo_attainment']:.3f} "
