@@ -3,9 +3,9 @@ definition it must equal, and the policy side that keeps queue orders from it.
 
 * :class:`ViewTracker` (engines): one per replica; ``stamp(state)`` adds the id -> view map, the
   queue of each id and the change set since the previous stamped state (``StepState.views``,
-  ``queue_of``, ``changes``). The diff runs in C-level set and dict operations on
-  ``(id, object identity)`` pairs, so it costs a few tens of ns per queued request; only views
-  that are new objects are compared field by field (an engine that caches views, as the
+  ``queue_of``, ``changes``). The diff runs in C-level dict and identity operations, so it
+  costs a few tens of ns per queued request and allocates nothing per request; only views that
+  are new objects are compared field by field (an engine that caches views, as the
   simulator does, makes an unchanged request cost one identity check).
 * :func:`diff_states`: the definition: the difference of two full snapshots, by value. Tests
   check every engine's change set against it.
@@ -21,7 +21,8 @@ import itertools
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from operator import attrgetter
+from itertools import compress
+from operator import attrgetter, is_not
 from typing import Any
 
 from superinfer.policy_core.types import Queue, QueueChanges, RequestView, StepChanges, StepState
@@ -71,8 +72,7 @@ class ViewTracker:
     def __init__(self) -> None:
         self.series = next(_SERIES)
         self.seq = 0
-        empty: tuple[dict[str, RequestView], set[tuple[str, int]]] = ({}, set())
-        self._prev = [empty, empty, empty]
+        self._prev: list[dict[str, RequestView]] = [{}, {}, {}]
 
     def stamp(self, state: StepState) -> StepState:
         """``state`` with ``views``, ``queue_of`` and ``changes`` since the previous stamp."""
@@ -82,24 +82,24 @@ class ViewTracker:
         for i, q in enumerate(QUEUES):
             seq = _queue_views(state, q)
             cur = dict(zip(map(_rid, seq), seq, strict=True))
-            pairs = set(zip(cur, map(id, cur.values()), strict=True))
-            old, old_pairs = self._prev[i]
-            if pairs == old_pairs:
+            old = self._prev[i]
+            # Ids whose view is not the previous state's object (new ids included), found by
+            # C-level iteration without allocating per request; the previous views are alive
+            # (self._prev holds them), so ``is`` cannot be fooled by a reused address.
+            fresh = list(compress(cur, map(is_not, map(old.get, cur), cur.values())))
+            if not fresh and len(cur) == len(old):
                 parts.append(_EMPTY)
             else:
-                arrived = cur.keys() - old.keys()
-                # The previous views are alive (self._prev holds them), so an id() equal to a
-                # previous one is the same object: only new objects need a field comparison.
-                fresh = {rid for rid, _ in pairs - old_pairs}
-                fresh -= arrived
+                arrived = frozenset(r for r in fresh if r not in old)
+                changed = frozenset(r for r in fresh if r not in arrived and cur[r] != old[r])
                 parts.append(
                     QueueChanges(
-                        arrived=frozenset(arrived),
-                        left=frozenset(old.keys() - cur.keys()),
-                        changed=frozenset(r for r in fresh if cur[r] != old[r]),
+                        arrived=arrived,
+                        left=frozenset(old.keys() - cur.keys()) if len(old) else frozenset(),
+                        changed=changed,
                     )
                 )
-            self._prev[i] = (cur, pairs)
+            self._prev[i] = cur
             views.update(cur)
             queue_of.update(dict.fromkeys(cur, q))
         self.seq += 1
