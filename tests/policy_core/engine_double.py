@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from superinfer.policy_core.batching import blocks_for_tokens
+from superinfer.policy_core.changes import ViewTracker
 from superinfer.policy_core.types import (
     SLO,
     KVLocation,
@@ -110,12 +111,18 @@ class EngineDouble:
         self.swapped_out_bytes = 0
         self.swapped_in_bytes = 0
         self.prefetched: list[str] = []
+        self.stamp = False  # give states views and change sets (ViewTracker), as engines do
+        self.tracker = ViewTracker()
 
     def used(self, where: str) -> int:
         queue = self.running if where == "running" else self.swapped
         return sum(r.blocks for r in queue)
 
     def state(self) -> StepState:
+        state = self._state()
+        return self.tracker.stamp(state) if self.stamp else state
+
+    def _state(self) -> StepState:
         bs = self.bs
         return StepState(
             now_s=self.now,

@@ -15,7 +15,8 @@ reordering).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 
 from superinfer.policy_core.types import (
     AdmissionRule,
@@ -69,7 +70,7 @@ def step_blocks(view: RequestView, num_tokens: int, state: StepState, *, admit: 
 def fill_step(
     state: StepState,
     running: Sequence[RequestView],
-    waiting: Sequence[RequestView],
+    waiting: Iterable[RequestView],
     *,
     max_repeat_steps: int = 1,
 ) -> ScheduleDecision:
@@ -78,7 +79,8 @@ def fill_step(
     Args:
         state: the replica state the ranking came from.
         running: ``state.running`` ranked best-first; preemption victims come from its tail.
-        waiting: admission candidates ranked best-first (a subset of ``state.waiting``).
+        waiting: admission candidates ranked best-first (a subset of ``state.waiting``); read
+            in order only as far as admission goes (an iterator over a kept order will do).
         max_repeat_steps: passed to the decision, but only when the step is decode-only and
             admits nothing (otherwise 1); a policy whose ranking cannot change between events
             (arrival, finish, KV shortage) may allow the engine to repeat it.
@@ -91,9 +93,9 @@ def fill_step(
     free = state.free_hbm_blocks
     num_tokens: dict[str, int] = {}
     preempt: dict[str, PreemptMode] = {}
-    queue = list(running)  # candidates still unscheduled; victims are popped from its tail
+    queue = deque(running)  # candidates still unscheduled; victims are popped from its tail
     while queue and budget > 0 and len(num_tokens) < state.max_num_seqs:
-        req = queue.pop(0)
+        req = queue.popleft()
         n = min(req.pending_tokens, budget)
         need = step_blocks(req, n, state, admit=False)
         while need > free and queue:

@@ -20,8 +20,11 @@ __all__ = [
     "PlacementDecision",
     "PreemptMode",
     "PrefixNodeView",
+    "Queue",
+    "QueueChanges",
     "RequestView",
     "ScheduleDecision",
+    "StepChanges",
     "StepState",
     "StepStats",
 ]
@@ -196,9 +199,86 @@ class RequestView:
         return self.pending_tokens > 1 or self.generated_tokens == 0
 
 
+class Queue(str, enum.Enum):
+    """The queue of a replica that holds a request (``StepState.waiting`` / ``running`` /
+    ``swapped``)."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueChanges:
+    """How one queue of a replica differs from the previous state of the same series.
+
+    Sets of request ids, without order (a policy that needs one sorts them); a request that moved
+    between queues is in ``left`` of one and ``arrived`` of the other.
+
+    Attributes:
+        arrived: in this queue now, not in it at the previous state.
+        left: in this queue at the previous state, not now.
+        changed: in this queue at both, with views that differ (``!=``: any field).
+    """
+
+    arrived: frozenset[str] = frozenset()
+    left: frozenset[str] = frozenset()
+    changed: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class StepChanges:
+    """What changed in a replica's queues since the previous ``StepState`` of its series.
+
+    An engine numbers the full states it shows a policy, per replica, in one *series*
+    (``series`` is unique in the process; ``seq`` counts 1, 2, ... and ``base_seq`` is the state
+    the change set is relative to, ``seq - 1``; 0 means empty queues). A policy that remembers the
+    ``(series, seq)`` it last saw uses the change set only when ``(series, base_seq)`` equals it;
+    otherwise (a state it did not see, another engine, a new run) it resynchronizes from the
+    queues. Built by :class:`superinfer.policy_core.changes.ViewTracker`.
+
+    Attributes:
+        series: id of the engine-side series (one per replica of one engine object).
+        seq: this state's number in the series (>= 1).
+        base_seq: the number of the state the changes are relative to (``seq - 1``).
+        waiting: changes of ``StepState.waiting``.
+        running: changes of ``StepState.running``.
+        swapped: changes of ``StepState.swapped``.
+    """
+
+    series: int
+    seq: int
+    base_seq: int
+    waiting: QueueChanges = QueueChanges()
+    running: QueueChanges = QueueChanges()
+    swapped: QueueChanges = QueueChanges()
+
+    def of(self, queue: Queue) -> QueueChanges:
+        """The changes of ``queue``."""
+        if queue is Queue.WAITING:
+            return self.waiting
+        return self.running if queue is Queue.RUNNING else self.swapped
+
+
 @dataclass(frozen=True, slots=True)
 class StepState:
     """Everything a scheduling policy sees at one scheduling point of one engine replica.
+
+    The queues are full snapshots (tuples of frozen views). An engine may also hand over its own
+    id -> view map and what changed since its previous state, so that a policy keeps its orders
+    incrementally instead of rescanning queues that did not change. Invariants, when present:
+
+    * ``views == {v.request_id: v for v in (*waiting, *running, *swapped)}`` and ``queue_of``
+      maps the same ids to their queue (a request is in one queue only);
+    * ``changes`` is exactly the difference of this state's queues and those of the state
+      ``(changes.series, changes.base_seq)``: per queue, ``arrived`` = ids now minus ids then,
+      ``left`` = ids then minus ids now, ``changed`` = ids in both whose views are unequal;
+    * a state that shows only part of the queues (a probe of one request, a retraction point
+      without the waiting queue) has ``changes = None`` and does not advance the series.
+
+    All three are optional (``None``): an engine that does not supply them still works with every
+    policy, and a policy that ignores them still works with every engine. ``changes = None`` means
+    "unknown": the policy must treat every request as possibly changed.
 
     Attributes:
         now_s: current instant on the engine clock, in s.
@@ -223,6 +303,9 @@ class StepState:
             (0 without a CPU tier).
         replica: index of the replica this state describes (0 for a single engine); one policy
             object may serve every replica of a cluster.
+        views: request id -> view of every request in the three queues, or ``None``.
+        queue_of: request id -> the queue holding it (the same ids as ``views``), or ``None``.
+        changes: what changed since the previous state of the engine's series, or ``None``.
     """
 
     now_s: float
@@ -242,6 +325,15 @@ class StepState:
     kv_block_bytes: int = 0
     link_bytes_per_s: float = 0.0
     replica: int = 0
+    views: Mapping[str, RequestView] | None = None
+    queue_of: Mapping[str, Queue] | None = None
+    changes: StepChanges | None = None
+
+    def view_map(self) -> Mapping[str, RequestView]:
+        """``views``, or the same map built from the queues (one pass) when the engine gave none."""
+        if self.views is not None:
+            return self.views
+        return {v.request_id: v for q in (self.waiting, self.running, self.swapped) for v in q}
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from superinfer.policy_core.batching import SGLANG_CLIP_MAX_NEW_TOKENS, blocks_for_tokens
+from superinfer.policy_core.changes import ViewTracker
 from superinfer.policy_core.kv_bytes import kv_bytes_ratio, kv_sequence_bytes
 from superinfer.policy_core.types import AdmissionRule, KVLocation, KVPrecision, StepState
 from superinfer.sim.hardware import ModelSpec
@@ -80,6 +81,7 @@ class Replica:
         self.peak_blocks = 0
         self.peak_active_blocks = 0
         self.peak_class_blocks: dict[str, int] = {}
+        self.views = ViewTracker()  # StepState.views / queue_of / changes (issue 21)
 
     # -- accounting -----------------------------------------------------------------------------
 
@@ -171,10 +173,10 @@ class Replica:
         req.hit_version = self.cache.version
 
     def state(self, now_s: float) -> StepState:
-        """The policy's view of this replica."""
+        """The policy's view of this replica, with its change set since the previous one."""
         for req in self.waiting.values():
             self.refresh_hit(req)
-        return StepState(
+        state = StepState(
             now_s=now_s,
             step_index=self.step_index,
             waiting=tuple(r.view() for r in self.waiting.values()),
@@ -193,6 +195,7 @@ class Replica:
             link_bytes_per_s=self.link.bytes_per_s if self.cpu_total_blocks else 0.0,
             replica=self.index,
         )
+        return self.views.stamp(state)
 
     # -- books ----------------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from superinfer.adapters.hf.view import (
     total_blocks,
 )
 from superinfer.policy_core.batching import blocks_for_tokens
+from superinfer.policy_core.changes import ViewTracker
 from superinfer.policy_core.types import RequestView, ScheduleDecision, StepState, StepStats
 from superinfer.policy_core.validation import PolicyError, check_decision
 
@@ -223,6 +224,7 @@ class PolicyScheduler(Scheduler):
         super().reset()
         self._open: _OpenStep | None = None
         self._step_index = 0
+        self._views = ViewTracker()  # change sets of full states (probes are not stamped)
         self._finished_ids: list[str] = []
         self._last_sample_s = float("-inf")
 
@@ -358,7 +360,7 @@ class PolicyScheduler(Scheduler):
         if empty or only is not None:
             waiting = [s for s in waiting if s.request_id == only]
             running = [s for s in running if s.request_id == only]
-        return step_state(
+        state = step_state(
             now_s=b.clock(),
             step_index=self._step_index,
             waiting=waiting,
@@ -368,6 +370,7 @@ class PolicyScheduler(Scheduler):
             token_budget=token_budget,
             max_num_seqs=self.max_requests_per_batch,
         )
+        return state if empty or only is not None else self._views.stamp(state)
 
     def _decide(self, b: EngineBinding, state: StepState) -> ScheduleDecision:
         """The plugins' checked decision on ``state``.

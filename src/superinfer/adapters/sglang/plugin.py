@@ -45,6 +45,7 @@ from superinfer.adapters.sglang.view import (
     EngineLimits,
     RequestRecord,
     SLOFieldError,
+    ViewTracker,
     clock_for,
     kv_pool_blocks,
     prefix_node_views,
@@ -169,10 +170,9 @@ class SGLangAdapter:
         self._kv: tuple[Any, Any] | None = None  # (allocator, tree cache) once bound
         self._retracting: Any = None  # the batch inside retract_decode
         self._node_seen: dict[int, tuple[float, float]] = {}
-        self._seq = 0
-        self.telemetry = Telemetry.from_env(
-            {"policy": config.policy, "kv_policy": config.kv_policy}
-        )  # SUPERINFER_STATS_FILE: the counters for the harness (.stats)
+        self._seq, self._views = 0, ViewTracker()  # record numbers; full states' change sets
+        labels = {"policy": config.policy, "kv_policy": config.kv_policy}
+        self.telemetry = Telemetry.from_env(labels)  # SUPERINFER_STATS_FILE: counters (.stats)
 
     # -- binding --------------------------------------------------------------------------------
 
@@ -386,7 +386,7 @@ class SGLangAdapter:
         original(policy, waiting_queue, running_batch, *a, **k)
         running = [r for r in (running_batch.reqs if running_batch else []) if not r.finished()]
         pool = self._kv or (policy.tree_cache.token_to_kv_pool_allocator, policy.tree_cache)
-        state = self.state(waiting_queue, running, pool)
+        state = self._views.stamp(self.state(waiting_queue, running, pool))
         self.decision = decision = self._decide(state)
         if decision is None:
             return

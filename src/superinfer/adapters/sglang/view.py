@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from superinfer.adapters.sglang.config import CLOCK_MODES, AdapterConfig
+from superinfer.policy_core.changes import ViewTracker
 from superinfer.policy_core.types import (
     SLO,
     KVLocation,
@@ -39,6 +40,7 @@ __all__ = [
     "request_view",
     "resolve_slo",
     "step_state",
+    "ViewTracker",
 ]
 
 

@@ -34,6 +34,7 @@ from superinfer.adapters.trtllm.kv_events import PrefixCacheTable
 from superinfer.adapters.trtllm.slo_table import FileSloTable, InMemorySloTable
 from superinfer.adapters.trtllm.view import front_end_view, iteration_step_stats
 from superinfer.policy_core.batching import blocks_for_tokens
+from superinfer.policy_core.changes import ViewTracker
 from superinfer.policy_core.types import (
     SLO,
     KVLocation,
@@ -224,6 +225,7 @@ class TrtllmGate:
         self._held: dict[str, GateRequest] = {}
         self._in_flight: dict[str, GateRequest] = {}
         self._next_id = 0
+        self._views = ViewTracker()  # change sets of the states pump() shows the policy
         if self.config.kv_capacity_blocks is None:
             self.poll()
             if not self.table.blocks_per_level:
@@ -331,7 +333,7 @@ class TrtllmGate:
         if not self._held:
             return
         now = self.clock()
-        state = self.state(now)
+        state = self._views.stamp(self.state(now))
         decision = self.hook.superinfer_schedule(state=state)
         if decision is None:
             raise PolicyError("no plugin answered superinfer_schedule")

@@ -23,6 +23,7 @@ from superinfer.adapters.trtllm.apply import merge_output, plan_step
 from superinfer.adapters.trtllm.engine import EngineModules
 from superinfer.adapters.trtllm.slo_table import SloTable
 from superinfer.adapters.trtllm.view import allocated_blocks, llm_request_view, reserved_blocks
+from superinfer.policy_core.changes import ViewTracker
 from superinfer.policy_core.types import SLO, RequestView, StepState, StepStats
 from superinfer.policy_core.validation import PolicyError, check_decision
 
@@ -145,6 +146,7 @@ class SuperinferScheduler:
         self._tracked: dict[int, _Tracked] = {}
         self._last: _LastStep | None = None
         self._repeat: _Repeat | None = None
+        self._views = ViewTracker()  # change sets of the states shown the policy
 
     def __getattr__(self, name: str) -> Any:
         inner = self.__dict__.get("inner")
@@ -189,7 +191,7 @@ class SuperinferScheduler:
             rid = str(req.py_request_id)
             views[rid] = self._view(req, rid, now)
             (running if states.is_started(req) else waiting)[rid] = req
-        state = self._state(now, views, running, waiting)
+        state = self._views.stamp(self._state(now, views, running, waiting))
         decision = self.hook.superinfer_schedule(state=state)
         if decision is None:
             raise PolicyError("no plugin answered superinfer_schedule")

@@ -6,9 +6,10 @@ import math
 from dataclasses import dataclass, field
 
 from superinfer.policy_core.batching import fill_step
+from superinfer.policy_core.changes import ranked
 from superinfer.policy_core.policies.fcfs import DEFAULT_MAX_REPEAT_STEPS
 from superinfer.policy_core.protocols import BasePolicy
-from superinfer.policy_core.types import RequestView, ScheduleDecision, StepState
+from superinfer.policy_core.types import Queue, RequestView, ScheduleDecision, StepState
 
 __all__ = ["EDFPolicy", "ttft_deadline_s"]
 
@@ -49,6 +50,7 @@ class EDFPolicy(BasePolicy):
             raise ValueError(f"edf: max_repeat_steps must be >= 1, got {self.max_repeat_steps}")
 
     def schedule(self, state: StepState) -> ScheduleDecision:
-        running = sorted(state.running, key=_edf_key)
-        waiting = sorted(state.waiting, key=_edf_key)
+        # Both queues in key order, kept across calls from the state's change set.
+        running = ranked(self, state, Queue.RUNNING, _edf_key).ordered(state)
+        waiting = ranked(self, state, Queue.WAITING, _edf_key).views(state)
         return fill_step(state, running, waiting, max_repeat_steps=self.max_repeat_steps)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from superinfer.policy_core.batching import fill_step
+from superinfer.policy_core.changes import ranked
 from superinfer.policy_core.protocols import BasePolicy
-from superinfer.policy_core.types import RequestView, ScheduleDecision, StepState
+from superinfer.policy_core.types import Queue, RequestView, ScheduleDecision, StepState
 
 __all__ = ["FCFSPolicy"]
 
@@ -43,5 +44,6 @@ class FCFSPolicy(BasePolicy):
             raise ValueError(f"fcfs: max_repeat_steps must be >= 1, got {self.max_repeat_steps}")
 
     def schedule(self, state: StepState) -> ScheduleDecision:
-        waiting = sorted(state.waiting, key=_arrival_key)
+        # The waiting queue in arrival order, kept across calls from the state's change set.
+        waiting = ranked(self, state, Queue.WAITING, _arrival_key).views(state)
         return fill_step(state, state.running, waiting, max_repeat_steps=self.max_repeat_steps)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from superinfer.policy_core.batching import fill_step
+from superinfer.policy_core.changes import ranked
 from superinfer.policy_core.policies.fcfs import DEFAULT_MAX_REPEAT_STEPS
 from superinfer.policy_core.protocols import BasePolicy
-from superinfer.policy_core.types import RequestView, ScheduleDecision, StepState
+from superinfer.policy_core.types import Queue, RequestView, ScheduleDecision, StepState
 
 __all__ = ["LPMPolicy"]
 
@@ -49,6 +51,11 @@ class LPMPolicy(BasePolicy):
             raise ValueError(f"lpm: max_repeat_steps must be >= 1, got {self.max_repeat_steps}")
 
     def schedule(self, state: StepState) -> ScheduleDecision:
-        key = _lpm_key if len(state.waiting) <= self.max_sort_queue else _arrival_key
-        waiting = sorted(state.waiting, key=key)
+        # Arrival order is kept across calls from the state's change set; prefix hits change
+        # with the cache, so the short queue is sorted by them afresh.
+        by_arrival = ranked(self, state, Queue.WAITING, _arrival_key)
+        if len(state.waiting) <= self.max_sort_queue:
+            waiting: Iterable[RequestView] = sorted(state.waiting, key=_lpm_key)
+        else:
+            waiting = by_arrival.views(state)
         return fill_step(state, state.running, waiting, max_repeat_steps=self.max_repeat_steps)

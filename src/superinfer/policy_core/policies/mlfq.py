@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from superinfer.policy_core.batching import fill_step
+from superinfer.policy_core.changes import ranked
 from superinfer.policy_core.protocols import BasePolicy
-from superinfer.policy_core.types import RequestView, ScheduleDecision, StepState
+from superinfer.policy_core.types import Queue, RequestView, ScheduleDecision, StepState
 
 __all__ = ["MLFQPolicy"]
 
@@ -56,12 +58,37 @@ class MLFQPolicy(BasePolicy):
             level += 1  # demotion after each quantum used up
         return level
 
+    def _key(self, view: RequestView) -> tuple[int, float, str]:
+        """``(level at the call's instant, arrival, id)``; a request that may still starve is
+        put on the replica's starvation heap, to be re-keyed when it does."""
+        now, heap, pending = self._ctx
+        if (
+            view.first_token_s is None
+            and now - view.arrival_s < self.starvation_s
+            and view.request_id not in pending
+        ):
+            pending.add(view.request_id)
+            heapq.heappush(heap, (view.arrival_s, view.request_id))
+        return (self.level(view, now), view.arrival_s, view.request_id)
+
     def schedule(self, state: StepState) -> ScheduleDecision:
+        # Both queues in (level, arrival) order, kept across calls: a key is recomputed when the
+        # change set names its request, or when the request starts starving (a heap by arrival:
+        # ``now - arrival >= starvation_s`` holds for a prefix of it).
         now = state.now_s
-
-        def key(view: RequestView) -> tuple[int, float, str]:
-            return (self.level(view, now), view.arrival_s, view.request_id)
-
-        running = sorted(state.running, key=key)
-        waiting = sorted(state.waiting, key=key)
-        return fill_step(state, running, waiting)
+        books = self.__dict__.setdefault("_starving", {})
+        last, heap, pending = books.get(state.replica) or (now, [], set())
+        rebuild = now < last  # time went back: every key may be stale
+        if rebuild:
+            heap, pending = [], set()
+        books[state.replica] = (now, heap, pending)
+        due: list[str] = []
+        while heap and now - heap[0][0] >= self.starvation_s:
+            rid = heapq.heappop(heap)[1]
+            pending.discard(rid)
+            due.append(rid)
+        self._ctx: tuple[float, list[tuple[float, str]], set[str]] = (now, heap, pending)
+        key = self._key
+        running = ranked(self, state, Queue.RUNNING, key, rekey=due, rebuild=rebuild)
+        waiting = ranked(self, state, Queue.WAITING, key, rekey=due, rebuild=rebuild)
+        return fill_step(state, running.ordered(state), waiting.views(state))

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from superinfer.policy_core.batching import fill_step
+from superinfer.policy_core.changes import ranked
 from superinfer.policy_core.policies.fcfs import DEFAULT_MAX_REPEAT_STEPS
 from superinfer.policy_core.protocols import BasePolicy
-from superinfer.policy_core.types import RequestView, ScheduleDecision, StepState
+from superinfer.policy_core.types import Queue, RequestView, ScheduleDecision, StepState
 
 __all__ = ["PriorityPolicy"]
 
@@ -42,6 +43,7 @@ class PriorityPolicy(BasePolicy):
             )
 
     def schedule(self, state: StepState) -> ScheduleDecision:
-        running = sorted(state.running, key=_priority_key)
-        waiting = sorted(state.waiting, key=_priority_key)
+        # Both queues in key order, kept across calls from the state's change set.
+        running = ranked(self, state, Queue.RUNNING, _priority_key).ordered(state)
+        waiting = ranked(self, state, Queue.WAITING, _priority_key).views(state)
         return fill_step(state, running, waiting, max_repeat_steps=self.max_repeat_steps)

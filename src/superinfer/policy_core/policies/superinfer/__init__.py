@@ -35,9 +35,10 @@ the most urgent request goes first (earliest TTFT deadline, or least slack for a
   beyond that the least important one is rejected with a reason.
 
 Per-call work is incremental: the policy keeps per-replica, per-tier heaps updated from the
-lifecycle hooks and its own decisions, walks ``state.running`` once, and reads
-``state.waiting`` and ``state.swapped`` (one pass, into an index) only in calls that admit or
-resume (see :meth:`SuperInferPolicy.schedule`). Every rule
+lifecycle hooks and its own decisions, walks ``state.running`` once, and reads queued views
+through the engine's id -> view map (``StepState.views``; without one, ``state.waiting`` and
+``state.swapped`` in one pass, into an index, in calls that admit or resume; see
+:meth:`SuperInferPolicy.schedule`). Every rule
 and default is tabulated in ``docs/policies.md``.
 
 Modules, bottom layer first (each imports only the ones before it; the policy class is the

@@ -18,7 +18,7 @@ from superinfer.policy_core.policies.superinfer.records import (
     _Replica,
     _Step,
 )
-from superinfer.policy_core.types import RequestView, StepState
+from superinfer.policy_core.types import Queue, RequestView, StepState
 
 
 class _Queues(_Estimates):
@@ -125,14 +125,19 @@ class _Queues(_Estimates):
         Queued views change without a hook: a waiting request's prefix-cache hit grows or
         shrinks as the cache changes (so do its computed and pending tokens), and a swapped
         request's KV moves to CPU when the engine's copy completes. So the view is always read
-        from the state, through an index of ``state.waiting`` and ``state.swapped`` built once
-        per call on the first admission or resume attempt (one pass over both queues).
+        from the state: through the engine's id -> view map (``StepState.views`` and
+        ``queue_of``) when it gives one, else through an index of ``state.waiting`` and
+        ``state.swapped`` built once per call on the first admission or resume attempt.
         """
-        if step.queued_views is None:
-            state = step.state
-            step.queued_views = {v.request_id: v for v in state.waiting}
-            step.queued_views.update((v.request_id, v) for v in state.swapped)
-        v = step.queued_views.get(e.rid)
+        state = step.state
+        if state.queue_of is not None and state.views is not None:
+            queue = state.queue_of.get(e.rid)
+            v = state.views[e.rid] if queue is Queue.WAITING or queue is Queue.SWAPPED else None
+        else:
+            if step.queued_views is None:
+                step.queued_views = {v.request_id: v for v in state.waiting}
+                step.queued_views.update((v.request_id, v) for v in state.swapped)
+            v = step.queued_views.get(e.rid)
         if v is None:
             self._dequeue(rep, e)  # not in the engine's queue any more
         elif e.stale:
