@@ -264,7 +264,8 @@ def open_target(
 @contextlib.contextmanager
 def _sglang(policy: str, logs: Path) -> Iterator[str]:
     """SGLang's CPU server for ``policy`` (its own scheduling for ``native``, ``lpm``,
-    ``priority``; else our plugin), sized as :data:`CPU_SCALE`, once for every scenario."""
+    ``priority``, the adapter adding their flags; else our plugin), sized as :data:`CPU_SCALE`,
+    once for every scenario."""
     from superinfer.adapters.manager import UnknownPolicyError
     from superinfer.adapters.sglang.config import ConfigError
     from superinfer.adapters.sglang.launch import ServeError
@@ -278,8 +279,6 @@ def _sglang(policy: str, logs: Path) -> Iterator[str]:
         "--max-total-tokens",
         str(4 * CPU_SCALE.kv_tokens),
     ]
-    if policy == "priority":
-        args.append("--enable-priority-scheduling")
     try:
         server = SGLangServer(policy, args, log_path=logs / f"sglang-{policy}.log")
         server.start()
