@@ -524,6 +524,11 @@ def cache_eval(**p: Any) -> None:
     console.print(f"wrote {out_dir}/ (hit_rates.csv, hit_rates_detail.csv, report.md, plots)")
 
 
+from superinfer.cli_conform import conform  # noqa: E402
+
+cli.add_command(conform)
+
+
 def main() -> None:
     """Entry point: run the CLI, turning user mistakes into one-line errors (exit status 2).
 

@@ -24,7 +24,11 @@ from superinfer.harness.engines.registry import (
     shaping_defaults,
 )
 from superinfer.harness.errors import SpecError, UserError
-from superinfer.harness.policies import resolve_policy_opts, select_policies
+from superinfer.harness.policies import (
+    ignored_field_warnings,
+    resolve_policy_opts,
+    select_policies,
+)
 from superinfer.harness.report.metrics import summarize
 from superinfer.harness.workload.limits import check_numbers, policy_names
 from superinfer.harness.workload.resolve import resolve_workload
@@ -181,6 +185,14 @@ def run_bench(
             cells[f"{engine}/{name}"] = cell.info
     if on_cell:
         on_cell(len(cells), total, "done")
+    warnings = [
+        w
+        for engine, family in zip(config.engines, families, strict=True)
+        if not family.label_only
+        for w in ignored_field_warnings(
+            [p for p in policies if p not in family.engine_policies], engine, wl
+        )
+    ]
     info: dict[str, Any] = {
         "config": {**asdict(config), "policies": policies},
         "workload": {
@@ -205,6 +217,7 @@ def run_bench(
             "details": dict(wl.details),
         },
         "cells": cells,
+        "warnings": warnings,
     }
     return BenchResult(
         pd.DataFrame(summaries),

@@ -27,6 +27,10 @@ from superinfer.sim.profiles import PROFILES, get_profile
 
 __all__ = [
     "FALLBACK_POLICY",
+    "POLICY_FIELDS",
+    "REQUEST_FIELDS",
+    "fields_set",
+    "ignored_field_warnings",
     "build_policy",
     "make_quant_planner",
     "native_policy",
@@ -41,6 +45,67 @@ __all__ = [
 
 #: What ``native`` runs as when the engine's own policy is not registered.
 FALLBACK_POLICY = "fcfs"
+
+
+#: The request fields a policy may read: ``priority`` (``SLO.priority``), ``slo`` (the TTFT and
+#: TPOT targets) and ``deadline`` (``SLO.deadline_s``).
+REQUEST_FIELDS = ("priority", "slo", "deadline")
+#: The request fields each built-in policy's decisions depend on. Checked against behaviour:
+#: ``superinfer conform``'s ``fields_honoured`` scenario runs a workload with and without each
+#: field and ``tests/harness/conform/test_conform_sim.py`` asserts the fields it finds changing a
+#: decision are exactly these (docs/conformance.md).
+POLICY_FIELDS: Mapping[str, frozenset[str]] = {
+    "fcfs": frozenset(),
+    "lpm": frozenset(),
+    "mlfq": frozenset(),
+    "priority": frozenset({"priority"}),
+    "edf": frozenset({"slo", "deadline"}),
+    "oracle": frozenset({"slo", "deadline"}),
+    # superinfer ranks by SLO class targets and slack; SLO.priority is not read
+    "superinfer": frozenset({"slo", "deadline"}),
+}
+
+
+def fields_set(workload: Workload) -> set[str]:
+    """The request fields ``workload`` carries information in: ``priority`` when its requests
+    have more than one priority, ``slo`` / ``deadline`` when any request has a TTFT or TPOT
+    target / a deadline."""
+    slos = {s.slo for s in workload.requests}
+    out = set()
+    if len({s.priority for s in slos}) > 1:
+        out.add("priority")
+    if any(s.ttft_ms is not None or s.tpot_ms is not None for s in slos):
+        out.add("slo")
+    if any(s.deadline_s is not None for s in slos):
+        out.add("deadline")
+    return out
+
+
+def ignored_field_warnings(policies: Sequence[str], engine: str, workload: Workload) -> list[str]:
+    """One warning per built-in policy of ``policies`` (``native`` resolved on ``engine``) that
+    ignores a field ``workload`` sets (:data:`POLICY_FIELDS`, :func:`fields_set`); policies
+    without an entry (an engine's own, a label) give none."""
+    given = fields_set(workload)
+    out = []
+    for name in policies:
+        resolved = name
+        if name == "native":
+            try:
+                resolved = resolve_policy(name, engine)[0]
+            except UserError:
+                continue
+        known = POLICY_FIELDS.get(resolved)
+        if known is None:
+            continue
+        ignored = sorted(given - known)
+        if ignored:
+            label = name if resolved == name else f"{name} ({resolved})"
+            out.append(
+                f"policy `{label}` on `{engine}` ignores the request field(s) "
+                f"{', '.join(ignored)} that this workload sets: its decisions do not depend on "
+                "them (docs/conformance.md, fields_honoured)"
+            )
+    return out
 
 
 def registered_policies() -> list[str]:

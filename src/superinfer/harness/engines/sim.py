@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -17,6 +18,7 @@ from superinfer.harness.engines.base import (
     requests_frame,
 )
 from superinfer.harness.engines.hf import hf_options, sim_step_time
+from superinfer.harness.engines.registry import family_kinds
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import policy_manager
 from superinfer.harness.workload.workload import Workload
@@ -27,7 +29,46 @@ from superinfer.sim.hf_cpu import KV_BYTES_PER_TOKEN_FP32, hf_cpu_sim_config
 from superinfer.sim.profiles import get_profile
 from superinfer.sim.routers import ROUTERS
 
-__all__ = ["run_sim_cell", "run_sim_hf_cpu_cell", "sim_requests_frame"]
+__all__ = [
+    "SIM_OPTION_KEYS",
+    "run_sim_cell",
+    "run_sim_hf_cpu_cell",
+    "sim_options",
+    "sim_requests_frame",
+]
+
+#: ``--engine-option`` keys of the ``sim:<profile>`` engines (what-if knobs, as the real engines'
+#: flags): ``max_num_seqs`` (most running requests per replica, vLLM's ``--max-num-seqs``) and
+#: ``num_gpu_blocks`` (KV blocks per replica, vLLM's ``--num-gpu-blocks-override``).
+SIM_OPTION_KEYS = ("max_num_seqs", "num_gpu_blocks")
+
+
+def sim_options(options: Mapping[str, str], *, strict: bool = True) -> dict[str, int]:
+    """Parse the ``sim:<profile>`` engine options (:data:`SIM_OPTION_KEYS`), each an integer >= 1.
+
+    Args:
+        options: ``--engine-option`` keys and values.
+        strict: refuse other keys; off when the run has engines of other families (their
+            options are then theirs).
+
+    Raises:
+        UserError: an unknown key (``strict``) or a value that is not an integer >= 1.
+    """
+    out: dict[str, int] = {}
+    for key, raw in options.items():
+        if key not in SIM_OPTION_KEYS:
+            if not strict:
+                continue
+            known = ", ".join(SIM_OPTION_KEYS)
+            raise UserError(f"unknown --engine-option {key!r} for a sim engine; known: {known}")
+        try:
+            value = int(raw)
+        except ValueError:
+            raise UserError(f"--engine-option {key}={raw!r}: not an integer") from None
+        if value < 1:
+            raise UserError(f"--engine-option {key} must be >= 1, got {value}")
+        out[key] = value
+    return out
 
 
 def sim_requests_frame(result: SimResult, *, engine: str, policy: str) -> pd.DataFrame:
@@ -73,9 +114,14 @@ def run_sim_cell(
         plugins: extra pluggy plugins registered beside the policy (observers: step and
             request hooks); an exception one raises ends the simulation and propagates.
 
+    ``config.engine_options``: :func:`sim_options` (``max_num_seqs``, ``num_gpu_blocks``).
+
     Raises:
-        UserError: unknown engine, model or GPU, or a bad TP degree or replica count.
+        UserError: unknown engine, model or GPU, a bad TP degree or replica count, or a bad
+            engine option.
     """
+    strict = family_kinds(config.engines) == {"sim-gpu"}
+    opts = sim_options(config.engine_options, strict=strict)
     try:
         profile = get_profile(engine)
         model, gpu = get_model(config.model), get_gpu(config.gpu)
@@ -96,7 +142,13 @@ def run_sim_cell(
         router=config.router,
         cpu_kv_ratio=config.cpu_kv_ratio,
         horizon_s=config.horizon_s,
+        num_gpu_blocks_override=opts.get("num_gpu_blocks"),
     )
+    if "max_num_seqs" in opts:
+        n = opts["max_num_seqs"]
+        sim_config = replace(
+            sim_config, profile=replace(profile, max_num_seqs=n, max_num_seqs_large_gpu=n)
+        )
     pm = policy_manager(
         policy,
         config.policy_options.get(policy, {}),
@@ -145,9 +197,16 @@ def run_sim_cell(
 
 
 def run_sim_hf_cpu_cell(
-    config: BenchConfig, engine: str, policy: str, workload: Workload
+    config: BenchConfig,
+    engine: str,
+    policy: str,
+    workload: Workload,
+    *,
+    plugins: Sequence[object] = (),
 ) -> CellResult:
     """Simulate ``workload`` on ``sim:hf-cpu`` (the real engine's mechanics and fitted step time).
+
+    ``plugins``: extra pluggy plugins registered beside the policy (as :func:`run_sim_cell`).
 
     Raises:
         UserError: a bad engine option or calibration file.
@@ -160,7 +219,7 @@ def run_sim_hf_cpu_cell(
         max_batch_tokens=opts.max_batch_tokens,
         max_num_seqs=opts.max_num_seqs,
     )
-    pm = policy_manager(policy, config.policy_options.get(policy))
+    pm = policy_manager(policy, config.policy_options.get(policy), plugins=plugins)
     wall = time.perf_counter()
     result = Simulator(sim_config, pm.hook, step_time=step_time).run(workload.requests)
     wall = time.perf_counter() - wall

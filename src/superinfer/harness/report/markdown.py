@@ -250,6 +250,15 @@ def _step_profile_lines(meta: dict[str, Any]) -> list[str]:
     ]
 
 
+def _warning_lines(meta: dict[str, Any]) -> list[str]:
+    """``## Warnings``: the run's ``warnings`` (a policy that ignores a field the workload sets,
+    ``harness.bench.run_bench``), one bullet each; nothing when there are none."""
+    warnings = meta.get("warnings") or []
+    if not warnings:
+        return []
+    return ["", "## Warnings", "", *(f"- {w}." for w in warnings)]
+
+
 def render_markdown(summary: pd.DataFrame, meta: dict[str, Any], plots: Sequence[str] = ()) -> str:
     """The ``report.md`` of a run: setup, SLO classes, the summary table, then the plots.
 
@@ -269,6 +278,7 @@ def render_markdown(summary: pd.DataFrame, meta: dict[str, Any], plots: Sequence
         f"- Policies: {', '.join('`' + p + '`' for p in cfg.get('policies', []))}; "
         f"seed {meta.get('seed')}; git `{meta.get('git_sha')}`.",
         *_slo_table(meta),
+        *_warning_lines(meta),
         "",
         "## Results",
         "",

@@ -22,10 +22,18 @@ class _Preemption(_Queues):
     """Layer 3: which running request leaves HBM, and how."""
 
     @staticmethod
-    def _victim_rank(e: _Entry) -> tuple[bool, bool, int, float]:
-        """Larger is preempted first: never an aged request while another is left, then best
-        effort, then the worst tier, then the least urgent."""
-        return (not e.aged, e.best_effort, e.tier, e.key)
+    def _victim_rank(e: _Entry) -> tuple[bool, bool, bool, int, float]:
+        """Larger is preempted first: never an aged request while another is left, nor one
+        still recomputing what an earlier preemption cost it (no thrash: docs/conformance.md),
+        then best effort, then the worst tier, then the least urgent."""
+        return (not e.aged, not _Preemption._recovering(e), e.best_effort, e.tier, e.key)
+
+    @staticmethod
+    def _recovering(e: _Entry) -> bool:
+        """``e`` was preempted and has not yet recomputed its way back to decoding: room for
+        better-tier work is never made from it, and a KV shortage takes it last."""
+        v = e.view
+        return v.num_preemptions > 0 and v.pending_tokens > 1
 
     def _preempt(self, rep: _Replica, step: _Step, e: _Entry, *, rotation: bool) -> bool:
         """Preempt running ``e`` (swap or recompute, by the cost model); False if the link
@@ -71,6 +79,7 @@ class _Preemption(_Queues):
             and x is not e
             and x.rid not in step.preempt
             and not x.aged
+            and not self._recovering(x)
             and (rank_below < 0 or x.tier > rank_below)
         ]
         candidates.sort(key=self._victim_rank, reverse=True)
