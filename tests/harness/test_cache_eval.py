@@ -266,7 +266,7 @@ def test_cli_cache_eval_writes_the_contract_files(
     [
         (["--capacities", "x"], "error: --capacities: 'x' is not a number"),
         (["--capacities", "1.5"], "error: capacity fractions must be in (0, 1], got 1.5"),
-        (["--policies", "arc"], "error: unknown cache policy 'arc'; known: lru, lfu"),
+        (["--policies", "nosuch"], "error: unknown cache policy 'nosuch'; known: lru, lfu"),
         (["--trace", "nosuch"], "error: unknown trace 'nosuch': give mooncake or a Mooncake"),
         (["--report-only"], "error: "),
     ],

@@ -172,8 +172,11 @@ def load_cache_trace(trace: str, *, duration_s: float | None = None, seed: int =
     elif Path(trace).is_file():
         path, name = Path(trace), Path(trace).stem
     else:
-        known = ", ".join([*CACHE_TRACES, *GENERATED_TRACES])
-        raise UserError(f"unknown trace {trace!r}: give {known} or a Mooncake .jsonl file")
+        known = ", ".join(CACHE_TRACES)
+        raise UserError(
+            f"unknown trace {trace!r}: give {known} or a Mooncake .jsonl file "
+            f"(or a generated trace: {', '.join(GENERATED_TRACES)})"
+        )
     if trace not in GENERATED_TRACES:
         rows = load_mooncake_jsonl(path)
     if duration_s is not None:
@@ -201,6 +204,7 @@ class ReplayResult:
         predictor: the HBM model's :meth:`ReusePredictor.metrics` at the end (predictor only).
         cpu_predictor: the CPU-tier model's metrics (predictor with a CPU tier only).
         wall_s: wall time of the replay, s.
+        trace: the trace's name (set by ``run_cache_eval``).
     """
 
     policy: str
@@ -222,6 +226,7 @@ class ReplayResult:
     predictor: dict[str, Any] | None = None
     cpu_predictor: dict[str, Any] | None = None
     wall_s: float = 0.0
+    trace: str = ""
 
     @property
     def cpu_tier(self) -> bool:
