@@ -11,16 +11,20 @@ cached and returns the blocks that left to bring the cache back within ``capacit
 - :class:`ArcBlocks`, :class:`S3FifoBlocks` -- ARC and S3-FIFO
   (:mod:`superinfer.policy_core.kv_baselines`), fed a request's blocks deepest first, so that
   inside a request a parent is more recent than its child.
-- :class:`AdaptiveCache` -- the adaptive reuse predictor. It runs the simple policies above as
-  shadow caches of the same capacity on the same requests (ids only, no KV), scores each by its
-  exponentially decayed prefix-hit blocks (half-life ``half_life_blocks`` block references), and
+- :class:`LearnedCache` -- the learned reuse predictor (:mod:`superinfer.policy_core.reuse`)
+  through the placement planner.
+- :class:`AdaptiveCache` -- the adaptive reuse predictor. It runs the simple policies above and
+  the learned one as shadow caches of the same capacity on the same requests (ids only, no KV),
+  scores each by its exponentially decayed prefix-hit blocks (half-life ``half_life_blocks``
+  block references), and
   makes its own cache follow the current leader: when over capacity it evicts first the blocks
   the leader does not hold (oldest first, deeper first), so its content converges to the
   leader's and, while the leader stays the same, equals it. It starts as LRU (cold start: LRU's
   hits exactly until another policy leads by the switching margin) and switches leader only when
-  another policy's score exceeds the leader's by ``switch_margin`` (relative), so it adapts when
-  the structure shifts. The per-request work is the shadow caches' (O(blocks) each, amortized)
-  plus O(log cache) per eviction; a switch costs one O(cache) pass.
+  another policy's score exceeds the leader's by ``switch_margin`` (in hit rate over the decayed
+  window), so it adapts when the structure shifts. The per-request work is the simple shadow
+  caches' (O(blocks) each, amortized), the learned one's (O(cache) numpy work per eviction) and
+  O(log cache) per eviction of its own; a switch costs one O(cache) pass.
 
 Pure: stdlib and numpy.
 """
@@ -32,7 +36,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+from numpy.typing import NDArray
+
 from superinfer.policy_core.kv_baselines import ArcCache, S3FifoCache
+from superinfer.policy_core.kv_placement_plan import PlacementPlanner
+from superinfer.policy_core.reuse import NodeColumns, ReusePredictor, ReusePredictorConfig
 
 __all__ = [
     "ADAPTIVE_EXPERTS",
@@ -41,6 +50,7 @@ __all__ = [
     "ArcBlocks",
     "BlockCache",
     "HeapCache",
+    "LearnedCache",
     "S3FifoBlocks",
     "make_block_cache",
 ]
@@ -180,7 +190,7 @@ class S3FifoBlocks(_KeyedAlgo):
 
 
 #: The shadow policies of :class:`AdaptiveCache`, in tie-break order (first wins a tie).
-ADAPTIVE_EXPERTS = ("lru", "arc", "s3fifo", "lfu")
+ADAPTIVE_EXPERTS = ("lru", "arc", "s3fifo", "lfu", "learned")
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +216,9 @@ class AdaptiveConfig:
     min_lead: float = 5.0
 
     def __post_init__(self) -> None:
-        if not self.experts or any(e not in ("lru", "lfu", "arc", "s3fifo") for e in self.experts):
-            raise ValueError(f"experts must be among lru, lfu, arc, s3fifo: {self.experts}")
+        known = ("lru", "lfu", "arc", "s3fifo", "learned")
+        if not self.experts or any(e not in known for e in self.experts):
+            raise ValueError(f"experts must be among {', '.join(known)}: {self.experts}")
         if not self.half_life_blocks > 0:
             raise ValueError(f"half_life_blocks must be > 0, got {self.half_life_blocks}")
         if self.switch_margin < 0 or self.min_lead < 0:
@@ -342,6 +353,100 @@ class AdaptiveCache(BlockCache):
         }
 
 
+class LearnedCache(BlockCache):
+    """The learned reuse predictor of :mod:`superinfer.policy_core.reuse` (logistic model of
+    P(reused within the cache's characteristic time), LRU until calibrated) evicting through the
+    :class:`~superinfer.policy_core.kv_placement_plan.PlacementPlanner`, as ``cache-eval``'s
+    ``predictor`` replays it without a CPU tier; O(cache) numpy work per eviction."""
+
+    name = "learned"
+
+    def __init__(
+        self,
+        capacity: int,
+        parent: Sequence[int],
+        depth: Sequence[int],
+        tokens: Sequence[int] | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(capacity, parent, depth)
+        u = len(self.parent)
+        self.model = ReusePredictor(ReusePredictorConfig(seed=seed))
+        self.planner = PlacementPlanner()
+        self._parent = np.asarray(self.parent, dtype=np.int64)
+        self._depth = np.asarray(self.depth, dtype=np.int64)
+        self._tokens = np.ones(u) if tokens is None else np.asarray(tokens, dtype=np.float64)
+        self.cached = np.zeros(u, dtype=bool)
+        self.last = np.full(u, -np.inf)
+        self.first = np.zeros(u)
+        self.accesses = np.zeros(u)
+        self.interval = np.full(u, np.nan)
+        self.pos = np.full(u, -1, dtype=np.int64)
+        self.size = 0
+
+    def __contains__(self, block: object) -> bool:
+        return bool(self.cached[block])  # type: ignore[index]
+
+    def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
+        b = np.asarray(blocks, dtype=np.int64)
+        w = self.model.config.interval_weight
+        seen = self.last[b] > -np.inf
+        gap = now_s - self.last[b]
+        old = self.interval[b]
+        self.interval[b] = np.where(
+            seen, np.where(np.isnan(old), gap, w * gap + (1 - w) * old), np.nan
+        )
+        self.first[b[~seen]] = now_s
+        self.last[b] = now_s
+        self.accesses[b] += 1
+        self.size += int((~self.cached[b]).sum())
+        self.cached[b] = True
+        need = self.size - self.capacity
+        if need <= 0:
+            return []
+        cached = np.flatnonzero(self.cached)
+        self.pos[cached] = np.arange(len(cached))
+        par = self._parent[cached]
+        ppos = np.where(par >= 0, self.pos[np.maximum(par, 0)], -1)
+        children = np.bincount(ppos[ppos >= 0], minlength=len(cached)).astype(np.float64)
+
+        def cols_of(idx: NDArray[np.int64]) -> NodeColumns:
+            c = cached[idx]
+            return NodeColumns(
+                age_s=now_s - self.last[c],
+                since_first_s=now_s - self.first[c],
+                num_accesses=self.accesses[c],
+                interval_ewma_s=self.interval[c],
+                depth=self._depth[c].astype(np.float64),
+                tokens_per_block=self._tokens[c],
+                num_children=children[idx],
+            )
+
+        self.model.learn(now_s, lambda keys: self.last[keys])
+        sample = self.model.sample_indices(len(cached))
+        self.model.add_samples(cached[sample], cols_of(sample), now_s)
+        plan = self.planner.plan_arrays(
+            score=lambda idx: self.model.scores(cols_of(idx)),
+            parent=ppos,
+            depth=self._depth[cached],
+            num_blocks=np.ones(len(cached), dtype=np.int64),
+            in_hbm=np.ones(len(cached), dtype=bool),
+            needed_hbm_blocks=need,
+            free_hbm_blocks=0,
+            free_cpu_blocks=0,
+            total_hbm_blocks=self.capacity,
+            has_cpu_tier=False,
+            calibrated=self.model.calibrated,
+            pins=False,
+        )
+        gone = cached[plan.drop]
+        self.cached[gone] = False
+        self.size -= len(gone)
+        self.model.observe_evictions(now_s - self.last[gone])
+        out: list[int] = gone.tolist()
+        return out
+
+
 def make_block_cache(
     name: str, capacity: int, parent: Sequence[int], depth: Sequence[int]
 ) -> BlockCache:
@@ -356,6 +461,8 @@ def make_block_cache(
         return ArcBlocks(capacity, parent, depth)
     if name == "s3fifo":
         return S3FifoBlocks(capacity, parent, depth)
+    if name == "learned":
+        return LearnedCache(capacity, parent, depth)
     if name == "adaptive":
         return AdaptiveCache(capacity, parent, depth)
     raise ValueError(f"unknown block cache {name!r}")
