@@ -22,8 +22,9 @@ cached and returns the blocks that left to bring the cache back within ``capacit
   leader's and, while the leader stays the same, equals it. It starts as LRU (cold start: LRU's
   hits exactly until another policy leads by the switching margin) and switches leader only when
   another policy's score exceeds the leader's by ``switch_margin`` (in hit rate over the decayed
-  window), so it adapts when the structure shifts. The per-request work is the simple shadow
-  caches' (O(blocks) each, amortized), the learned one's (O(cache) numpy work per eviction) and
+  window), so it adapts when the structure shifts. With a CPU tier, each shadow also keeps an LRU
+  of its HBM victims as large as the CPU tier and is scored by its hits in both. The per-request
+  work is the simple shadow caches' (O(blocks) each, amortized), the learned one's (O(cache) numpy work per eviction) and
   O(log cache) per eviction of its own; a switch costs one O(cache) pass.
 
 Pure: stdlib and numpy.
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -243,15 +245,22 @@ class AdaptiveCache(BlockCache):
         parent: Sequence[int],
         depth: Sequence[int],
         config: AdaptiveConfig | None = None,
+        cpu_capacity: int = 0,
     ) -> None:
         super().__init__(capacity, parent, depth)
         self.config = config or AdaptiveConfig()
+        self.cpu_capacity = cpu_capacity
         self.experts = {
             name: make_block_cache(name, capacity, self.parent, self.depth)
             for name in self.config.experts
         }
         self.leader = self.config.experts[0]
         self.scores = dict.fromkeys(self.experts, 0.0)
+        # With a CPU tier each shadow also keeps an LRU of its HBM victims (ids only), so the
+        # policies are scored by what they would hit in HBM + CPU.
+        self.shadow_cpu: dict[str, OrderedDict[int, None]] = {
+            n: OrderedDict() for n in self.experts
+        }
         self.switches: list[tuple[int, str, str]] = []
         self.refs = 0
         self.decayed_refs = 0.0
@@ -268,7 +277,7 @@ class AdaptiveCache(BlockCache):
     def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
         keep = math.exp(-self._decay * len(blocks))
         for name, cache in self.experts.items():
-            self.scores[name] = keep * self.scores[name] + cache.prefix_hit(blocks)
+            self.scores[name] = keep * self.scores[name] + self._shadow_hit(name, cache, blocks)
         self.refs += len(blocks)
         self.decayed_refs = keep * self.decayed_refs + len(blocks)
         for b in blocks:
@@ -279,14 +288,31 @@ class AdaptiveCache(BlockCache):
             self.last[b] = now_s
             heapq.heappush(self.lru, (now_s, -self.depth[b], b))
         lead = self.experts[self.leader]
-        for cache in self.experts.values():
+        for name, cache in self.experts.items():
             gone = cache.request(blocks, now_s)
+            if self.cpu_capacity:
+                cpu = self.shadow_cpu[name]
+                for b in blocks:
+                    cpu.pop(b, None)
+                for v in gone:
+                    cpu[v] = None
+                while len(cpu) > self.cpu_capacity:
+                    cpu.popitem(last=False)
             if cache is lead:
                 for v in gone:
                     if self.cached[v]:
                         heapq.heappush(self.stale, (self.last[v], -self.depth[v], v))
         self._maybe_switch()
         return self._trim()
+
+    def _shadow_hit(self, name: str, cache: BlockCache, blocks: Sequence[int]) -> int:
+        if not self.cpu_capacity:
+            return cache.prefix_hit(blocks)
+        cpu = self.shadow_cpu[name]
+        k = 0
+        while k < len(blocks) and (blocks[k] in cache or blocks[k] in cpu):
+            k += 1
+        return k
 
     def _maybe_switch(self) -> None:
         cfg = self.config
@@ -448,9 +474,15 @@ class LearnedCache(BlockCache):
 
 
 def make_block_cache(
-    name: str, capacity: int, parent: Sequence[int], depth: Sequence[int]
+    name: str,
+    capacity: int,
+    parent: Sequence[int],
+    depth: Sequence[int],
+    *,
+    cpu_capacity: int = 0,
 ) -> BlockCache:
-    """The block cache called ``name``: ``lru``, ``lfu``, ``arc``, ``s3fifo`` or ``adaptive``.
+    """The block cache called ``name``: ``lru``, ``lfu``, ``arc``, ``s3fifo``, ``learned`` or
+    ``adaptive`` (``cpu_capacity``: the CPU tier its shadow policies are scored with).
 
     Raises:
         ValueError: an unknown name.
@@ -464,5 +496,5 @@ def make_block_cache(
     if name == "learned":
         return LearnedCache(capacity, parent, depth)
     if name == "adaptive":
-        return AdaptiveCache(capacity, parent, depth)
+        return AdaptiveCache(capacity, parent, depth, cpu_capacity=cpu_capacity)
     raise ValueError(f"unknown block cache {name!r}")

@@ -36,7 +36,9 @@ def replay_blocks(
     """
     start = time.perf_counter()
     parent = trace.parent.tolist()
-    cache = make_block_cache(policy, hbm_blocks, parent, trace.depth.tolist())
+    cache = make_block_cache(
+        policy, hbm_blocks, parent, trace.depth.tolist(), cpu_capacity=cpu_blocks
+    )
     tier = bytearray(trace.num_unique)  # 0 none, 1 HBM, 2 CPU
     kids_any = [0] * trace.num_unique
     cpu: OrderedDict[int, None] = OrderedDict()
