@@ -24,8 +24,9 @@ cached and returns the blocks that left to bring the cache back within ``capacit
   another policy's score exceeds the leader's by ``switch_margin`` (in hit rate over the decayed
   window), so it adapts when the structure shifts. With a CPU tier, each shadow also keeps an LRU
   of its HBM victims as large as the CPU tier and is scored by its hits in both. The per-request
-  work is the simple shadow caches' (O(blocks) each, amortized), the learned one's (O(cache) numpy work per eviction) and
-  O(log cache) per eviction of its own; a switch costs one O(cache) pass.
+  work is the simple shadow caches' (O(blocks) each, amortized), the learned one's (O(cache)
+  numpy work per eviction) and O(log cache) per eviction of its own; a switch costs one O(cache)
+  pass.
 
 Pure: stdlib and numpy.
 """
