@@ -144,7 +144,8 @@ clean:
 
 # results/cache/: LRU, LFU, the reuse predictor and Belady on the Mooncake trace.
 cache-eval: $(VENV)/.installed
-	$(BIN)/superinfer cache-eval --trace mooncake --out results/cache
+	$(BIN)/superinfer cache-eval --trace mooncake,gen-system-prompts,gen-multi-turn,gen-agentic,gen-one-shot,gen-phased \
+	    --policies lru,lfu,arc,s3fifo,adaptive,belady --jobs 2 --out results/cache
 
 # results/fleet/: GPUs each policy needs on sim:trtllm and sim:sglang, shared vs separate
 # clusters (about 20 minutes on 2 cores).

@@ -473,27 +473,30 @@ def fleet_plan(**p: Any) -> None:
 # fmt: off
 @cli.command("cache-eval")
 @click.option("--trace", default="mooncake", show_default=True,
-              help="mooncake (the Mooncake FAST'25 conversation trace) or a path to a .jsonl in "
-              "its format (timestamp, input_length, output_length, hash_ids).")
+              help="mooncake (the Mooncake FAST'25 conversation trace), a generated trace "
+              "(gen-system-prompts, gen-multi-turn, gen-agentic, gen-one-shot, gen-phased; seeded "
+              "by --seed) or a path to a .jsonl in Mooncake's format (timestamp, input_length, "
+              "output_length, hash_ids); several, comma-separated.")
 @click.option("--capacities", default="0.01,0.02,0.05,0.1,0.2,0.5", show_default=True,
               help="Comma-separated HBM capacities, as fractions of the trace's unique blocks.")
 @click.option("--cpu-ratio", default=4.0, show_default=True, type=float,
               help="CPU tier size as a multiple of the HBM capacity for the with-CPU-tier runs "
               "(0: none). Runs where HBM + CPU hold every unique block are skipped.")
 @click.option("--policies", default="lru,lfu,predictor,belady", show_default=True,
-              help="Comma-separated cache policies.")
+              help="Comma-separated cache policies: lru, lfu, arc, s3fifo, predictor, adaptive, "
+              "belady.")
 @click.option("--duration-s", default=None, type=float,
               help="Replay only the first DURATION_S seconds of arrivals [default: all].")
 @click.option("--jobs", default=None, type=int,
               help="Worker processes [default: the CPU count, at most 4].")
-@seed_option("The predictor's seed.")
+@seed_option("The predictor's seed and the generated traces'.")
 @click.option("--report-only", is_flag=True,
               help="Only rewrite report.md and the plots of --out from its CSVs and manifest.")
 @click.option("--out", default="results/cache", show_default=True, type=click.Path(),
               help="Directory to write.")
 # fmt: on
 def cache_eval(**p: Any) -> None:
-    """Replay a trace's KV block hashes through LRU, LFU, the reuse predictor and Belady's MIN.
+    """Replay traces' KV block hashes through LRU, LFU, ARC, S3-FIFO, reuse predictors, Belady.
 
     Writes hit_rates.csv (trace, policy, capacity_frac, cpu_tier, block_hit_rate,
     token_hit_rate), hit_rates_detail.csv, hit_rates_by_minute.csv, two plots, report.md and

@@ -127,3 +127,22 @@ def test_reuse_plugin_learns_across_calls_and_reports_its_switch() -> None:
         "cold3": Placement.DROP,
         **{f"hot{d}": Placement.PIN for d in range(4)},
     }
+
+
+@pytest.mark.parametrize("name", ["arc", "s3fifo"])
+def test_arc_and_s3fifo_plugins_keep_the_reused_chain_over_a_newer_one(name: str) -> None:
+    # "a" is seen at t=1 and again at t=3 (ARC: T2; S3-FIFO: counter 1 in S), "b" once at t=4.
+    # LRU would free the older "a"; ARC and S3-FIFO free "b", deepest block first.
+    from superinfer.adapters.kv_placement import ArcPlacement, S3FifoPlacement
+
+    plugin = {"arc": ArcPlacement, "s3fifo": S3FifoPlacement}[name]()
+    pm = build_plugin_manager("fcfs", kv_policy=plugin)
+    call(pm, chain("a", 2, t=1.0), now_s=1.0)
+    nodes = chain("a", 2, t=3.0) + chain("b", 2, t=4.0)
+    call(pm, nodes, now_s=4.0)
+    decision = call(pm, nodes, now_s=5.0, needed_hbm_blocks=2)
+    check_placement(nodes, decision, has_cpu_tier=False)  # type: ignore[arg-type]
+    assert decision.actions == {"b1": Placement.DROP, "b0": Placement.DROP}  # type: ignore[attr-defined]
+    lru = build_plugin_manager("fcfs", kv_policy="lru")
+    call(lru, chain("a", 2, t=1.0), now_s=1.0)
+    assert set(call(lru, nodes, now_s=5.0, needed_hbm_blocks=2).actions) == {"a0", "a1"}  # type: ignore[attr-defined]

@@ -266,7 +266,7 @@ def test_cli_cache_eval_writes_the_contract_files(
     [
         (["--capacities", "x"], "error: --capacities: 'x' is not a number"),
         (["--capacities", "1.5"], "error: capacity fractions must be in (0, 1], got 1.5"),
-        (["--policies", "arc"], "error: unknown cache policy 'arc'; known: lru, lfu"),
+        (["--policies", "nosuch"], "error: unknown cache policy 'nosuch'; known: lru, lfu"),
         (["--trace", "nosuch"], "error: unknown trace 'nosuch': give mooncake or a Mooncake"),
         (["--report-only"], "error: "),
     ],
@@ -284,3 +284,70 @@ def test_cli_cache_eval_mistakes_are_one_line_errors(
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert err.startswith(message), err
+
+
+def test_generated_traces_are_seeded_and_have_their_structure() -> None:
+    from superinfer.harness.offline.cache_trace import load_cache_trace
+    from superinfer.harness.offline.cache_workloads import GENERATED_TRACES, generate_rows
+
+    for name, spec in GENERATED_TRACES.items():
+        short = dataclasses.replace(spec, duration_s=300.0)
+        a, b = generate_rows(short, seed=3), generate_rows(short, seed=3)
+        assert a == b and a != generate_rows(short, seed=4), name
+        tr = block_trace(a, name, block_tokens=spec.block_tokens)  # prefix-chained, sorted
+        assert (np.diff(tr.arrival_s) >= 0).all()
+        assert (tr.prompt_tokens <= spec.block_tokens * np.diff(tr.offsets)).all()
+    one = load_cache_trace("gen-one-shot", duration_s=120.0)
+    assert one.num_unique == len(one.blocks)  # no block is ever reused
+    sp = GENERATED_TRACES["gen-system-prompts"]
+    rows = generate_rows(dataclasses.replace(sp, duration_s=200.0))
+    firsts = {r.block_hashes[0] for r in rows}
+    assert len(firsts) <= sp.num_prefixes < len(rows)
+    mt = generate_rows(dataclasses.replace(GENERATED_TRACES["gen-multi-turn"], duration_s=600.0))
+    by_start: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for r in mt:
+        by_start.setdefault(r.block_hashes[:1], []).append(r.block_hashes)
+    # Some session re-sends its whole previous prompt as the prefix of the next turn.
+    assert any(
+        len(x) < len(y) and y[: len(x)] == x
+        for turns in by_start.values()
+        for x, y in zip(turns, turns[1:], strict=False)
+    )
+
+
+def test_targets_gap_closed_is_exact_and_several_traces_share_one_run(tmp_path: Path) -> None:
+    from superinfer.harness.offline.cache_eval import (
+        CacheEvalConfig,
+        run_cache_eval,
+        write_cache_eval,
+    )
+    from superinfer.harness.offline.cache_report import targets_table
+
+    table = pd.DataFrame(
+        [("t", p, 0.1, False, v, v) for p, v in
+         (("lru", 0.2), ("lfu", 0.1), ("arc", 0.25), ("s3fifo", 0.24), ("adaptive", 0.26),
+          ("belady", 0.45))],
+        columns=list(HIT_RATE_COLUMNS),
+    )  # fmt: skip
+    row = targets_table(table).iloc[0]
+    assert row.best_simple == "arc" and row.gap_closed == pytest.approx(0.01 / 0.2)
+    assert row.margin_points == pytest.approx(1.0) and row.never_worse_met
+    assert row.gap_target_applies and not row.gap_target_met
+    config = CacheEvalConfig(
+        trace="gen-system-prompts,gen-one-shot",
+        capacity_fracs=(0.05,),
+        cpu_ratio=1.0,
+        policies=("lru", "arc", "s3fifo", "adaptive", "belady"),
+        duration_s=120.0,
+    )
+    traces, results = run_cache_eval(config)
+    assert [t.name for t in traces] == ["gen-system-prompts", "gen-one-shot"]
+    write_cache_eval(tmp_path, traces, config, results)
+    hit = pd.read_csv(tmp_path / "hit_rates.csv")
+    assert set(hit.trace) == {"gen-system-prompts", "gen-one-shot"}
+    assert (hit[hit.trace == "gen-one-shot"].block_hit_rate == 0).all()
+    targets = pd.read_csv(tmp_path / "targets.csv")
+    assert len(targets) == 4 and "gap_closed" in targets
+    for _, grp in hit.groupby(["trace", "cpu_tier"]):
+        by = grp.set_index("policy").block_hit_rate
+        assert (by <= by["belady"] + 1e-12).all()

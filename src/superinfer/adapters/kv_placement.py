@@ -1,5 +1,6 @@
 """Prefix-cache placement plugins behind ``superinfer_kv_placement``: the reuse predictor with the
-placement planner (``reuse``), and LRU / LFU through the same planner (``lru``, ``lfu``).
+placement planner (``reuse``), and LRU / LFU / ARC / S3-FIFO through the same planner (``lru``,
+``lfu``, ``arc``, ``s3fifo``).
 
 They are registered in the entry-point group ``superinfer.kv_policies`` and enabled with
 ``build_plugin_manager(policy, kv_policy="reuse")``. Each plugin is its pure policy of
@@ -11,14 +12,23 @@ from __future__ import annotations
 
 from superinfer.adapters.hookspecs import hookimpl
 from superinfer.policy_core.kv_placement import (
+    ArcPlacementPolicy,
     LFUPlacementPolicy,
     LRUPlacementPolicy,
     PlacementPolicy,
     ReusePlacementPolicy,
+    S3FifoPlacementPolicy,
 )
 from superinfer.policy_core.types import PlacementDecision, PrefixNodeView
 
-__all__ = ["KV_POLICIES", "LFUPlacement", "LRUPlacement", "ReusePlacement"]
+__all__ = [
+    "KV_POLICIES",
+    "ArcPlacement",
+    "LFUPlacement",
+    "LRUPlacement",
+    "ReusePlacement",
+    "S3FifoPlacement",
+]
 
 
 class _PlacementHook(PlacementPolicy):
@@ -58,7 +68,16 @@ class ReusePlacement(_PlacementHook, ReusePlacementPolicy):
     (its options are that class's attributes)."""
 
 
+class ArcPlacement(_PlacementHook, ArcPlacementPolicy):
+    """The ``arc`` plugin: :class:`~superinfer.policy_core.kv_placement.ArcPlacementPolicy`."""
+
+
+class S3FifoPlacement(_PlacementHook, S3FifoPlacementPolicy):
+    """The ``s3fifo`` plugin: :class:`~superinfer.policy_core.kv_placement.S3FifoPlacementPolicy`."""
+
+
 #: Placement plugins by the name their entry point has.
 KV_POLICIES: dict[str, type[PlacementPolicy]] = {
-    cls.name: cls for cls in (LRUPlacement, LFUPlacement, ReusePlacement)
+    cls.name: cls
+    for cls in (LRUPlacement, LFUPlacement, ReusePlacement, ArcPlacement, S3FifoPlacement)
 }

@@ -1,6 +1,6 @@
-"""Prefix-cache placement policies: LRU, LFU and the learned reuse predictor, each scoring the
-engine's cached prefix nodes and letting :class:`PlacementPlanner` decide what to drop, offload
-to the CPU tier, pin and prefetch (DESIGN §6).
+"""Prefix-cache placement policies: LRU, LFU, ARC, S3-FIFO and the learned reuse predictor, each
+scoring the engine's cached prefix nodes and letting :class:`PlacementPlanner` decide what to
+drop, offload to the CPU tier, pin and prefetch (DESIGN §6).
 
 Each keeps the access history of the nodes it is shown (a bounded ghost table, so a node's
 history survives its eviction). Pure: stdlib and numpy only; the pluggy plugins that answer
@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
+from superinfer.policy_core.kv_baselines import ArcCache, S3FifoCache
 from superinfer.policy_core.kv_placement_plan import PlacementPlanner, ScoreFn, parent_index
 from superinfer.policy_core.reuse import (
     NodeColumns,
@@ -32,6 +33,8 @@ from superinfer.policy_core.types import (
 
 __all__ = [
     "PLACEMENT_POLICIES",
+    "ArcPlacementPolicy",
+    "S3FifoPlacementPolicy",
     "LFUPlacementPolicy",
     "LRUPlacementPolicy",
     "PlacementPolicy",
@@ -281,7 +284,73 @@ class ReusePlacementPolicy(PlacementPolicy):
             self.cpu_model.observe_evictions(dropped_ages_s)
 
 
+@dataclass
+class _OrderPlacementPolicy(PlacementPolicy):
+    """A :mod:`~superinfer.policy_core.kv_baselines` algorithm kept over node ids: the nodes
+    whose last access is newer than last seen are fed to it as accesses (oldest first, deeper
+    first on ties, so a parent is more recent than its child), nodes gone from the view leave
+    it as the engine's evictions (``forget``), and the score is the node's position in the
+    algorithm's eviction order (0: next to go), so the planner evicts leaves in that order. Its
+    capacity follows the most nodes shown at once. Never pins."""
+
+    _algo: Any = field(default=None, init=False, repr=False)
+    _seen: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+
+    def _make(self, capacity: int) -> Any:
+        raise NotImplementedError
+
+    def _scores(
+        self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
+    ) -> tuple[FloatArray | ScoreFn, FloatArray | ScoreFn | None, bool]:
+        n = len(keys)
+        if self._algo is None:
+            self._algo = self._make(max(n, 1))
+        self._algo.capacity = max(n, 1, self._algo.capacity)
+        last = now_s - cols.age_s
+        present = set(keys.tolist())
+        for key in [k for k in self._seen if k not in present]:
+            self._algo.forget(key)
+            del self._seen[key]
+        fresh = [i for i in range(n) if self._seen.get(keys[i], -np.inf) < last[i]]
+        fresh.sort(key=lambda i: (last[i], -cols.depth[i]))
+        for i in fresh:
+            key = keys[i]
+            self._seen[key] = float(last[i])
+            for gone in self._algo.access(key):
+                self._seen.pop(gone, None)
+        rank = {k: r for r, k in enumerate(self._algo.eviction_order())}
+        score = np.fromiter((rank.get(k, len(rank)) for k in keys.tolist()), np.float64, n)
+        return score, None, False
+
+
+@dataclass
+class ArcPlacementPolicy(_OrderPlacementPolicy):
+    """ARC (Megiddo & Modha, FAST 2003) order over the engine's prefix nodes."""
+
+    name: ClassVar[str] = "arc"
+
+    def _make(self, capacity: int) -> Any:
+        return ArcCache(capacity)
+
+
+@dataclass
+class S3FifoPlacementPolicy(_OrderPlacementPolicy):
+    """S3-FIFO (Yang et al., SOSP 2023) order over the engine's prefix nodes."""
+
+    name: ClassVar[str] = "s3fifo"
+
+    def _make(self, capacity: int) -> Any:
+        return S3FifoCache(capacity)
+
+
 #: Placement policies by name (the names of their plugins' entry points).
 PLACEMENT_POLICIES: dict[str, type[PlacementPolicy]] = {
-    cls.name: cls for cls in (LRUPlacementPolicy, LFUPlacementPolicy, ReusePlacementPolicy)
+    cls.name: cls
+    for cls in (
+        LRUPlacementPolicy,
+        LFUPlacementPolicy,
+        ReusePlacementPolicy,
+        ArcPlacementPolicy,
+        S3FifoPlacementPolicy,
+    )
 }

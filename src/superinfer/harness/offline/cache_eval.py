@@ -39,12 +39,12 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from superinfer.harness.errors import DataError, UserError
 from superinfer.harness.offline.cache_replay import belady_prefix_hits, replay, replay_ordered
+from superinfer.harness.offline.cache_report import plot, render_cache_report, targets_table
 from superinfer.harness.offline.cache_trace import (
     CACHE_TRACES,
     COLD_START_S,
@@ -89,13 +89,14 @@ class CacheEvalConfig:
     """What ``superinfer cache-eval`` runs.
 
     Attributes:
-        trace: ``mooncake`` or a Mooncake-format ``.jsonl`` path.
+        trace: ``mooncake``, a generated ``gen-*`` trace or a Mooncake-format ``.jsonl`` path;
+            several, comma-separated.
         capacity_fracs: HBM capacities as fractions of the trace's unique blocks.
         cpu_ratio: CPU tier size as a multiple of the HBM capacity (0: no CPU-tier runs).
         policies: policies to replay.
         duration_s: replay only the first ``duration_s`` seconds of arrivals (``None``: all).
         jobs: worker processes.
-        seed: the predictor's sampling seed.
+        seed: the predictor's sampling seed and the generated traces' seed.
     """
 
     trace: str = "mooncake"
@@ -126,35 +127,42 @@ class CacheEvalConfig:
 def _one(args: tuple[BlockTrace, str, float, int, int, int]) -> ReplayResult:
     trace, policy, frac, hbm, cpu, seed = args
     cfg = ReusePredictorConfig(seed=seed) if policy == "predictor" else None
-    return replay(trace, policy, frac, hbm, cpu, predictor_config=cfg)
+    res = replay(trace, policy, frac, hbm, cpu, predictor_config=cfg)
+    res.trace = trace.name
+    return res
 
 
 def run_cache_eval(
     config: CacheEvalConfig, progress: Callable[[str], None] | None = None
-) -> tuple[BlockTrace, list[ReplayResult]]:
-    """Replay every policy x capacity x (with, without CPU tier) of ``config``.
+) -> tuple[list[BlockTrace], list[ReplayResult]]:
+    """Replay every trace x policy x capacity x (with, without CPU tier) of ``config``
+    (``config.trace``: one name or several, comma-separated).
 
     With-CPU-tier runs where HBM + CPU hold every unique block are skipped: nothing is ever
     dropped, so every policy hits every reuse (the infinite-cache rate).
 
     Returns:
-        The trace and the results, ordered by CPU tier, capacity, then policy.
+        The traces and the results, ordered by trace, CPU tier, capacity, then policy.
     """
-    trace = load_cache_trace(config.trace, duration_s=config.duration_s)
+    traces = [
+        load_cache_trace(name, duration_s=config.duration_s, seed=config.seed)
+        for name in trace_names(config.trace)
+    ]
     tiers = [0.0] + ([config.cpu_ratio] if config.cpu_ratio > 0 else [])
     tasks = []
-    for ratio in tiers:
-        for frac in sorted(config.capacity_fracs):
-            hbm = max(1, int(frac * trace.num_unique))
-            if ratio and hbm + int(ratio * hbm) >= trace.num_unique:
-                continue  # the tiers hold every block: every policy has the infinite-cache rate
-            for policy in config.policies:
-                tasks.append((trace, policy, frac, hbm, int(ratio * hbm), config.seed))
+    for trace in traces:
+        for ratio in tiers:
+            for frac in sorted(config.capacity_fracs):
+                hbm = max(1, int(frac * trace.num_unique))
+                if ratio and hbm + int(ratio * hbm) >= trace.num_unique:
+                    continue  # the tiers hold every block: the infinite-cache rate
+                for policy in config.policies:
+                    tasks.append((trace, policy, frac, hbm, int(ratio * hbm), config.seed))
     results: list[ReplayResult] = []
     if config.jobs == 1:
         for i, task in enumerate(tasks):
             if progress:
-                progress(f"replay {i + 1}/{len(tasks)}: {task[1]} at {task[2]:g}")
+                progress(f"replay {i + 1}/{len(tasks)}: {task[0].name} {task[1]} at {task[2]:g}")
             results.append(_one(task))
     else:
         with ProcessPoolExecutor(max_workers=config.jobs) as pool:
@@ -162,21 +170,33 @@ def run_cache_eval(
                 if progress:
                     progress(f"replay {i + 1}/{len(tasks)} done")
                 results.append(res)
-    return trace, results
+    return traces, results
 
 
-def hit_rate_table(trace: BlockTrace, results: Sequence[ReplayResult]) -> pd.DataFrame:
+def trace_names(trace: str) -> list[str]:
+    """The comma-separated names of ``--trace`` (at least one).
+
+    Raises:
+        UserError: no name.
+    """
+    names = [t.strip() for t in trace.split(",") if t.strip()]
+    if not names:
+        raise UserError("--trace is empty")
+    return names
+
+
+def hit_rate_table(results: Sequence[ReplayResult]) -> pd.DataFrame:
     """``hit_rates.csv``: exactly :data:`HIT_RATE_COLUMNS`."""
     return pd.DataFrame(
         [
-            (trace.name, r.policy, r.capacity_frac, r.cpu_tier, r.block_hit_rate, r.token_hit_rate)
+            (r.trace, r.policy, r.capacity_frac, r.cpu_tier, r.block_hit_rate, r.token_hit_rate)
             for r in results
         ],
         columns=list(HIT_RATE_COLUMNS),
     )
 
 
-def detail_table(trace: BlockTrace, results: Sequence[ReplayResult]) -> pd.DataFrame:
+def detail_table(results: Sequence[ReplayResult]) -> pd.DataFrame:
     """``hit_rates_detail.csv``: the HBM / CPU split, transfers, cold start and predictor state."""
     minutes = int(COLD_START_S // 60)
     rows = []
@@ -185,7 +205,7 @@ def detail_table(trace: BlockTrace, results: Sequence[ReplayResult]) -> pd.DataF
         p = r.predictor or {}
         rows.append(
             {
-                **dict(zip(HIT_RATE_COLUMNS, hit_rate_table(trace, [r]).iloc[0], strict=True)),
+                **dict(zip(HIT_RATE_COLUMNS, hit_rate_table([r]).iloc[0], strict=True)),
                 "hbm_blocks": r.hbm_blocks,
                 "cpu_blocks": r.cpu_blocks,
                 "hbm_block_hit_rate": (r.hit_blocks - r.cpu_hit_blocks) / r.total_blocks,
@@ -200,12 +220,15 @@ def detail_table(trace: BlockTrace, results: Sequence[ReplayResult]) -> pd.DataF
                 "predictor_labels": p.get("num_labels"),
                 "predictor_horizon_s": p.get("horizon_s"),
                 "wall_s": r.wall_s,
+                "us_per_request": 1e6 * r.wall_s / max(int(r.minute_requests.sum()), 1),
+                "adaptive_leader": p.get("leader"),
+                "adaptive_switches": p.get("num_switches"),
             }
-        )
+        )  # fmt: skip
     return pd.DataFrame(rows)
 
 
-def minute_table(trace: BlockTrace, results: Sequence[ReplayResult]) -> pd.DataFrame:
+def minute_table(results: Sequence[ReplayResult]) -> pd.DataFrame:
     """``hit_rates_by_minute.csv``: hit rates per minute of arrival (cold start and drift)."""
     rows = []
     for r in results:
@@ -213,7 +236,7 @@ def minute_table(trace: BlockTrace, results: Sequence[ReplayResult]) -> pd.DataF
             b, t = r.minute_blocks[m], r.minute_tokens[m]
             rows.append(
                 {
-                    "trace": trace.name,
+                    "trace": r.trace,
                     "policy": r.policy,
                     "capacity_frac": r.capacity_frac,
                     "cpu_tier": r.cpu_tier,
@@ -226,140 +249,6 @@ def minute_table(trace: BlockTrace, results: Sequence[ReplayResult]) -> pd.DataF
     return pd.DataFrame(rows)
 
 
-def _plot(table: pd.DataFrame, minutes: pd.DataFrame, out_dir: Path, target_frac: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"lru": "tab:blue", "lfu": "tab:orange", "predictor": "tab:green", "belady": "black"}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, col, label in zip(
-        axes, ("block_hit_rate", "token_hit_rate"), ("blocks", "tokens"), strict=True
-    ):
-        for (policy, cpu), grp in table.groupby(["policy", "cpu_tier"], sort=False):
-            grp = grp.sort_values("capacity_frac")
-            ax.plot(
-                grp.capacity_frac,
-                grp[col],
-                marker="o",
-                ms=3,
-                color=colors.get(str(policy)),
-                ls="--" if cpu else "-",
-                label=f"{policy}{' + CPU tier' if cpu else ''}",
-            )
-        ax.set_xscale("log")
-        ax.axvline(target_frac, color="grey", lw=0.8, ls=":")
-        ax.set_xlabel("HBM capacity (fraction of unique blocks)")
-        ax.set_title(f"prefix hit rate ({label})")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("hit rate")
-    axes[1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    write_atomic(out_dir / "hit_rates.png", lambda p: fig.savefig(p, dpi=120, format="png"))
-    plt.close(fig)
-
-    sel = minutes[(minutes.capacity_frac == target_frac) & ~minutes.cpu_tier]
-    if sel.empty:
-        return
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    for policy, grp in sel.groupby("policy", sort=False):
-        ax.plot(grp.minute, grp.block_hit_rate, color=colors.get(str(policy)), label=str(policy))
-    ax.axvline(COLD_START_S / 60, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("minute of the trace")
-    ax.set_ylabel("block hit rate in that minute")
-    ax.set_title(f"hit rate over time, HBM = {target_frac:g} of unique blocks, no CPU tier")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    write_atomic(
-        out_dir / "hit_rates_by_minute.png", lambda p: fig.savefig(p, dpi=120, format="png")
-    )
-    plt.close(fig)
-
-
-def _pct(x: float) -> str:
-    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.2f}%"
-
-
-def render_cache_report(
-    trace: BlockTrace,
-    config: CacheEvalConfig,
-    table: pd.DataFrame,
-    detail: pd.DataFrame,
-    meta: dict[str, Any],
-    target_frac: float = 0.1,
-) -> str:
-    """``report.md``: setup, definitions, the tables, the issue-6 target check, cold start."""
-    lines = [
-        "# Prefix-cache hit rates: LRU, LFU, reuse predictor, Belady",
-        "",
-        f"- Trace `{trace.name}`: {trace.num_requests:,} requests, {len(trace.blocks):,} block "
-        f"references, {trace.num_unique:,} unique blocks of {trace.block_tokens} tokens, "
-        f"{trace.arrival_s[-1] / 60:.1f} min.",
-        f"- HBM capacities (fractions of unique blocks): "
-        f"{', '.join(f'{f:g}' for f in sorted(config.capacity_fracs))}; CPU tier = "
-        f"{config.cpu_ratio:g} x the HBM capacity (runs where HBM + CPU hold every block are "
-        "skipped: every policy has the ideal rate there).",
-        f"- Command: `{' '.join(meta.get('command', []))}`; git `{meta.get('git_sha')}`; "
-        f"host {meta.get('host', {}).get('platform')} ({meta.get('host', {}).get('cpu_count')} "
-        "CPUs).",
-        "- Definitions (docs/kv-reuse.md): a block hit is a block of the longest cached prefix "
-        "of a request; with a CPU tier a block found in CPU memory counts as a hit (it saves its "
-        "prefill) and is reported separately in `hit_rates_detail.csv` (`cpu_block_hit_rate`), "
-        "since it costs a PCIe load.",
-        "",
-        "## Hit rates",
-        "",
-    ]
-    for cpu in sorted(table.cpu_tier.unique()):
-        sub = table[table.cpu_tier == cpu]
-        lines += [f"### {'With' if cpu else 'Without'} a CPU tier", ""]
-        policies = list(dict.fromkeys(sub.policy))
-        lines.append("| capacity | " + " | ".join(f"{p} blocks / tokens" for p in policies) + " |")
-        lines.append("|---:|" + "---:|" * len(policies))
-        for frac, grp in sub.groupby("capacity_frac"):
-            by = grp.set_index("policy")
-            cells = [
-                f"{_pct(by.loc[p, 'block_hit_rate'])} / {_pct(by.loc[p, 'token_hit_rate'])}"
-                for p in policies
-            ]
-            lines.append(f"| {frac:g} | " + " | ".join(cells) + " |")
-        lines.append("")
-    base = table[(table.capacity_frac == target_frac) & ~table.cpu_tier].set_index("policy")
-    if {"lru", "predictor", "belady"} <= set(base.index):
-        lru, pred, bel = (
-            float(base.loc[p, "block_hit_rate"]) for p in ("lru", "predictor", "belady")
-        )
-        need = max(lru + 0.05, 0.9 * bel)
-        verdict = "met" if pred >= need else f"missed by {100 * (need - pred):.2f} points"
-        lines += [
-            f"## Target at capacity {target_frac:g} (no CPU tier)",
-            "",
-            f"Predictor {_pct(pred)} vs LRU {_pct(lru)} (+{100 * (pred - lru):.2f} points; "
-            f"target +5) and Belady {_pct(bel)} ({pred / bel:.3f} x; target 0.9 x): "
-            f"**{verdict}** (needed {_pct(need)}).",
-            "",
-        ]
-    cold = detail[(detail.capacity_frac == target_frac) & ~detail.cpu_tier]
-    if not cold.empty:
-        lines += [
-            f"## Cold start (first {COLD_START_S / 60:.0f} minutes, capacity {target_frac:g})",
-            "",
-            "| policy | block hit rate | token hit rate | predictor switched at |",
-            "|---|---:|---:|---:|",
-        ]
-        for _, row in cold.iterrows():
-            sw = row.predictor_switched_at_s
-            sw_txt = "–" if sw is None or pd.isna(sw) else f"{sw:.0f} s"
-            lines.append(
-                f"| {row.policy} | {_pct(row.first_10min_block_hit_rate)} | "
-                f"{_pct(row.first_10min_token_hit_rate)} | {sw_txt} |"
-            )
-        lines.append("")
-    return "\n".join(lines) + "\n"
-
-
 def _write_csv(df: pd.DataFrame, path: Path) -> None:
     df.to_csv(path, index=False, float_format=CSV_FLOAT_FORMAT)
 
@@ -370,37 +259,47 @@ def _write_text(text: str, path: Path) -> None:
 
 def write_cache_eval(
     out_dir: Path,
-    trace: BlockTrace,
+    traces: BlockTrace | Sequence[BlockTrace],
     config: CacheEvalConfig,
     results: Sequence[ReplayResult],
     *,
     command: list[str] | None = None,
 ) -> dict[str, Path]:
     """Write ``hit_rates.csv``, ``hit_rates_detail.csv``, ``hit_rates_by_minute.csv`` and
-    ``manifest.json`` into ``out_dir`` (each atomically), then the report and plots from them."""
+    ``manifest.json`` into ``out_dir`` (each atomically), then ``targets.csv``, the report and
+    the plots from them."""
+    traces = [traces] if isinstance(traces, BlockTrace) else list(traces)
+    for r in results:
+        if not r.trace and len(traces) == 1:
+            r.trace = traces[0].name
     info = {
         "config": asdict(config),
-        "trace": {
-            "name": trace.name,
-            "requests": trace.num_requests,
-            "unique_blocks": trace.num_unique,
-            "block_references": len(trace.blocks),
-        },
+        "traces": [
+            {
+                "name": t.name,
+                "requests": t.num_requests,
+                "unique_blocks": t.num_unique,
+                "block_references": len(t.blocks),
+                "block_tokens": t.block_tokens,
+                "minutes": float(t.arrival_s[-1] / 60) if t.num_requests else 0.0,
+            }
+            for t in traces
+        ],
         "predictor": {
-            f"{r.capacity_frac:g}/{'cpu' if r.cpu_tier else 'hbm'}": {
+            f"{r.trace}/{r.capacity_frac:g}/{'cpu' if r.cpu_tier else 'hbm'}/{r.policy}": {
                 "hbm_model": r.predictor,
                 "cpu_model": r.cpu_predictor,
             }
             for r in results
-            if r.predictor
+            if r.predictor and r.policy in ("predictor", "adaptive")
         },
     }
     meta = manifest(info, command=command)
     paths: dict[str, Path] = {}
     for name, df in (
-        ("hit_rates.csv", hit_rate_table(trace, results)),
-        ("hit_rates_detail.csv", detail_table(trace, results)),
-        ("hit_rates_by_minute.csv", minute_table(trace, results)),
+        ("hit_rates.csv", hit_rate_table(results)),
+        ("hit_rates_detail.csv", detail_table(results)),
+        ("hit_rates_by_minute.csv", minute_table(results)),
     ):
         paths[name] = out_dir / name
         write_atomic(paths[name], partial(_write_csv, df))
@@ -408,13 +307,15 @@ def write_cache_eval(
         out_dir / "manifest.json",
         partial(_write_text, json.dumps(meta, indent=2, default=str) + "\n"),
     )
-    write_cache_report(out_dir, trace)
-    paths.update({n: out_dir / n for n in ("report.md", "manifest.json", "hit_rates.png")})
+    write_cache_report(out_dir)
+    names = ("report.md", "manifest.json", "hit_rates.png", "targets.csv")
+    paths.update({n: out_dir / n for n in names})
     return paths
 
 
 def write_cache_report(out_dir: Path, trace: BlockTrace | None = None) -> None:
-    """(Re)write ``report.md`` and the plots of ``out_dir`` from its CSVs and manifest only.
+    """(Re)write ``targets.csv``, ``report.md`` and the plots of ``out_dir`` from its CSVs and
+    manifest only (``trace`` is ignored: kept for callers).
 
     Raises:
         DataError: a file of the directory is missing.
@@ -426,21 +327,12 @@ def write_cache_report(out_dir: Path, trace: BlockTrace | None = None) -> None:
         minutes = pd.read_csv(out_dir / "hit_rates_by_minute.csv")
     except (OSError, ValueError) as exc:
         raise DataError(f"{out_dir}: not a cache-eval directory ({exc})") from None
-    cfg = meta["config"]
-    config = CacheEvalConfig(
-        trace=cfg["trace"],
-        capacity_fracs=tuple(cfg["capacity_fracs"]),
-        cpu_ratio=cfg["cpu_ratio"],
-        policies=tuple(cfg["policies"]),
-        duration_s=cfg["duration_s"],
-        jobs=cfg["jobs"],
-        seed=cfg["seed"],
-    )
-    if trace is None:
-        trace = load_cache_trace(config.trace, duration_s=config.duration_s)
-    target = 0.1 if 0.1 in config.capacity_fracs else sorted(config.capacity_fracs)[0]
-    _plot(table, minutes, out_dir, target)
-    report = render_cache_report(trace, config, table, detail, meta, target)
+    fracs = meta["config"]["capacity_fracs"]
+    target = 0.1 if 0.1 in fracs else sorted(fracs)[0]
+    targets = targets_table(table)
+    write_atomic(out_dir / "targets.csv", partial(_write_csv, targets))
+    plot(table, minutes, out_dir, target)
+    report = render_cache_report(table, detail, targets, meta, target)
     write_atomic(out_dir / "report.md", partial(_write_text, report))
 
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from superinfer.harness.errors import UserError
+from superinfer.harness.offline.cache_replay_blocks import BLOCK_POLICIES, replay_blocks
 from superinfer.harness.offline.cache_trace import (
     POLICIES,
     BlockTrace,
@@ -269,6 +270,8 @@ def replay(
         raise UserError(f"unknown cache policy {policy!r}; known: {', '.join(POLICIES)}")
     if hbm_blocks < 1 or cpu_blocks < 0:
         raise UserError(f"capacity must be >= 1 HBM block, got {hbm_blocks} (CPU {cpu_blocks})")
+    if policy in BLOCK_POLICIES:
+        return replay_blocks(trace, policy, capacity_frac, hbm_blocks, cpu_blocks)
     start = time.perf_counter()
     planner = planner or PlacementPlanner()
     hbm_model = cpu_model = None

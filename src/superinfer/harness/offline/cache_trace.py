@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from superinfer.harness.errors import TraceFormatError, UserError
+from superinfer.harness.offline.cache_workloads import GENERATED_TRACES, generate_rows
 from superinfer.harness.workload.data import trace_path
 from superinfer.harness.workload.traces import MOONCAKE_BLOCK_TOKENS, TraceRow, load_mooncake_jsonl
 
@@ -33,7 +34,7 @@ __all__ = [
 ]
 
 
-POLICIES = ("lru", "lfu", "predictor", "belady")
+POLICIES = ("lru", "lfu", "arc", "s3fifo", "predictor", "adaptive", "belady")
 #: The columns of ``hit_rates.csv`` (issue 6), in this order.
 HIT_RATE_COLUMNS = (
     "trace",
@@ -152,27 +153,39 @@ def block_trace(
     )
 
 
-def load_cache_trace(trace: str, *, duration_s: float | None = None) -> BlockTrace:
-    """The trace named ``trace`` (``mooncake``) or a Mooncake-format ``.jsonl`` path.
+def load_cache_trace(trace: str, *, duration_s: float | None = None, seed: int = 0) -> BlockTrace:
+    """The trace named ``trace`` (``mooncake``, or a generated ``gen-*`` one, made from
+    ``seed``; :mod:`superinfer.harness.offline.cache_workloads`) or a Mooncake-format
+    ``.jsonl`` path.
 
     Raises:
         UserError: unknown name, or an empty window.
         DataError: the file is missing.
         TraceFormatError: malformed file.
     """
-    if trace in CACHE_TRACES:
+    block_tokens = MOONCAKE_BLOCK_TOKENS
+    if trace in GENERATED_TRACES:
+        spec = GENERATED_TRACES[trace]
+        rows, path, name, block_tokens = generate_rows(spec, seed), trace, trace, spec.block_tokens
+    elif trace in CACHE_TRACES:
         path, name = trace_path(CACHE_TRACES[trace]), trace
     elif Path(trace).is_file():
         path, name = Path(trace), Path(trace).stem
     else:
         known = ", ".join(CACHE_TRACES)
-        raise UserError(f"unknown trace {trace!r}: give {known} or a Mooncake .jsonl file")
-    rows = load_mooncake_jsonl(path)
+        raise UserError(
+            f"unknown trace {trace!r}: give {known} or a Mooncake .jsonl file "
+            f"(or a generated trace: {', '.join(GENERATED_TRACES)})"
+        )
+    if trace not in GENERATED_TRACES:
+        rows = load_mooncake_jsonl(path)
     if duration_s is not None:
         if not duration_s > 0:
             raise UserError(f"--duration-s must be > 0, got {duration_s}")
         rows = [r for r in rows if r.arrival_s - rows[0].arrival_s < duration_s]
-    return block_trace(rows, name, source=path)
+    if not rows:
+        raise UserError(f"trace {trace!r} has no request in the window")
+    return block_trace(rows, name, block_tokens=block_tokens, source=path)
 
 
 @dataclass(slots=True)
@@ -191,6 +204,7 @@ class ReplayResult:
         predictor: the HBM model's :meth:`ReusePredictor.metrics` at the end (predictor only).
         cpu_predictor: the CPU-tier model's metrics (predictor with a CPU tier only).
         wall_s: wall time of the replay, s.
+        trace: the trace's name (set by ``run_cache_eval``).
     """
 
     policy: str
@@ -212,6 +226,7 @@ class ReplayResult:
     predictor: dict[str, Any] | None = None
     cpu_predictor: dict[str, Any] | None = None
     wall_s: float = 0.0
+    trace: str = ""
 
     @property
     def cpu_tier(self) -> bool:

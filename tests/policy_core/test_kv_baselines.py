@@ -1,0 +1,124 @@
+"""ARC and S3-FIFO against hits and states worked out by hand from the papers' definitions
+(Megiddo & Modha, FAST 2003, Fig. 4; Yang et al., SOSP 2023, Algorithm 1), and the leaf
+constraint of the prefix-cache versions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from superinfer.policy_core.kv_baselines import ArcCache, S3FifoCache
+from superinfer.policy_core.reuse_adaptive import (
+    AdaptiveCache,
+    ArcBlocks,
+    HeapCache,
+    S3FifoBlocks,
+    make_block_cache,
+)
+
+
+def run(cache: ArcCache[str] | S3FifoCache[str], seq: str) -> tuple[list[bool], list[list[str]]]:
+    hits, gone = [], []
+    for key in seq:
+        hits.append(key in cache)
+        gone.append(cache.access(key))
+    return hits, gone
+
+
+def test_arc_exact_on_a_hand_made_sequence() -> None:
+    # c = 2. a, b miss (T1 = [a, b]); a hits (T2 = [a]); c: T1 + T2 full, p = 0 < |T1| = 1:
+    # b -> B1. b: ghost hit in B1, p = 0 + max(0/1, 1) = 1; |T1| = 1 is not > p, so T2's a ->
+    # B2; b -> T2. d: L1 = |T1| + |B1| = 1 < 2, total 3: REPLACE takes T2's b -> B2 (|T1| = p).
+    # a: ghost hit in B2, p = max(0, 1 - max(0/2, 1)) = 0; |T1| = 2 > 0: c -> B1; a -> T2.
+    arc: ArcCache[str] = ArcCache(2)
+    hits, gone = run(arc, "abacbda")
+    assert hits == [False, False, True, False, False, False, False]
+    assert gone == [[], [], [], ["b"], ["a"], ["b"], ["c"]]
+    assert (list(arc.t1), list(arc.t2), list(arc.b1), list(arc.b2)) == (["d"], ["a"], ["c"], ["b"])
+    assert arc.p == 0.0
+
+
+def test_arc_resists_a_scan_where_lru_does_not() -> None:
+    # a twice (T2), then b and c once each: the second miss evicts b from T1, not a.
+    arc: ArcCache[str] = ArcCache(2)
+    hits, gone = run(arc, "aabca")
+    assert hits == [False, True, False, False, True]
+    assert gone == [[], [], [], ["b"], []]
+
+
+def test_s3fifo_exact_on_a_hand_made_sequence() -> None:
+    # c = 3: |S| share = max(1, round(0.3)) = 1, G holds 3 - 1 = 2 keys.
+    s3: S3FifoCache[str] = S3FifoCache(3)
+    assert (s3.small_size, s3.ghost_size) == (1, 2)
+    hits, gone = run(s3, "abcdacebadffg")
+    # a b c fill S. d: S's tail a (never hit) -> G. a: b -> G, then a is in G: enters M.
+    # c hits (counter 1). e: S's tail c was hit: moves to M (counter 0); d -> G = [b, d].
+    # b: e -> G = [b, d, e], trimmed to [d, e]; b is no longer a ghost: enters S. a hits.
+    # d: b -> G = [e, b], d not a ghost -> S. f: d -> G = [b, d]. f hits (counter 1).
+    # g: S's tail f was hit -> M = [a, c, f]; S empty: M's tail a has counter 1 -> reinserted
+    # with 0; c (counter 0) leaves.
+    assert [i for i, h in enumerate(hits) if h] == [5, 8, 11]
+    assert gone == [[], [], [], ["a"], ["b"], [], ["d"], ["e"], [], ["b"], ["d"], [], ["c"]]
+    assert (list(s3.small), list(s3.main), list(s3.ghost)) == (["g"], ["f", "a"], ["b", "d"])
+    assert s3.freq == {"g": 0, "f": 0, "a": 0}
+
+
+def test_s3fifo_drops_one_hit_wonders_before_a_reused_key() -> None:
+    s3: S3FifoCache[int] = S3FifoCache(10)
+    for key in (0, 0, *range(1, 30)):
+        s3.access(key)
+    assert 0 in s3 and 1 not in s3  # 0 was hit in S, moved to M; the scan went through S
+
+
+def test_order_and_forget() -> None:
+    arc: ArcCache[str] = ArcCache(3)
+    run(arc, "abca")  # T1 = [b, c], T2 = [a], p = 0
+    assert arc.eviction_order() == ["b", "c", "a"]
+    arc.forget("c")
+    assert "c" in arc.b1 and "c" not in arc
+    s3: S3FifoCache[str] = S3FifoCache(3)
+    run(s3, "abcb")  # S = [a, b, c], b hit
+    assert s3.eviction_order() == ["a", "c", "b"]
+    s3.forget("a")
+    assert list(s3.ghost) == ["a"] and len(s3) == 2
+
+
+@pytest.mark.parametrize("cls", [ArcBlocks, S3FifoBlocks, HeapCache, AdaptiveCache])
+def test_prefix_versions_evict_leaves_only(cls: type) -> None:
+    rng = np.random.default_rng(3)
+    nodes = 40
+    parent = [-1] + [int(rng.integers(0, i)) for i in range(1, nodes)]
+    depth = [0] * nodes
+    for v in range(1, nodes):
+        depth[v] = depth[parent[v]] + 1
+    cache = cls(6, parent, depth)
+    for t in range(300):
+        v, path = int(rng.integers(0, nodes)), []
+        while v >= 0:
+            path.append(v)
+            v = parent[v]
+        path = path[::-1][:6]
+        cache.request(path, float(t))
+        held = [b for b in range(nodes) if b in cache]
+        assert len(held) <= 6
+        assert all(parent[b] < 0 or parent[b] in held for b in held)  # prefix-closed
+
+
+def test_adaptive_leaves_lru_when_another_policy_leads() -> None:
+    # A hot one-block prompt twice in a row, then three fresh ones, 2 slots: LRU hits only the
+    # second of each pair; LFU keeps the hot block (2 accesses against 1) and hits both.
+    n = 1500
+    parent, depth = [-1] * n, [0] * n
+    seq = [0 if t % 5 < 2 else t for t in range(n)]
+    caches = {name: make_block_cache(name, 2, parent, depth) for name in ("lru", "lfu")}
+    ada = AdaptiveCache(2, parent, depth)
+    hits = {"lru": 0, "lfu": 0, "adaptive": 0}
+    for t, b in enumerate(seq):
+        for name, cache in (*caches.items(), ("adaptive", ada)):
+            hits[name] += cache.prefix_hit([b])
+            cache.request([b], float(t))
+    assert (hits["lru"], hits["lfu"]) == (n // 5, 2 * (n // 5) - 1)
+    assert ada.leader != "lru" and ada.switches[0][1] == "lru"
+    # From the switch on it hits what the leader hits (the hot block is cached when it leads).
+    switch_req = ada.switches[0][0]
+    assert hits["adaptive"] >= hits["lfu"] - switch_req // 5 * 2 - 2
