@@ -73,7 +73,8 @@ class ArcPlacement(_PlacementHook, ArcPlacementPolicy):
 
 
 class S3FifoPlacement(_PlacementHook, S3FifoPlacementPolicy):
-    """The ``s3fifo`` plugin: :class:`~superinfer.policy_core.kv_placement.S3FifoPlacementPolicy`."""
+    """The ``s3fifo`` plugin: :class:`~superinfer.policy_core.kv_placement.S3FifoPlacementPolicy`
+    (S3-FIFO, Yang et al., SOSP 2023)."""
 
 
 #: Placement plugins by the name their entry point has.
