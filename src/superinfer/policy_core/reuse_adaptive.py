@@ -38,6 +38,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -122,7 +123,7 @@ class HeapCache(BlockCache):
         self.size = 0
 
     def __contains__(self, block: object) -> bool:
-        return self.key[block] is not None  # type: ignore[index]
+        return self.key[cast(int, block)] is not None
 
     def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
         for b in blocks:
@@ -273,7 +274,7 @@ class AdaptiveCache(BlockCache):
         self._decay = math.log(2.0) / self.config.half_life_blocks
 
     def __contains__(self, block: object) -> bool:
-        return self.cached[block]  # type: ignore[index]
+        return bool(self.cached[cast(int, block)])
 
     def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
         keep = math.exp(-self._decay * len(blocks))
@@ -324,11 +325,11 @@ class AdaptiveCache(BlockCache):
             return
         self.switches.append((self.refs, self.leader, best))
         self.leader = best
-        lead = self.experts[best]
+        leader_cache = self.experts[best]
         self.stale = [
             (self.last[b], -self.depth[b], b)
             for b in range(len(self.cached))
-            if self.cached[b] and b not in lead
+            if self.cached[b] and b not in leader_cache
         ]
         heapq.heapify(self.stale)
 
@@ -412,7 +413,7 @@ class LearnedCache(BlockCache):
         self.size = 0
 
     def __contains__(self, block: object) -> bool:
-        return bool(self.cached[block])  # type: ignore[index]
+        return bool(self.cached[cast(int, block)])
 
     def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
         b = np.asarray(blocks, dtype=np.int64)

@@ -111,7 +111,10 @@ class StatsFile:
             return False
         self._last = now
         body = dict(self.header)
-        body.update(asdict(counters) if is_dataclass(counters) else dict(counters))
+        if is_dataclass(counters) and not isinstance(counters, type):
+            body.update(asdict(counters))
+        else:
+            body.update(dict(counters))
         body.update(extra)
         body["written_unix_s"] = round(time.time(), 3)
         try:
@@ -171,6 +174,7 @@ def kv_usage(allocator: Any, tree_cache: Any) -> dict[str, int]:
 def read_stats(path: str | Path) -> dict[str, Any] | None:
     """The last snapshot at ``path``, or ``None`` when none was written yet."""
     try:
-        return json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError):
         return None
+    return data if isinstance(data, dict) else None

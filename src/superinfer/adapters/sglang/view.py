@@ -135,7 +135,7 @@ def single_rank(scheduler: Any) -> bool:
     pipeline-parallel rank and no DP attention (whose ranks batch together). Independent
     data-parallel replicas each decide alone."""
     args = getattr(scheduler, "server_args", None)
-    tp = getattr(scheduler, "tp_size", None) or getattr(args, "tp_size", 1)
+    tp = getattr(scheduler, "tp_size", None) or getattr(args, "tp_size", 1) or 1
     pp = getattr(args, "pp_size", 1)
     dp_attention = bool(getattr(args, "enable_dp_attention", False))
     return int(tp) == 1 and int(pp) == 1 and not dp_attention

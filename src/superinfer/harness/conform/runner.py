@@ -310,7 +310,7 @@ def conform_rows(
     ``matrix.csv`` row each (:data:`MATRIX_COLUMNS`)."""
     scale = _probe(target)
     cache: dict[object, dict[str, RunResult]] = {}
-    rows = []
+    rows: list[dict[str, object]] = []
     for sc in SCENARIOS:
         if scenarios is not None and sc.name not in scenarios:
             continue

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from superinfer.harness.conform.observe import DecisionLog
+from superinfer.harness.conform.observe import Admission, DecisionLog
 from superinfer.harness.conform.workloads import (
     SHORT_PROMPT,
     Scale,
@@ -190,6 +190,7 @@ def _readmission_check(runs: Mapping[str, RunResult], scale: Scale, _: object) -
             waiting[rid] = log_arrival(log, rid)
             continue
         waiting.pop(rid, None)
+        assert isinstance(ev, Admission)  # kind 1: the admissions
         if ev.readmission:
             readmitted += 1
         # an admission of a same-priority request that arrived after one still waiting

@@ -166,7 +166,8 @@ def load_cache_trace(trace: str, *, duration_s: float | None = None, seed: int =
     block_tokens = MOONCAKE_BLOCK_TOKENS
     if trace in GENERATED_TRACES:
         spec = GENERATED_TRACES[trace]
-        rows, path, name, block_tokens = generate_rows(spec, seed), trace, trace, spec.block_tokens
+        rows, name, block_tokens = generate_rows(spec, seed), trace, spec.block_tokens
+        path: str | Path = trace
     elif trace in CACHE_TRACES:
         path, name = trace_path(CACHE_TRACES[trace]), trace
     elif Path(trace).is_file():
@@ -178,7 +179,7 @@ def load_cache_trace(trace: str, *, duration_s: float | None = None, seed: int =
             f"(or a generated trace: {', '.join(GENERATED_TRACES)})"
         )
     if trace not in GENERATED_TRACES:
-        rows = load_mooncake_jsonl(path)
+        rows = load_mooncake_jsonl(Path(path))
     if duration_s is not None:
         if not duration_s > 0:
             raise UserError(f"--duration-s must be > 0, got {duration_s}")

@@ -102,7 +102,9 @@ def _arrivals(rng: np.random.Generator, rate: float, t0: float, t1: float) -> li
     return sorted(rng.uniform(t0, t1, size=n).tolist())
 
 
-def _prefixes(rng: np.random.Generator, spec: GenSpec, ids: _Ids) -> tuple[list, np.ndarray]:
+def _prefixes(
+    rng: np.random.Generator, spec: GenSpec, ids: _Ids
+) -> tuple[list[list[int]], np.ndarray]:
     lo, hi = spec.prefix_blocks
     pre = [ids.take(int(rng.integers(lo, hi + 1))) for _ in range(spec.num_prefixes)]
     w = np.arange(1, spec.num_prefixes + 1, dtype=np.float64) ** -spec.zipf_a
