@@ -14,11 +14,13 @@ Text output is gibberish; lengths, scheduling and the KV cache behave as for any
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,11 @@ __all__ = [
     "TINY_LLAMA",
     "FixtureError",
     "build_fixture",
+    "build_main",
     "default_fixture_dir",
     "ensure_fixture",
     "main",
+    "staged_folder",
 ]
 
 FIXTURE_NAME = "sglang-tiny-llama"
@@ -97,10 +101,7 @@ def build_fixture(dest: Path | None = None) -> Path:
         raise FixtureError(
             f"the SGLang CPU fixture needs the hf extra ({exc}): make install"
         ) from None
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
-    tmp.chmod(0o755)
-    try:
+    with staged_folder(dest) as tmp:
         try:
             tok = load_smollm2_tokenizer()
         except ModelNotInstalledError as exc:
@@ -111,11 +112,6 @@ def build_fixture(dest: Path | None = None) -> Path:
         (tmp / "config.json").write_text(json.dumps(TINY_LLAMA, indent=2, sort_keys=True))
         (tmp / "generation_config.json").write_text(json.dumps(_GENERATION, indent=2))
         (tmp / _STAMP).write_text(json.dumps({"tokenizer": _TOKENIZER, "config": TINY_LLAMA}))
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 
@@ -131,16 +127,43 @@ def ensure_fixture(dest: Path | None = None) -> Path:
     return dest
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m superinfer.adapters.sglang.fixture [DEST]``: build it, print the path."""
+def staged_folder(dest: Path) -> contextlib.AbstractContextManager[Path]:
+    """A fresh folder (mode 0755) beside ``dest`` to fill; when the block ends without an error
+    it replaces ``dest`` in one ``os.replace``, otherwise it is removed and ``dest`` is left as
+    it was."""
+
+    @contextlib.contextmanager
+    def stage() -> Iterator[Path]:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
+        tmp.chmod(0o755)
+        try:
+            yield tmp
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    return stage()
+
+
+def build_main(build: Callable[[Path | None], Path], argv: list[str] | None) -> int:
+    """``python -m <module> [DEST]`` for a folder builder: build, print the path, or print the
+    :class:`FixtureError` as one line and return 1."""
     args = sys.argv[1:] if argv is None else argv
     try:
-        path = build_fixture(Path(args[0]) if args else None)
+        path = build(Path(args[0]) if args else None)
     except FixtureError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(path)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m superinfer.adapters.sglang.fixture [DEST]``: build it, print the path."""
+    return build_main(build_fixture, argv)
 
 
 if __name__ == "__main__":

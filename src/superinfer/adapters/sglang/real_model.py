@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from superinfer.adapters.sglang.fixture import FixtureError
+from superinfer.adapters.sglang.fixture import FixtureError, build_main, staged_folder
 
 __all__ = ["REAL_MODEL_NAME", "build_real_model", "default_real_model_dir", "main"]
 
@@ -88,10 +86,7 @@ def build_real_model(dest: Path | None = None) -> Path:
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in state.items()}
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
-    tmp.chmod(0o755)
-    try:
+    with staged_folder(dest) as tmp:
         save_file(tensors, str(tmp / _WEIGHTS), metadata={"format": "pt"})
         (tmp / _WEIGHTS).chmod(0o644)
         tokenizer.save_pretrained(str(tmp))
@@ -100,24 +95,12 @@ def build_real_model(dest: Path | None = None) -> Path:
         gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}
         gen["do_sample"] = False
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m superinfer.adapters.sglang.real_model [DEST]``: build it, print the path."""
-    args = sys.argv[1:] if argv is None else argv
-    try:
-        path = build_real_model(Path(args[0]) if args else None)
-    except FixtureError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
+    return build_main(build_real_model, argv)
 
 
 if __name__ == "__main__":
