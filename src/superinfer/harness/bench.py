@@ -16,6 +16,11 @@ import pandas as pd
 
 from superinfer.adapters.manager import available_policies
 from superinfer.harness.engines.base import TIMELINE_COLUMNS, BenchConfig, CellResult
+from superinfer.harness.engines.isolated import (
+    engine_isolated_latency,
+    engine_slos,
+    mark_feasible,
+)
 from superinfer.harness.engines.registry import (
     EngineFamily,
     default_source,
@@ -163,12 +168,15 @@ def run_bench(
     cells: dict[str, dict[str, Any]] = {}
     for engine, family in zip(config.engines, families, strict=True):
         runner = family.load_runner()
+        latency = engine_isolated_latency(config, engine)
+        ewl = engine_slos(wl, engine, latency)
         for name in policies:
             if progress:
                 progress(f"{engine} x {name}: {len(wl.requests)} requests")
             if on_cell:
                 on_cell(len(cells), total, f"{engine} × {name}")
-            cell = runner(config, engine, name, wl)
+            cell = runner(config, engine, name, ewl)
+            cell = replace(cell, requests=mark_feasible(cell.requests, ewl.requests, latency))
             summaries.extend(
                 summarize(
                     cell.requests, engine=engine, policy=name, kv_peak_bytes=cell.kv_peak_bytes

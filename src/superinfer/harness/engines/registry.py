@@ -92,6 +92,10 @@ class EngineFamily:
         unsupported_policies: registered policies this family cannot run, left out of the
             default selection and refused by name (``hf``: ``oracle``, which needs each
             request's true output length and the real engine's runner does not feed it).
+        step_model: where a request's latency alone on an idle replica comes from
+            (``harness.engines.isolated``): ``"sim"`` (the simulator's step-time model of the
+            profile), ``"hf-cpu"`` (the measured CPU calibration, ``sim.hf_cpu``) or ``None``
+            (none: engine-relative SLOs are refused, feasibility is unknown).
     """
 
     name: str
@@ -104,6 +108,7 @@ class EngineFamily:
     engine_policies: tuple[str, ...] = ()
     default_policies: tuple[str, ...] = ()
     unsupported_policies: tuple[str, ...] = ()
+    step_model: str | None = None
     _cache: dict[str, Callable[..., Any]] = field(default_factory=dict, compare=False, repr=False)
 
     def load_runner(self) -> Callable[..., Any]:
@@ -119,7 +124,7 @@ _PKG = "superinfer.harness.engines"
 #: Families by name. ``sim:hf-cpu`` has its own entry (:data:`_EXACT`) ahead of ``sim``.
 FAMILIES: Mapping[str, EngineFamily] = MappingProxyType(
     {
-        "sim": EngineFamily("sim", f"{_PKG}.sim:run_sim_cell"),
+        "sim": EngineFamily("sim", f"{_PKG}.sim:run_sim_cell", step_model="sim"),
         "sim-hf-cpu": EngineFamily(
             "sim-hf-cpu",
             f"{_PKG}.sim:run_sim_hf_cpu_cell",
@@ -127,6 +132,7 @@ FAMILIES: Mapping[str, EngineFamily] = MappingProxyType(
             shaping=HF_WORKLOAD,
             default_source=("trace", "azure"),
             kind="sim-cpu",
+            step_model="hf-cpu",
         ),
         "hf": EngineFamily(
             "hf",
@@ -136,6 +142,7 @@ FAMILIES: Mapping[str, EngineFamily] = MappingProxyType(
             default_source=("trace", "azure"),
             kind="real-cpu",
             unsupported_policies=("oracle",),
+            step_model="hf-cpu",
         ),
         "sglang": EngineFamily(
             "sglang",
