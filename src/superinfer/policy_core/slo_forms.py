@@ -22,7 +22,11 @@ from dataclasses import replace
 
 from superinfer.policy_core.types import SLO
 
-__all__ = ["engine_relative", "for_request", "has_forms", "infeasible_reason"]
+__all__ = ["SLO_FORMS", "engine_relative", "for_request", "has_forms", "infeasible_reason"]
+
+#: The keys of the request-dependent forms, as ``SLO`` fields, workload-spec keys and ``serve``
+#: request fields.
+SLO_FORMS = ("ttft_ms_per_1k_prompt", "ttft_x_isolated", "tpot_x_isolated")
 
 
 def has_forms(slo: SLO) -> bool:

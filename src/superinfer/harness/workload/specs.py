@@ -51,6 +51,7 @@ from superinfer.harness.workload.traces import (
     ColumnMap,
 )
 from superinfer.harness.workload.workload import BATCH_SLO, CHAT_SLO
+from superinfer.policy_core.slo_forms import SLO_FORMS
 from superinfer.policy_core.types import SLO
 
 if sys.version_info >= (3, 11):
@@ -96,8 +97,7 @@ BUILTIN_SLOS = {"chat": CHAT_SLO, "batch": BATCH_SLO}
 
 _TOP_KEYS = {"name", "description", "rate_scale", "start_s", "duration_s", "clock"}
 _TOP_TABLES = {"slo", "source", "bench"}
-#: SLO forms (``policy_core.slo_forms``): prompt-scaled TTFT and engine-relative targets.
-_SLO_FORMS = ("ttft_ms_per_1k_prompt", "ttft_x_isolated", "tpot_x_isolated")
+_SLO_FORMS = SLO_FORMS  # prompt-scaled TTFT and engine-relative targets
 _SLO_KEYS = {"ttft_ms", "tpot_ms", "deadline_s", "weight", "priority", *_SLO_FORMS}
 _SOURCE_KEYS = {
     "name",
