@@ -12,10 +12,12 @@ from superinfer.harness.engines.isolated import (
     IsolatedLatency,
     engine_isolated_latency,
     engine_slos,
+    feasibility_info,
     mark_feasible,
 )
 from superinfer.harness.engines.sim import run_sim_cell
 from superinfer.harness.errors import UserError
+from superinfer.harness.report.feasibility import feasibility_lines
 from superinfer.harness.report.metrics import summarize
 from superinfer.harness.workload.workload import CHAT_SLO, Workload
 from superinfer.policy_core.slo_forms import for_request, infeasible_reason
@@ -163,3 +165,30 @@ def test_isolated_latency_is_what_the_simulator_gives_a_lone_request(engine: str
     row = cell.requests.iloc[0]
     assert row["ttft_ms"] == pytest.approx(lat.prefill_ms(5000), rel=1e-9)
     assert row["tpot_ms"] == pytest.approx(lat.tpot_ms(5000, 20), rel=1e-9)
+
+
+def test_the_report_says_how_many_requests_are_infeasible_and_why() -> None:
+    out = engine_slos(Workload("hand", _requests(), (), 1.0, None), "sim:test", LAT)
+    frame = pd.DataFrame(
+        {
+            "request_id": [r.request_id for r in out.requests],
+            "slo_class": [r.slo.name for r in out.requests],
+        }
+    )
+    info = feasibility_info(mark_feasible(frame, out.requests, LAT), LAT)
+    assert info == {
+        "source": "test",
+        "classes": {
+            "chat": {"n": 3, "infeasible": {"ttft": 1}},
+            "rel": {"n": 2, "infeasible": {"tpot": 1}},
+        },
+    }
+    lines = feasibility_lines(
+        {"feasibility": {"sim:test": info, "http": feasibility_info(frame, None)}}
+    )
+    assert lines[2:4] == [
+        "- Infeasible on an idle replica, `sim:test` (test): chat 1 of 3 (1 miss ttft); rel 1 of 2 "
+        "(1 miss tpot).",
+        "- Infeasible on an idle replica, `http`: unknown (no step model).",
+    ]
+    assert feasibility_lines({}) == []

@@ -19,6 +19,7 @@ from superinfer.harness.engines.base import TIMELINE_COLUMNS, BenchConfig, CellR
 from superinfer.harness.engines.isolated import (
     engine_isolated_latency,
     engine_slos,
+    feasibility_info,
     mark_feasible,
 )
 from superinfer.harness.engines.registry import (
@@ -166,6 +167,7 @@ def run_bench(
     summaries: list[dict[str, object]] = []
     frames, timelines, step_frames = [], [], []
     cells: dict[str, dict[str, Any]] = {}
+    feasibility: dict[str, dict[str, Any]] = {}
     for engine, family in zip(config.engines, families, strict=True):
         runner = family.load_runner()
         latency = engine_isolated_latency(config, engine)
@@ -177,6 +179,7 @@ def run_bench(
                 on_cell(len(cells), total, f"{engine} × {name}")
             cell = runner(config, engine, name, ewl)
             cell = replace(cell, requests=mark_feasible(cell.requests, ewl.requests, latency))
+            feasibility[engine] = feasibility_info(cell.requests, latency)
             summaries.extend(
                 summarize(
                     cell.requests, engine=engine, policy=name, kv_peak_bytes=cell.kv_peak_bytes
@@ -213,6 +216,7 @@ def run_bench(
             "details": dict(wl.details),
         },
         "cells": cells,
+        "feasibility": feasibility,
     }
     return BenchResult(
         pd.DataFrame(summaries),

@@ -34,6 +34,7 @@ __all__ = [
     "IsolatedLatency",
     "engine_isolated_latency",
     "engine_slos",
+    "feasibility_info",
     "mark_feasible",
     "resolve_requests",
 ]
@@ -93,7 +94,7 @@ def engine_isolated_latency(config: BenchConfig, engine: str) -> IsolatedLatency
         opts = hf_options(config.engine_options)
         where = opts.step_time_file or "the default sim:hf-cpu fit"
         return IsolatedLatency(
-            sim_step_time(opts), opts.max_batch_tokens, f"hf-cpu calibration ({where})"
+            sim_step_time(opts), opts.max_batch_tokens, f"hf-cpu calibration: {where}"
         )
     if kind != "sim":
         return None
@@ -111,7 +112,7 @@ def engine_isolated_latency(config: BenchConfig, engine: str) -> IsolatedLatency
     budget, _ = profile.limits(gpu)
     step = default_step_time(model, gpu, config.tp)
     return IsolatedLatency(
-        step, budget, f"{engine} step-time model ({type(step).__name__}, {gpu.name} TP{config.tp})"
+        step, budget, f"{engine} step-time model: {type(step).__name__}, {gpu.name} TP{config.tp}"
     )
 
 
@@ -189,3 +190,18 @@ def mark_feasible(
     out["infeasible_reason"] = [by_id.get(rid, "") for rid in out["request_id"]]
     out["feasible"] = out["infeasible_reason"] == ""
     return out
+
+
+def feasibility_info(df: pd.DataFrame, latency: IsolatedLatency | None) -> dict[str, object]:
+    """For the manifest and the report: where the isolated latency came from, and per SLO class
+    the requests an idle replica cannot serve within their SLO, by the target missed
+    (``{"chat": {"n": 1445, "infeasible": {"ttft": 117}}}``). ``df``: one cell's requests table
+    with the :func:`mark_feasible` columns."""
+    if latency is None or "feasible" not in df:
+        return {"source": None, "classes": {}}
+    classes: dict[str, dict[str, object]] = {}
+    for cls, part in df.groupby("slo_class", sort=True):
+        kinds = part.loc[~part["feasible"].astype(bool), "infeasible_reason"].str.split().str[0]
+        counts = {str(k): int(v) for k, v in kinds.value_counts().sort_index().items()}
+        classes[str(cls)] = {"n": len(part), "infeasible": counts}
+    return {"source": latency.source, "classes": classes}

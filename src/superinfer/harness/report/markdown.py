@@ -15,6 +15,7 @@ import pandas as pd
 
 from superinfer.harness.engines.registry import family_kinds
 from superinfer.harness.errors import UserError
+from superinfer.harness.report.feasibility import feasibility_lines
 from superinfer.harness.report.metrics import METRIC_COLUMNS, SUMMARY_COLUMNS, metrics_long
 from superinfer.harness.report.plots import (
     PLOT_FILES,
@@ -279,6 +280,7 @@ def render_markdown(summary: pd.DataFrame, meta: dict[str, Any], plots: Sequence
         "",
         _table(summary),
         "",
+        *feasibility_lines(meta),
         *_step_profile_lines(meta),
     ]
     if plots:
