@@ -75,6 +75,9 @@ def cli() -> None:
               help="With --kv-quant: a planner setting, repeatable (int8_pressure, int4_pressure, "
               "hysteresis, floors such as 'chat=int8,batch=int4', default_floor, count_waiting; "
               "docs/kv_quant.md).")
+@click.option("--stack", type=click.Choice(["none", "full"]), default="none", show_default=True,
+              help="full: rotation + reuse-predictor placement + KV quantization planner together "
+              "on every engine that supports each (the run says which an engine cannot apply).")
 @click.option("--policies", default=None, help="Comma-separated policy names [default: every "
               "registered policy; hf: all but oracle; sglang: native,lpm,priority,superinfer].")
 @click.option("--rate-scale", default=None, type=float,

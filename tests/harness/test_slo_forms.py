@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import pytest
@@ -17,8 +17,8 @@ from superinfer.harness.engines.isolated import (
 )
 from superinfer.harness.engines.sim import run_sim_cell
 from superinfer.harness.errors import UserError
-from superinfer.harness.report.feasibility import feasibility_lines
 from superinfer.harness.report.metrics import summarize
+from superinfer.harness.report.notes import feasibility_lines
 from superinfer.harness.workload.workload import CHAT_SLO, Workload
 from superinfer.policy_core.slo_forms import for_request, infeasible_reason
 from superinfer.policy_core.types import SLO
@@ -192,3 +192,24 @@ def test_the_report_says_how_many_requests_are_infeasible_and_why() -> None:
         "- Infeasible on an idle replica, `http`: unknown (no step model).",
     ]
     assert feasibility_lines({}) == []
+
+
+def test_stack_full_turns_on_every_part_an_engine_supports_and_says_why_not() -> None:
+    from superinfer.harness.bench import engine_stack
+    from superinfer.harness.engines.registry import engine_family
+
+    config = BenchConfig(stack="full", policy_options={"superinfer": {"aging_s": "60"}})
+    sim, info = engine_stack(config, engine_family("sim:vllm"))
+    assert (sim.kv_policy, sim.kv_quant) == ("reuse", True)
+    assert sim.policy_options["superinfer"] == {"aging_s": "60", "rotation": "true"}
+    assert info == {"applied": ["rotation", "reuse", "quant"], "not_applied": {}}
+    hf, info = engine_stack(config, engine_family("hf"))
+    assert (hf.kv_policy, hf.kv_quant, info["applied"]) == (None, False, [])
+    assert info["not_applied"]["rotation"] == "needs a CPU KV tier to swap to"
+    sglang, info = engine_stack(config, engine_family("sglang"))
+    assert (sglang.kv_policy, sglang.kv_quant, info["applied"]) == ("reuse", False, ["reuse"])
+    no_tier, info = engine_stack(replace(config, cpu_kv_ratio=0.0), engine_family("sim:vllm"))
+    assert info["applied"] == ["reuse", "quant"] and "rotation" not in no_tier.policy_options.get(
+        "superinfer", {}
+    )
+    assert engine_stack(BenchConfig(), engine_family("sim:vllm")) == (BenchConfig(), {})

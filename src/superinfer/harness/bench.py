@@ -23,6 +23,7 @@ from superinfer.harness.engines.isolated import (
     mark_feasible,
 )
 from superinfer.harness.engines.registry import (
+    STACK_PARTS,
     EngineFamily,
     default_source,
     engine_family,
@@ -168,16 +169,18 @@ def run_bench(
     frames, timelines, step_frames = [], [], []
     cells: dict[str, dict[str, Any]] = {}
     feasibility: dict[str, dict[str, Any]] = {}
+    stacks: dict[str, dict[str, Any]] = {}
     for engine, family in zip(config.engines, families, strict=True):
         runner = family.load_runner()
         latency = engine_isolated_latency(config, engine)
         ewl = engine_slos(wl, engine, latency)
+        ecfg, stacks[engine] = engine_stack(config, family)
         for name in policies:
             if progress:
                 progress(f"{engine} x {name}: {len(wl.requests)} requests")
             if on_cell:
                 on_cell(len(cells), total, f"{engine} × {name}")
-            cell = runner(config, engine, name, ewl)
+            cell = runner(ecfg, engine, name, ewl)
             cell = replace(cell, requests=mark_feasible(cell.requests, ewl.requests, latency))
             feasibility[engine] = feasibility_info(cell.requests, latency)
             summaries.extend(
@@ -217,6 +220,7 @@ def run_bench(
         },
         "cells": cells,
         "feasibility": feasibility,
+        **({"stack": stacks} if config.stack != "none" else {}),
     }
     return BenchResult(
         pd.DataFrame(summaries),
@@ -225,6 +229,37 @@ def run_bench(
         info,
         pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame(),
     )
+
+
+def engine_stack(config: BenchConfig, family: EngineFamily) -> tuple[BenchConfig, dict[str, Any]]:
+    """``config`` for one engine of ``family`` under ``config.stack``, and what was applied.
+
+    ``--stack full`` turns on the parts of :data:`~superinfer.harness.engines.registry.STACK_PARTS`
+    the engine supports (``EngineFamily.stack_parts``): ``superinfer.rotation=true`` (unless the
+    user set it; not with ``--cpu-kv-ratio 0``), ``--kv-policy reuse`` (unless another was
+    given) and ``--kv-quant``; the others are switched off for this engine.
+
+    Returns:
+        ``(config, {"applied": [...], "not_applied": {part: why}})``; ``config`` itself and an
+        empty dict for ``stack = "none"``.
+    """
+    if config.stack == "none":
+        return config, {}
+    parts = set(family.stack_parts)
+    if config.cpu_kv_ratio == 0:
+        parts.discard("rotation")
+    missing = {p: why for p, why in STACK_PARTS.items() if p not in parts}
+    options = {k: dict(v) for k, v in config.policy_options.items()}
+    if "rotation" in parts:
+        options.setdefault("superinfer", {}).setdefault("rotation", "true")
+    out = replace(
+        config,
+        kv_policy=(config.kv_policy or "reuse") if "reuse" in parts else None,
+        kv_quant="quant" in parts,
+        kv_quant_options=config.kv_quant_options if "quant" in parts else {},
+        policy_options=options,
+    )
+    return out, {"applied": [p for p in STACK_PARTS if p in parts], "not_applied": missing}
 
 
 def _family_policies(config: BenchConfig, families: Sequence[EngineFamily]) -> list[str]:
@@ -403,6 +438,7 @@ def bench_config(params: Mapping[str, Any], *, given: Collection[str]) -> BenchC
         engine_options=p["engine_options"],
         url=p["url"],
         backend=p["backend"],
+        stack=p.get("stack") or "none",
         **shaping,
     )
 

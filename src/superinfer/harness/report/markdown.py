@@ -15,8 +15,8 @@ import pandas as pd
 
 from superinfer.harness.engines.registry import family_kinds
 from superinfer.harness.errors import UserError
-from superinfer.harness.report.feasibility import feasibility_lines
 from superinfer.harness.report.metrics import METRIC_COLUMNS, SUMMARY_COLUMNS, metrics_long
+from superinfer.harness.report.notes import feasibility_lines, stack_lines
 from superinfer.harness.report.plots import (
     PLOT_FILES,
     add_series,
@@ -271,6 +271,7 @@ def render_markdown(summary: pd.DataFrame, meta: dict[str, Any], plots: Sequence
         f"seed {meta.get('seed')}; git `{meta.get('git_sha')}`.",
         *_slo_table(meta),
         "",
+        *stack_lines(meta),
         "## Results",
         "",
         "One row per engine × policy × SLO class (`all` = every request). Latencies are over "

@@ -1,12 +1,13 @@
-"""The report's lines on feasibility: per engine, the requests an idle replica cannot serve within
-their SLO, and the target each misses (``manifest.json`` ``feasibility``, written by
-``harness.engines.isolated.feasibility_info``; docs/metrics.md, "SLO forms")."""
+"""Notes of a run's report, from its manifest: feasibility (per engine, the requests an idle
+replica cannot serve within their SLO and the target each misses: ``feasibility``, written by
+``harness.engines.isolated.feasibility_info``; docs/metrics.md, "SLO forms") and the parts of
+``--stack full`` each engine applied (``stack``, ``harness.bench.engine_stack``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["feasibility_lines"]
+__all__ = ["feasibility_lines", "stack_lines"]
 
 
 def feasibility_lines(meta: dict[str, Any]) -> list[str]:
@@ -35,3 +36,18 @@ def feasibility_lines(meta: dict[str, Any]) -> list[str]:
         "`slo_attainment_feasible` count the others; docs/metrics.md):"
     )
     return [head, "", *out, ""]
+
+
+def stack_lines(meta: dict[str, Any]) -> list[str]:
+    """One line per engine of a ``--stack full`` run: the parts applied and those it cannot
+    apply, with why (none without ``stack`` in the manifest)."""
+    out = []
+    for engine, info in meta.get("stack", {}).items():
+        missing = "; ".join(f"{p} ({why})" for p, why in info.get("not_applied", {}).items())
+        applied = ", ".join(info.get("applied", [])) or "none"
+        out.append(
+            f"- `--stack full` on `{engine}`: {applied}"
+            + (f"; not: {missing}" if missing else "")
+            + "."
+        )
+    return [*out, ""] if out else []
