@@ -102,6 +102,7 @@ HARNESS_RANKS = {
     "grid": 7,
     "offline": 8,
     "suites": 9,
+    "suites_seed": 9,
 }
 
 

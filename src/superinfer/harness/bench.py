@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 #: Fixed experiments ``bench --suite`` runs (``harness.suites``).
-SUITES = ("headline", "rotation")
+SUITES = ("headline", "rotation", "seed")
 #: The seven headline policies (``bench --suite headline``).
 HEADLINE_POLICIES = ("fcfs", "priority", "edf", "mlfq", "lpm", "superinfer", "oracle")
 #: Load of the headline table: the Azure hour at 0.6x its rate, where every engine's native
@@ -343,8 +343,9 @@ def suite_defaults(suite: str, *, workload_given: bool, given: Collection[str]) 
     """The suite's own defaults for the ``bench`` options the user did not give.
 
     headline: the Azure hour (conv = chat, code = batch) at the headline load with the seven
-    headline policies. rotation: superinfer alone on Mooncake-length chat with fewer replicas
-    than the spec's, so live KV exceeds HBM (:data:`ROTATION_DEFAULTS`).
+    headline policies. seed: the same hour and load on the three simulated GPU engines
+    (``harness.suites_seed``). rotation: superinfer alone on Mooncake-length chat with fewer
+    replicas than the spec's, so live KV exceeds HBM (:data:`ROTATION_DEFAULTS`).
 
     Args:
         suite: one of :data:`SUITES`.
@@ -352,10 +353,12 @@ def suite_defaults(suite: str, *, workload_given: bool, given: Collection[str]) 
         given: names of the options the user gave.
     """
     own: dict[str, Any] = {}
-    if suite == "headline":
+    if suite in ("headline", "seed"):
         own.update(rate_scale=HEADLINE_RATE_SCALE, policies=",".join(HEADLINE_POLICIES))
         if not workload_given:
             own["trace"] = "azure"
+        if suite == "seed":
+            own.update(engines="sim:vllm,sim:sglang,sim:trtllm", policies="superinfer")
     else:
         own.update(ROTATION_DEFAULTS)
         if workload_given:
