@@ -20,6 +20,7 @@ def test_seed_suite_writes_both_sides_and_their_ratios(tmp_path: Path) -> None:
     assert len(written) == 2 * len(METRICS) + len(COMPARISONS)
     assert set(written["stack"]) == {"none", "full", "full/none"}
     assert set(written.loc[written["stack"] == "none", "policy"]) == {"fcfs"}  # sim:vllm's native
+    assert set(written.loc[written["stack"] == "full/none", "policy"]) == {"superinfer/fcfs"}
     values = {(r.stack, r.metric): r.value for r in table.itertuples()}
     for name, (metric, kind, _, _) in COMPARISONS.items():
         native, full = values[("none", metric)], values[("full", metric)]

@@ -101,8 +101,8 @@ def run_seed(
                 rows.append({"engine": engine, "policy": policy, "stack": stack, "metric": metric,
                              "value": sides[stack][metric], "seed_article_value": ref})  # fmt: skip
         for name, (metric, kind, ref, _) in COMPARISONS.items():
-            native, full = sides["none"][metric], sides["full"][metric]
-            value = full / native if kind == "ratio" else (full - native) * 100
+            base, full = sides["none"][metric], sides["full"][metric]
+            value = full / base if kind == "ratio" else (full - base) * 100
             rows.append({"engine": engine, "policy": f"superinfer/{native}", "stack": "full/none",
                          "metric": name, "value": value, "seed_article_value": ref})  # fmt: skip
     return pd.DataFrame(rows, columns=list(SEED_COLUMNS)), info
