@@ -54,6 +54,7 @@ TABLE_COLUMNS = {
     "tpot_p99_ms": "TPOT p99 ms",
     "e2e_p99_ms": "E2E p99 ms",
     "slo_attainment": "SLO attain.",
+    "slo_attainment_feasible": "attain. feasible",
     "goodput_rps": "goodput req/s",
     "output_tok_s": "output tok/s",
     "kv_peak_gb": "KV peak GB",
@@ -70,7 +71,7 @@ def format_value(value: Any, column: str) -> str:
         return "–"
     if column.startswith("n_") or column == "preemptions":
         return f"{int(value)}"
-    if column == "slo_attainment":
+    if column in ("slo_attainment", "slo_attainment_feasible"):
         return f"{value:.3f}"
     if isinstance(value, float):
         return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.3g}"
