@@ -103,6 +103,7 @@ HARNESS_RANKS = {
     "offline": 8,
     "suites": 9,
     "conform": 10,
+    "suites_seed": 9,
 }
 
 

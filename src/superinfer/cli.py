@@ -75,6 +75,9 @@ def cli() -> None:
               help="With --kv-quant: a planner setting, repeatable (int8_pressure, int4_pressure, "
               "hysteresis, floors such as 'chat=int8,batch=int4', default_floor, count_waiting; "
               "docs/kv_quant.md).")
+@click.option("--stack", type=click.Choice(["none", "full"]), default="none", show_default=True,
+              help="full: rotation + reuse-predictor placement + KV quantization planner together "
+              "on every engine that supports each (the run says which an engine cannot apply).")
 @click.option("--policies", default=None, help="Comma-separated policy names [default: every "
               "registered policy; hf: all but oracle; sglang: native,lpm,priority,superinfer].")
 @click.option("--rate-scale", default=None, type=float,
@@ -112,12 +115,13 @@ def cli() -> None:
 @click.option("--out", default=None, type=click.Path(),
               help="Run directory to write [default: results/default; results/hf when every engine "
               "is hf or sim:hf-cpu; results/http when every engine is http].")
-@click.option("--suite", type=click.Choice(["headline", "rotation"]), default=None,
+@click.option("--suite", type=click.Choice(["headline", "rotation", "seed"]), default=None,
               help="Run a fixed experiment instead of one run. headline: every policy on every "
               "engine over a load sweep (defaults: the seven headline policies, --rate-scale 0.7 "
               "as the headline load) -> results/headline/. rotation: superinfer with rotation "
               "through HBM on and off (needs an engine with a CPU KV tier; defaults: --trace "
-              "azure-conv, --replicas 1, --duration-s 600) -> results/rotation/.")
+              "azure-conv, --replicas 1, --duration-s 600) -> results/rotation/. seed: native vs "
+              "superinfer --stack full on the 3 sim engines -> results/seed/.")
 @click.option("--rate-scales", default=None,
               help="--suite headline: comma-separated loads of the sweep [default: "
               "0.3,0.6,0.8,1.0,1.3,1.6].")

@@ -251,6 +251,26 @@ arrivals = {process = "poisson", rate_rps = 1.0}
             ":6: field 'source[0].file': nowhere/x.csv: no such file",
         ),
         (GOOD_SOURCE + "file = 'x.csv'\n", ":6: field 'source[0].file': x.csv: trace not found"),
+        (
+            "[slo.chat]\nttft_ms_per_1k_prompt = 200\n" + GOOD_SOURCE,
+            ":2: field 'slo.chat.ttft_ms_per_1k_prompt': ttft_ms_per_1k_prompt needs ttft_ms",
+        ),
+        (
+            "[slo.chat]\nttft_ms = 900\nttft_x_isolated = 4\n" + GOOD_SOURCE,
+            ":3: field 'slo.chat.ttft_x_isolated': ttft_x_isolated replaces ttft_ms: give one",
+        ),
+        (
+            "[slo.chat]\ntpot_x_isolated = 0\n" + GOOD_SOURCE,
+            ":2: field 'slo.chat.tpot_x_isolated': 0 must be > 0",
+        ),
+        (
+            "[slo.chat]\nttft_x_isolated = 'x'\n" + GOOD_SOURCE,
+            ":2: field 'slo.chat.ttft_x_isolated': 'x' is not a finite number",
+        ),
+        (
+            "[slo.chat]\nttft_ms_per_1k = 1\n" + GOOD_SOURCE,
+            ":2: field 'slo.chat.ttft_ms_per_1k': unknown key (known: deadline_s, priority, tpot_",
+        ),
     ],
 )
 def test_malformed_specs_name_file_line_and_field(tmp_path: Path, text: str, expected: str) -> None:

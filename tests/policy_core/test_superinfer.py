@@ -31,9 +31,16 @@ def policy(**options: object) -> SuperInferPolicy:
         "prior_step_s": A,
         "prior_prefill_token_s": B,
         "prior_decode_seq_s": 0.0,
+        # demotion of hopeless requests, the default before issue 18; the default now rejects
+        # them (test_hopeless_requests_are_rejected_by_default), tests that want it say so
+        "reject_hopeless": False,
     }
     base.update(options)
     return SuperInferPolicy(**base)  # type: ignore[arg-type]
+
+
+def test_hopeless_requests_are_rejected_by_default() -> None:
+    assert SuperInferPolicy().reject_hopeless is True
 
 
 def decide(p: SuperInferPolicy, state: StepState, *, swap: bool = False) -> ScheduleDecision:

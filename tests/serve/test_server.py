@@ -29,6 +29,7 @@ from superinfer.serve import (  # noqa: E402
     ServingEngine,
     build_app,
     priority_rank,
+    request_slo,
     resolve_slo,
 )
 
@@ -71,6 +72,36 @@ def test_the_slo_comes_from_the_body_then_custom_params_then_headers_then_the_de
 def test_bad_slo_fields_are_named(body: Any, headers: Any, message: str) -> None:
     with pytest.raises(RequestError) as err:
         resolve_slo(body, headers, CONFIG)
+    assert err.value.status == 400 and err.value.message.startswith(message)
+
+
+def test_slo_forms_resolve_per_request() -> None:
+    scaled = resolve_slo({"slo": {"class": "chat", "ttft_ms_per_1k_prompt": 500}}, {}, CONFIG)
+    assert request_slo(scaled, 3000, CONFIG) == SLO("chat", ttft_ms=2500.0, tpot_ms=100.0)
+    relative = resolve_slo({"slo": {"class": "chat", "ttft_x_isolated": 4}}, {}, CONFIG)
+    assert (relative.ttft_ms, relative.ttft_x_isolated, relative.tpot_ms) == (None, 4.0, 100.0)
+    calibrated = ServeConfig(isolated_latency=lambda p: (p * 0.5, 30.0))
+    got = request_slo(relative, 100, calibrated)
+    assert (got.ttft_ms, got.tpot_ms, got.ttft_x_isolated) == (200.0, 100.0, None)
+    both = resolve_slo({"slo": {"class": "chat", "tpot_x_isolated": 2}}, {}, calibrated)
+    assert request_slo(both, 100, calibrated).tpot_ms == 60.0
+    with pytest.raises(RequestError) as err:
+        request_slo(relative, 100, CONFIG)
+    assert err.value.message == "slo.ttft_x_isolated: this server has no step-time calibration"
+    assert request_slo(CHAT, 100, CONFIG) is CHAT
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"ttft_x_isolated": 2, "ttft_ms": 5}, "slo.ttft_x_isolated: ttft_x_isolated replaces"),
+        ({"tpot_x_isolated": 0}, "slo.tpot_x_isolated must be > 0, got 0"),
+        ({"class": "batch", "ttft_ms_per_1k_prompt": 9}, "slo.ttft_ms_per_1k_prompt: ttft_ms_"),
+    ],
+)
+def test_bad_slo_forms_are_named(spec: Any, message: str) -> None:
+    with pytest.raises(RequestError) as err:
+        resolve_slo({"slo": {"class": "chat", **spec}}, {}, CONFIG)
     assert err.value.status == 400 and err.value.message.startswith(message)
 
 

@@ -16,7 +16,14 @@ import pandas as pd
 
 from superinfer.adapters.manager import available_policies
 from superinfer.harness.engines.base import TIMELINE_COLUMNS, BenchConfig, CellResult
+from superinfer.harness.engines.isolated import (
+    engine_isolated_latency,
+    engine_slos,
+    feasibility_info,
+    mark_feasible,
+)
 from superinfer.harness.engines.registry import (
+    STACK_PARTS,
     EngineFamily,
     default_source,
     engine_family,
@@ -53,7 +60,7 @@ __all__ = [
 ]
 
 #: Fixed experiments ``bench --suite`` runs (``harness.suites``).
-SUITES = ("headline", "rotation")
+SUITES = ("headline", "rotation", "seed")
 #: The seven headline policies (``bench --suite headline``).
 HEADLINE_POLICIES = ("fcfs", "priority", "edf", "mlfq", "lpm", "superinfer", "oracle")
 #: Load of the headline table: the Azure hour at 0.6x its rate, where every engine's native
@@ -165,14 +172,21 @@ def run_bench(
     summaries: list[dict[str, object]] = []
     frames, timelines, step_frames = [], [], []
     cells: dict[str, dict[str, Any]] = {}
+    feasibility: dict[str, dict[str, Any]] = {}
+    stacks: dict[str, dict[str, Any]] = {}
     for engine, family in zip(config.engines, families, strict=True):
         runner = family.load_runner()
+        latency = engine_isolated_latency(config, engine)
+        ewl = engine_slos(wl, engine, latency)
+        ecfg, stacks[engine] = engine_stack(config, family)
         for name in policies:
             if progress:
                 progress(f"{engine} x {name}: {len(wl.requests)} requests")
             if on_cell:
                 on_cell(len(cells), total, f"{engine} × {name}")
-            cell = runner(config, engine, name, wl)
+            cell = runner(ecfg, engine, name, ewl)
+            cell = replace(cell, requests=mark_feasible(cell.requests, ewl.requests, latency))
+            feasibility[engine] = feasibility_info(cell.requests, latency)
             summaries.extend(
                 summarize(
                     cell.requests, engine=engine, policy=name, kv_peak_bytes=cell.kv_peak_bytes
@@ -218,6 +232,8 @@ def run_bench(
         },
         "cells": cells,
         "warnings": warnings,
+        "feasibility": feasibility,
+        **({"stack": stacks} if config.stack != "none" else {}),
     }
     return BenchResult(
         pd.DataFrame(summaries),
@@ -226,6 +242,37 @@ def run_bench(
         info,
         pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame(),
     )
+
+
+def engine_stack(config: BenchConfig, family: EngineFamily) -> tuple[BenchConfig, dict[str, Any]]:
+    """``config`` for one engine of ``family`` under ``config.stack``, and what was applied.
+
+    ``--stack full`` turns on the parts of :data:`~superinfer.harness.engines.registry.STACK_PARTS`
+    the engine supports (``EngineFamily.stack_parts``): ``superinfer.rotation=true`` (unless the
+    user set it; not with ``--cpu-kv-ratio 0``), ``--kv-policy reuse`` (unless another was
+    given) and ``--kv-quant``; the others are switched off for this engine.
+
+    Returns:
+        ``(config, {"applied": [...], "not_applied": {part: why}})``; ``config`` itself and an
+        empty dict for ``stack = "none"``.
+    """
+    if config.stack == "none":
+        return config, {}
+    parts = set(family.stack_parts)
+    if config.cpu_kv_ratio == 0:
+        parts.discard("rotation")
+    missing = {p: why for p, why in STACK_PARTS.items() if p not in parts}
+    options = {k: dict(v) for k, v in config.policy_options.items()}
+    if "rotation" in parts:
+        options.setdefault("superinfer", {}).setdefault("rotation", "true")
+    out = replace(
+        config,
+        kv_policy=(config.kv_policy or "reuse") if "reuse" in parts else None,
+        kv_quant="quant" in parts,
+        kv_quant_options=config.kv_quant_options if "quant" in parts else {},
+        policy_options=options,
+    )
+    return out, {"applied": [p for p in STACK_PARTS if p in parts], "not_applied": missing}
 
 
 def _family_policies(config: BenchConfig, families: Sequence[EngineFamily]) -> list[str]:
@@ -309,8 +356,9 @@ def suite_defaults(suite: str, *, workload_given: bool, given: Collection[str]) 
     """The suite's own defaults for the ``bench`` options the user did not give.
 
     headline: the Azure hour (conv = chat, code = batch) at the headline load with the seven
-    headline policies. rotation: superinfer alone on Mooncake-length chat with fewer replicas
-    than the spec's, so live KV exceeds HBM (:data:`ROTATION_DEFAULTS`).
+    headline policies. seed: the same hour and load on the three simulated GPU engines
+    (``harness.suites_seed``). rotation: superinfer alone on Mooncake-length chat with fewer
+    replicas than the spec's, so live KV exceeds HBM (:data:`ROTATION_DEFAULTS`).
 
     Args:
         suite: one of :data:`SUITES`.
@@ -318,10 +366,12 @@ def suite_defaults(suite: str, *, workload_given: bool, given: Collection[str]) 
         given: names of the options the user gave.
     """
     own: dict[str, Any] = {}
-    if suite == "headline":
+    if suite in ("headline", "seed"):
         own.update(rate_scale=HEADLINE_RATE_SCALE, policies=",".join(HEADLINE_POLICIES))
         if not workload_given:
             own["trace"] = "azure"
+        if suite == "seed":
+            own.update(engines="sim:vllm,sim:sglang,sim:trtllm", policies="superinfer")
     else:
         own.update(ROTATION_DEFAULTS)
         if workload_given:
@@ -404,6 +454,7 @@ def bench_config(params: Mapping[str, Any], *, given: Collection[str]) -> BenchC
         engine_options=p["engine_options"],
         url=p["url"],
         backend=p["backend"],
+        stack=p.get("stack") or "none",
         **shaping,
     )
 

@@ -41,6 +41,7 @@ from superinfer.harness.policies import native_policy
 from superinfer.harness.report.markdown import format_value
 from superinfer.harness.report.metrics import SUMMARY_COLUMNS
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, staged_dir, write_atomic
+from superinfer.harness.suites_seed import run_seed_suite
 
 __all__ = [
     "HEADLINE_POLICIES",
@@ -559,7 +560,7 @@ def run_suite(
     """Run ``bench --suite SUITE`` and write its directory.
 
     Args:
-        suite: ``headline`` (every policy over a load sweep) or ``rotation``.
+        suite: ``headline`` (every policy over a load sweep), ``rotation`` or ``seed``.
         config: the bench settings, suite defaults merged (``bench.bench_config``).
         out_dir: the directory to write (staged and renamed into place, ``results.staged_dir``).
         rate_scales: headline: the loads of the sweep, or ``--rate-scales`` text (comma-
@@ -575,6 +576,8 @@ def run_suite(
     Raises:
         UserError: ``rate_scales`` text that is not numbers.
     """
+    if suite == "seed":  # the seed article's table: harness/suites_seed.py
+        return run_seed_suite(config, out_dir, progress=progress, command=command)
     if suite == "headline":
         if isinstance(rate_scales, str):
             try:

@@ -96,9 +96,19 @@ class SLO:
         deadline_s: end-to-end deadline after arrival, in s.
         weight: relative importance (goodput weighting, load shedding); > 0.
         priority: strict priority; **lower is more urgent** (vLLM's convention).
+        ttft_ms_per_1k_prompt: prompt-scaled TTFT: ms added to ``ttft_ms`` per 1,000 prompt
+            tokens (needs ``ttft_ms``).
+        ttft_x_isolated: engine-relative TTFT: this multiple of the request's prefill alone on an
+            idle replica of the engine (instead of ``ttft_ms``).
+        tpot_x_isolated: engine-relative TPOT: this multiple of the request's first decode step
+            alone on an idle replica (instead of ``tpot_ms``).
+
+    The last three are *forms* of a class; a request carries the absolute targets they give for
+    it (``policy_core.slo_forms.for_request``), so policies and metrics read ``ttft_ms`` and
+    ``tpot_ms`` only.
 
     Raises:
-        ValueError: on an empty name, a non-positive target or weight.
+        ValueError: on an empty name, a non-positive target or weight, or forms that clash.
     """
 
     name: str
@@ -107,10 +117,22 @@ class SLO:
     deadline_s: float | None = None
     weight: float = 1.0
     priority: int = 0
+    ttft_ms_per_1k_prompt: float | None = None
+    ttft_x_isolated: float | None = None
+    tpot_x_isolated: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("SLO.name must be non-empty")
+        for key in ("ttft_ms_per_1k_prompt", "ttft_x_isolated", "tpot_x_isolated"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ValueError(f"SLO {self.name!r}: {key} must be > 0, got {value}")
+        for form, base in (("ttft_x_isolated", "ttft_ms"), ("tpot_x_isolated", "tpot_ms")):
+            if getattr(self, form) is not None and getattr(self, base) is not None:
+                raise ValueError(f"SLO {self.name!r}: {form} replaces {base}: give one")
+        if self.ttft_ms_per_1k_prompt is not None and self.ttft_ms is None:
+            raise ValueError(f"SLO {self.name!r}: ttft_ms_per_1k_prompt needs ttft_ms (the base)")
         for key in ("ttft_ms", "tpot_ms", "deadline_s"):
             value = getattr(self, key)
             if value is not None and not value > 0:

@@ -43,7 +43,7 @@ from __future__ import annotations
 from superinfer.serve.app import build_app, serve_forever
 from superinfer.serve.config import DEFAULT_SLO_CLASSES, PRIORITY_CONVENTIONS, ServeConfig
 from superinfer.serve.engine import ServingEngine
-from superinfer.serve.parsing import RequestError, priority_rank, resolve_slo
+from superinfer.serve.parsing import RequestError, priority_rank, request_slo, resolve_slo
 
 __all__ = [
     "DEFAULT_SLO_CLASSES",
@@ -53,6 +53,7 @@ __all__ = [
     "ServingEngine",
     "build_app",
     "priority_rank",
+    "request_slo",
     "resolve_slo",
     "serve_forever",
 ]

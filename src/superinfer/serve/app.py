@@ -17,7 +17,7 @@ from starlette.routing import Route
 from superinfer.adapters.hf.engine import EngineConfig, EngineSession
 from superinfer.serve.config import ServeConfig
 from superinfer.serve.engine import CLIENT_DISCONNECTED, Ended, Live, ServingEngine
-from superinfer.serve.parsing import RequestError, resolve_slo
+from superinfer.serve.parsing import RequestError, request_slo, resolve_slo
 from superinfer.serve.responses import EngineStream, rejection, stream, whole
 
 __all__ = ["build_app", "serve_forever", "watch_disconnect"]
@@ -66,7 +66,9 @@ def build_app(engine: ServingEngine) -> Starlette:
             return RequestError(400, "the body is not valid JSON").response()
         try:
             params = engine.parse(body, chat=chat)
-            slo = resolve_slo(body, request.headers, config)
+            slo = request_slo(
+                resolve_slo(body, request.headers, config), len(params.input_ids), config
+            )
             live = engine.submit(params, slo)
         except RequestError as err:
             return err.response()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from superinfer.policy_core.types import SLO
@@ -34,6 +34,9 @@ class ServeConfig:
         priority_convention: ``"vllm"`` (lower ``priority`` is more urgent) or ``"sglang"``
             (higher is more urgent).
         served_model_name: the model id of ``/v1/models`` and of responses.
+        isolated_latency: prompt tokens -> ``(prefill_ms, decode_ms)`` of a request alone on
+            this engine (a step-time calibration), for engine-relative SLOs
+            (``ttft_x_isolated``, ``tpot_x_isolated``); ``None``: such requests get HTTP 400.
     """
 
     host: str = "127.0.0.1"
@@ -43,6 +46,7 @@ class ServeConfig:
     default_class: str = "batch"
     priority_convention: str = "vllm"
     served_model_name: str = "smollm2-135m-instruct"
+    isolated_latency: Callable[[int], tuple[float, float]] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not isinstance(self.port, int):

@@ -10,6 +10,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from superinfer.policy_core.slo_forms import SLO_FORMS, engine_relative, for_request, has_forms
 from superinfer.policy_core.types import SLO
 from superinfer.serve.config import ServeConfig
 
@@ -20,6 +21,7 @@ __all__ = [
     "parse_request",
     "priority_rank",
     "prompt_ids",
+    "request_slo",
     "resolve_slo",
 ]
 
@@ -28,6 +30,14 @@ _SLO_HEADERS = {
     "tpot_ms": "x-slo-tpot-ms",
     "deadline_s": "x-slo-deadline-s",
 }
+
+
+_SLO_FORMS = SLO_FORMS  # what a request may give beside the absolute targets
+#: Per target, its forms: a request setting one form of a target drops the class's others.
+_TARGET_FORMS = (
+    ("ttft_ms", "ttft_ms_per_1k_prompt", "ttft_x_isolated"),
+    ("tpot_ms", "tpot_x_isolated"),
+)
 
 
 class RequestError(Exception):
@@ -78,10 +88,41 @@ def _slo_from_spec(spec: Any, where: str, config: ServeConfig) -> SLO:
     if not isinstance(name, str) or name not in config.slo_classes:
         known = ", ".join(sorted(config.slo_classes))
         raise RequestError(400, f"{where}: unknown class {name!r} (classes: {known})", where)
-    if extra := sorted(set(overrides) - set(_SLO_HEADERS)):
+    if extra := sorted(set(overrides) - set(_SLO_HEADERS) - set(_SLO_FORMS)):
         raise RequestError(400, f"{where}: unknown field {extra[0]!r}", where)
     values: dict[str, Any] = {k: _positive(v, f"{where}.{k}") for k, v in overrides.items()}
-    return replace(config.slo_classes[name], **values)
+    for forms in _TARGET_FORMS:
+        if any(k in values for k in forms):
+            values = {**dict.fromkeys(forms), **values}
+            if values.get("ttft_ms_per_1k_prompt") and values.get("ttft_ms") is None:
+                values["ttft_ms"] = config.slo_classes[name].ttft_ms  # the class's base
+    try:
+        return replace(config.slo_classes[name], **values)
+    except ValueError as exc:  # forms that clash: named by the first form given
+        field = next((k for k in _SLO_FORMS if k in values and k in str(exc)), "")
+        param = f"{where}.{field}" if field else where
+        raise RequestError(400, f"{param}: {str(exc).split(': ', 1)[-1]}", param) from None
+
+
+def request_slo(slo: SLO, prompt_tokens: int, config: ServeConfig) -> SLO:
+    """The absolute targets of one request of ``prompt_tokens`` tokens
+    (``policy_core.slo_forms.for_request``; engine-relative forms use
+    ``config.isolated_latency``).
+
+    Raises:
+        RequestError: an engine-relative target on a server without a step-time calibration.
+    """
+    if not has_forms(slo):
+        return slo
+    prefill = decode = None
+    if engine_relative(slo):
+        if config.isolated_latency is None:
+            field = "ttft_x_isolated" if slo.ttft_x_isolated is not None else "tpot_x_isolated"
+            raise RequestError(
+                400, f"slo.{field}: this server has no step-time calibration", f"slo.{field}"
+            )
+        prefill, decode = config.isolated_latency(prompt_tokens)
+    return for_request(slo, prompt_tokens, prefill_ms=prefill, decode_ms=decode)
 
 
 def resolve_slo(body: Mapping[str, Any], headers: Mapping[str, str], config: ServeConfig) -> SLO:

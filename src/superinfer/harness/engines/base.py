@@ -65,6 +65,9 @@ class BenchConfig:
             ``hf`` and ``sim:hf-cpu`` keys are ``harness.engines.hf.HFOptions``, the ``http``
             keys ``harness.engines.http.HTTPOptions``.
         url: base URL of the server the ``http`` engine benchmarks (``--url``).
+        stack: ``"none"``, or ``"full"`` (``--stack full``): the rotation scheduler, the reuse
+            predictor's placement and the KV quantization planner together, on every engine
+            that supports each (``harness.bench.engine_stack``).
         backend: how the ``http`` engine sends SLO, priority and length fields: ``sglang``,
             ``vllm``, ``trtllm`` or ``openai`` (``--backend``).
     """
@@ -95,6 +98,7 @@ class BenchConfig:
     engine_options: Mapping[str, str] = field(default_factory=dict)
     url: str | None = None
     backend: str = "openai"
+    stack: str = "none"
 
 
 @dataclass(frozen=True)

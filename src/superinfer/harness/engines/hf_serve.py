@@ -6,13 +6,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from superinfer.harness.engines.hf import hf_options
+from superinfer.harness.engines.hf import HFOptions, hf_options, sim_step_time
+from superinfer.harness.engines.isolated import IsolatedLatency
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import registered_policies
 from superinfer.harness.workload.slo_options import parse_slo
+from superinfer.policy_core.slo_forms import SLO_FORMS
 from superinfer.policy_core.types import SLO
 
 __all__ = ["serve_hf"]
+
+
+def _isolated(opts: HFOptions) -> Callable[[int], tuple[float, float]]:
+    """Prompt tokens -> ``(prefill_ms, decode_ms)`` alone on this engine, from its CPU
+    calibration (``--engine-option step_time_file``, else the default fit), for engine-relative
+    SLOs (docs/metrics.md, "SLO forms")."""
+    lat = IsolatedLatency(sim_step_time(opts), opts.max_batch_tokens, "hf-cpu calibration")
+    return lambda prompt: (lat.prefill_ms(prompt), lat.decode_ms(prompt))
 
 
 def serve_hf(
@@ -53,7 +63,7 @@ def serve_hf(
     if policy is None:
         policy = "superinfer" if "superinfer" in registered_policies() else "fcfs"
     classes = dict(DEFAULT_SLO_CLASSES)
-    keys = ("ttft_ms", "tpot_ms", "deadline_s", "priority")
+    keys = ("ttft_ms", "tpot_ms", "deadline_s", "priority", *SLO_FORMS)
     for name, changes in parse_slo(slo_classes, keys=keys, flag="--slo-class").items():
         if "priority" in changes:
             value = changes["priority"]
@@ -74,6 +84,7 @@ def serve_hf(
             slo_classes=classes,
             default_class=default_class,
             priority_convention=priority_convention,
+            isolated_latency=_isolated(opts),
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None

@@ -25,6 +25,7 @@ __all__ = [
     "FAMILIES",
     "HF_WORKLOAD",
     "SIM_WORKLOAD",
+    "STACK_PARTS",
     "EngineFamily",
     "default_source",
     "engine_family",
@@ -92,6 +93,12 @@ class EngineFamily:
         unsupported_policies: registered policies this family cannot run, left out of the
             default selection and refused by name (``hf``: ``oracle``, which needs each
             request's true output length and the real engine's runner does not feed it).
+        step_model: where a request's latency alone on an idle replica comes from
+            (``harness.engines.isolated``): ``"sim"`` (the simulator's step-time model of the
+            profile), ``"hf-cpu"`` (the measured CPU calibration, ``sim.hf_cpu``) or ``None``
+            (none: engine-relative SLOs are refused, feasibility is unknown).
+        stack_parts: the parts of ``bench --stack full`` the engine can apply
+            (:data:`STACK_PARTS`); the others are left off and the run says why.
     """
 
     name: str
@@ -104,6 +111,8 @@ class EngineFamily:
     engine_policies: tuple[str, ...] = ()
     default_policies: tuple[str, ...] = ()
     unsupported_policies: tuple[str, ...] = ()
+    step_model: str | None = None
+    stack_parts: tuple[str, ...] = ()
     _cache: dict[str, Callable[..., Any]] = field(default_factory=dict, compare=False, repr=False)
 
     def load_runner(self) -> Callable[..., Any]:
@@ -116,10 +125,27 @@ class EngineFamily:
 
 _PKG = "superinfer.harness.engines"
 
+#: The parts of ``bench --stack full``: the ``superinfer`` policy's rotation through HBM
+#: (``superinfer.rotation=true``), the reuse predictor's prefix-cache placement
+#: (``--kv-policy reuse``) and the KV quantization planner (``--kv-quant``), with why an engine
+#: that lacks one cannot apply it.
+STACK_PARTS: Mapping[str, str] = MappingProxyType(
+    {
+        "rotation": "needs a CPU KV tier to swap to",
+        "reuse": "needs a prefix cache the placement plugin drives",
+        "quant": "needs per-request KV precision in the engine",
+    }
+)
+
 #: Families by name. ``sim:hf-cpu`` has its own entry (:data:`_EXACT`) ahead of ``sim``.
 FAMILIES: Mapping[str, EngineFamily] = MappingProxyType(
     {
-        "sim": EngineFamily("sim", f"{_PKG}.sim:run_sim_cell"),
+        "sim": EngineFamily(
+            "sim",
+            f"{_PKG}.sim:run_sim_cell",
+            step_model="sim",
+            stack_parts=("rotation", "reuse", "quant"),
+        ),
         "sim-hf-cpu": EngineFamily(
             "sim-hf-cpu",
             f"{_PKG}.sim:run_sim_hf_cpu_cell",
@@ -127,6 +153,7 @@ FAMILIES: Mapping[str, EngineFamily] = MappingProxyType(
             shaping=HF_WORKLOAD,
             default_source=("trace", "azure"),
             kind="sim-cpu",
+            step_model="hf-cpu",
         ),
         "hf": EngineFamily(
             "hf",
@@ -136,6 +163,7 @@ FAMILIES: Mapping[str, EngineFamily] = MappingProxyType(
             default_source=("trace", "azure"),
             kind="real-cpu",
             unsupported_policies=("oracle",),
+            step_model="hf-cpu",
         ),
         "sglang": EngineFamily(
             "sglang",
@@ -144,6 +172,7 @@ FAMILIES: Mapping[str, EngineFamily] = MappingProxyType(
             shaping=HF_WORKLOAD,
             default_source=("trace", "azure"),
             kind="real-server",
+            stack_parts=("reuse",),
             engine_policies=("native", "lpm", "priority"),
             default_policies=("native", "lpm", "priority", "superinfer"),
         ),

@@ -26,6 +26,11 @@ from typing import Any
 
 from superinfer.adapters.hookspecs import hookimpl
 from superinfer.harness.engines.base import BenchConfig
+from superinfer.harness.engines.isolated import (
+    engine_isolated_latency,
+    mark_feasible,
+    resolve_requests,
+)
 from superinfer.harness.engines.sim import run_sim_cell
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import registered_policies
@@ -431,6 +436,10 @@ def run_cell(cell: CellSpec) -> dict[str, Any]:
     check_cell(cell)
     workload = load_workload(cell.trace, cell.rate_scale, cell.seed)
     requests, measured = select_requests(workload, cell)
+    latency = engine_isolated_latency(
+        BenchConfig(model=cell.model, gpu=cell.gpu, tp=cell.tp), cell.engine
+    )
+    requests = resolve_requests(requests, cell.engine, latency)
     counts: dict[str, int] = {}
     for req in requests:
         if req.request_id in measured:
@@ -473,6 +482,7 @@ def run_cell(cell: CellSpec) -> dict[str, Any]:
         outcome["wall_s"] = round(time.perf_counter() - t0, 3)
         return outcome
     df = result.requests[result.requests["request_id"].isin(measured)]
+    df = mark_feasible(df, requests, latency)
     rows = summarize(df, engine=cell.engine, policy=cell.policy, kv_peak_bytes=result.kv_peak_bytes)
     outcome["summary"] = [{k: _plain(v) for k, v in row.items()} for row in rows]
     model, gpu = get_model(cell.model), get_gpu(cell.gpu)

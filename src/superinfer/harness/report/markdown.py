@@ -16,6 +16,7 @@ import pandas as pd
 from superinfer.harness.engines.registry import family_kinds
 from superinfer.harness.errors import UserError
 from superinfer.harness.report.metrics import METRIC_COLUMNS, SUMMARY_COLUMNS, metrics_long
+from superinfer.harness.report.notes import feasibility_lines, stack_lines
 from superinfer.harness.report.plots import (
     PLOT_FILES,
     add_series,
@@ -53,6 +54,7 @@ TABLE_COLUMNS = {
     "tpot_p99_ms": "TPOT p99 ms",
     "e2e_p99_ms": "E2E p99 ms",
     "slo_attainment": "SLO attain.",
+    "slo_attainment_feasible": "attain. feasible",
     "goodput_rps": "goodput req/s",
     "output_tok_s": "output tok/s",
     "kv_peak_gb": "KV peak GB",
@@ -69,7 +71,7 @@ def format_value(value: Any, column: str) -> str:
         return "–"
     if column.startswith("n_") or column == "preemptions":
         return f"{int(value)}"
-    if column == "slo_attainment":
+    if column in ("slo_attainment", "slo_attainment_feasible"):
         return f"{value:.3f}"
     if isinstance(value, float):
         return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.3g}"
@@ -280,6 +282,7 @@ def render_markdown(summary: pd.DataFrame, meta: dict[str, Any], plots: Sequence
         *_slo_table(meta),
         *_warning_lines(meta),
         "",
+        *stack_lines(meta),
         "## Results",
         "",
         "One row per engine × policy × SLO class (`all` = every request). Latencies are over "
@@ -289,6 +292,7 @@ def render_markdown(summary: pd.DataFrame, meta: dict[str, Any], plots: Sequence
         "",
         _table(summary),
         "",
+        *feasibility_lines(meta),
         *_step_profile_lines(meta),
     ]
     if plots:

@@ -14,6 +14,7 @@ import pandas as pd
 __all__ = [
     "METRIC_COLUMNS",
     "METRIC_UNITS",
+    "FEASIBILITY_COLUMNS",
     "REQUEST_COLUMNS",
     "SUMMARY_COLUMNS",
     "add_latency_columns",
@@ -47,6 +48,11 @@ REQUEST_COLUMNS = (
     "slo_tpot_ms",
     "slo_deadline_s",
 )
+
+#: Optional columns of ``requests.parquet`` after :data:`REQUEST_COLUMNS`, where the engine has
+#: an isolated-latency model (``harness.engines.isolated``): ``feasible`` (an idle replica meets
+#: the request's SLO) and ``infeasible_reason`` (the first target it misses there, else "").
+FEASIBILITY_COLUMNS = ("feasible", "infeasible_reason")
 
 #: Columns of ``summary.csv``, in order. Later columns are only ever appended.
 SUMMARY_COLUMNS = (
@@ -178,9 +184,22 @@ def summarize(
                 )
                 / 1e9,
                 **_prefix_hits(finished),
+                **_feasible(part),
             }
         )
     return rows
+
+
+def _feasible(part: pd.DataFrame) -> dict[str, float]:
+    """``n_feasible`` (requests an idle replica of the engine serves within their SLO) and
+    ``slo_attainment_feasible`` (the attainment among them); NaN where the engine has no step-time
+    model (the ``feasible`` column is missing or empty, docs/metrics.md)."""
+    if "feasible" not in part or part["feasible"].isna().all():
+        return {"n_feasible": float("nan"), "slo_attainment_feasible": float("nan")}
+    feasible = part["feasible"].astype(bool)
+    n = int(feasible.sum())
+    met = int((part["met_slo"].astype(bool) & feasible).sum())
+    return {"n_feasible": n, "slo_attainment_feasible": met / n if n else float("nan")}
 
 
 #: Columns of ``metrics.csv``: the summary in long format, one row per metric and row key.
@@ -208,9 +227,13 @@ METRIC_UNITS = {
     "preemptions": "count",
     "n_failed": "count",
     "window_s": "s",
+    "n_feasible": "count",
+    "slo_attainment_feasible": "fraction",
 }
 
 _KEYS = ("engine", "policy", "slo_class")
+#: Metrics left out of ``metrics.csv`` where they are NaN (engines without a step-time model).
+_OPTIONAL = ("n_feasible", "slo_attainment_feasible")
 
 
 def metrics_long(summary: pd.DataFrame, requests: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -236,6 +259,6 @@ def metrics_long(summary: pd.DataFrame, requests: pd.DataFrame | None = None) ->
         values = {c: row[c] for c in summary.columns if c in METRIC_UNITS}
         values.update(extra.get(key, {}))  # type: ignore[arg-type]
         for metric, unit in METRIC_UNITS.items():
-            if metric in values:
+            if metric in values and not (metric in _OPTIONAL and pd.isna(values[metric])):
                 out.append((metric, unit, float(values[metric]), *key))
     return pd.DataFrame(out, columns=list(METRIC_COLUMNS))

@@ -8,8 +8,8 @@ specs live in ``harness/workload/workloads/*.toml`` (``azure-mixed``, ``mooncake
     duration_s = 600              # window on the run clock, after rate scaling (optional)
     rate_scale = 1.0              # every source's arrival rate is multiplied by this
 
-    [slo.chat]                    # SLO classes: ttft_ms, tpot_ms, deadline_s, weight, priority
-    ttft_ms = 1000
+    [slo.chat]                    # SLO classes: ttft_ms, tpot_ms, deadline_s, weight, priority,
+    ttft_ms = 1000                # ttft_ms_per_1k_prompt, ttft_x_isolated, tpot_x_isolated
     tpot_ms = 100
 
     [[source]]                    # one table per source; mixed on one clock
@@ -51,6 +51,7 @@ from superinfer.harness.workload.traces import (
     ColumnMap,
 )
 from superinfer.harness.workload.workload import BATCH_SLO, CHAT_SLO
+from superinfer.policy_core.slo_forms import SLO_FORMS
 from superinfer.policy_core.types import SLO
 
 if sys.version_info >= (3, 11):
@@ -96,7 +97,8 @@ BUILTIN_SLOS = {"chat": CHAT_SLO, "batch": BATCH_SLO}
 
 _TOP_KEYS = {"name", "description", "rate_scale", "start_s", "duration_s", "clock"}
 _TOP_TABLES = {"slo", "source", "bench"}
-_SLO_KEYS = {"ttft_ms", "tpot_ms", "deadline_s", "weight", "priority"}
+_SLO_FORMS = SLO_FORMS  # prompt-scaled TTFT and engine-relative targets
+_SLO_KEYS = {"ttft_ms", "tpot_ms", "deadline_s", "weight", "priority", *_SLO_FORMS}
 _SOURCE_KEYS = {
     "name",
     "format",
@@ -343,19 +345,17 @@ class _Checker:
 
 def _parse_slo(chk: _Checker, name: str, obj: Any, path: str) -> SLO:
     if not isinstance(obj, dict):
-        raise chk.error(path, "not a table of ttft_ms, tpot_ms, deadline_s, weight, priority")
+        raise chk.error(path, f"not a table of {', '.join(sorted(_SLO_KEYS))}")
     chk.table(obj, path, _SLO_KEYS)
     priority = obj.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise chk.error(f"{path}.priority", f"{priority!r} is not an integer")
-    return SLO(
-        name,
-        ttft_ms=chk.number(obj, "ttft_ms", f"{path}.ttft_ms"),
-        tpot_ms=chk.number(obj, "tpot_ms", f"{path}.tpot_ms"),
-        deadline_s=chk.number(obj, "deadline_s", f"{path}.deadline_s"),
-        weight=chk.number(obj, "weight", f"{path}.weight") or 1.0,
-        priority=priority,
-    )
+    targets = {k: chk.number(obj, k, f"{path}.{k}") for k in sorted(_SLO_KEYS - {"priority"})}
+    try:  # forms that clash (SLO.__post_init__): named by the form's key
+        return SLO(name, **{**targets, "weight": targets["weight"] or 1.0}, priority=priority)
+    except ValueError as exc:
+        key = next((f"{path}.{k}" for k in _SLO_FORMS if k in obj and k in str(exc)), path)
+        raise chk.error(key, str(exc).split(": ", 1)[-1]) from None
 
 
 def _parse_arrivals(chk: _Checker, obj: Any, path: str, fmt: str) -> ArrivalSpec:

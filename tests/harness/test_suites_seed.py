@@ -1,0 +1,39 @@
+"""``bench --suite seed``: native vs the whole stack, the table's arithmetic and its files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from superinfer.harness.bench import BenchConfig, suite_defaults
+from superinfer.harness.suites_seed import COMPARISONS, METRICS, SEED_COLUMNS, run_seed_suite
+
+
+def test_seed_suite_writes_both_sides_and_their_ratios(tmp_path: Path) -> None:
+    config = BenchConfig(engines=("sim:vllm",), rate_scale=0.6, duration_s=10.0, replicas=1)
+    table, files = run_seed_suite(config, tmp_path / "seed", command=["test"])
+    assert files == "summary.csv, report.md, manifest.json"
+    written = pd.read_csv(tmp_path / "seed" / "summary.csv")
+    assert tuple(written.columns) == SEED_COLUMNS
+    assert len(written) == 2 * len(METRICS) + len(COMPARISONS)
+    assert set(written["stack"]) == {"none", "full", "full/none"}
+    assert set(written.loc[written["stack"] == "none", "policy"]) == {"fcfs"}  # sim:vllm's native
+    assert set(written.loc[written["stack"] == "full/none", "policy"]) == {"superinfer/fcfs"}
+    values = {(r.stack, r.metric): r.value for r in table.itertuples()}
+    for name, (metric, kind, _, _) in COMPARISONS.items():
+        native, full = values[("none", metric)], values[("full", metric)]
+        want = full / native if kind == "ratio" else (full - native) * 100
+        assert values[("full/none", name)] == pytest.approx(want, rel=1e-12, nan_ok=True)
+    article = written.set_index(["stack", "metric"])["seed_article_value"]
+    assert article[("none", "chat_slo_attainment")] == 0.78
+    assert article[("full/none", "chat_p99_latency_ratio")] == 0.6
+    report = (tmp_path / "seed" / "report.md").read_text()
+    assert "| `sim:vllm` | peak_kv_ratio |" in report
+    assert "applied rotation, reuse, quant; not applied: none." in report
+
+
+def test_seed_suite_defaults_are_the_headline_load_on_the_three_sim_engines() -> None:
+    own = suite_defaults("seed", workload_given=False, given=set())
+    assert own["engines"] == "sim:vllm,sim:sglang,sim:trtllm" and own["rate_scale"] == 0.6
