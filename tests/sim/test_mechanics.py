@@ -16,7 +16,6 @@ from superinfer.policy_core.types import (
     ScheduleDecision,
     StepState,
 )
-from superinfer.sim.calibrated import default_step_time
 from superinfer.sim.config import SimConfig
 from superinfer.sim.engine import Simulator
 from superinfer.sim.engine_costs import engine_step_time
@@ -29,7 +28,8 @@ from tests.sim.helpers import CHAT, config, simulate, spec
 
 L8 = get_model("llama-3.1-8b")
 A100 = get_gpu("a100-80gb")
-STEP = default_step_time(L8, A100, tp=1)
+#: sim:vllm's own step time (issue 19: the calibrated kernels x its kernel scale + its CPU).
+STEP = engine_step_time(SimConfig(SIM_VLLM, get_model("llama-3.1-8b"), get_gpu("a100-80gb")))
 BLOCK_BYTES_PER_TOKEN = L8.kv_bytes_per_token()  # FP16, all layers
 
 

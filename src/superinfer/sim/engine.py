@@ -339,9 +339,8 @@ class Simulator:
         for rid, mode in decision.preempt.items():
             req = rep.running.pop(rid)
             req.num_preemptions += 1
-            if mode is PreemptMode.SWAP:
-                self.kv.swap_out(rep, req, now_s)
-            else:
+            # A swap the CPU tier cannot hold after all becomes a recompute preemption.
+            if not (mode is PreemptMode.SWAP and self.kv.swap_out(rep, req, now_s)):
                 self.kv.release(rep, req, now_s)
                 req.computed_tokens = req.cached_tokens = 0
                 req.status = RequestStatus.WAITING
