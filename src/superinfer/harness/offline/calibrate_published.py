@@ -124,22 +124,31 @@ def load_rows(path: Path | None = None) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+#: (engine, version prefix, text the version must contain, ``sim.versions`` key).
+_RELEASES = (
+    ("trtllm", "0.14", "", "trtllm-0.14"),
+    ("trtllm", "0.17", "", "trtllm-0.17"),
+    ("trtllm", "0.21", "", "trtllm-0.21"),
+    ("trtllm", "1.1", "", "trtllm-1.1"),
+    ("trtllm", "1.2", "", "trtllm-1.2"),
+    ("sglang", "0.3.0", "0.3.0", "sglang-0.3.0"),
+    ("sglang", "0.2.13", "radix cache OFF", "sglang-0.2.13"),
+    ("vllm", "0.6.0", "0.6.0", "vllm-0.6.0"),
+    ("vllm", "0.5.4 (defaults", "", "vllm-0.5.4"),
+)
+
+
 def _release(row: dict[str, str]) -> str | None:
-    engine, version = row["engine"], row["engine_version"]
-    if engine == "trtllm":
-        for prefix, key in (("0.14", "trtllm-0.14"), ("0.17", "trtllm-0.17"),
-                            ("0.21", "trtllm-0.21"), ("1.1", "trtllm-1.1"),
-                            ("1.2", "trtllm-1.2")):  # fmt: skip
-            if version.startswith(prefix):
-                return key
-    if engine == "sglang" and version == "0.3.0":
-        return "sglang-0.3.0"
-    if engine == "sglang" and version.startswith("0.2.13") and "radix cache OFF" in version:
-        return "sglang-0.2.13"
-    if engine == "vllm" and version == "0.6.0":
-        return "vllm-0.6.0"
-    if engine == "vllm" and version.startswith("0.5.4 (defaults"):
-        return "vllm-0.5.4"
+    version = row["engine_version"]
+    for engine, prefix, must, key in _RELEASES:
+        exact = must == prefix  # "0.3.0": the version string is exactly that
+        if (
+            row["engine"] in (engine,)
+            and version.startswith(prefix)
+            and must in version
+            and (not exact or version == prefix)
+        ):
+            return key
     return None
 
 
@@ -551,7 +560,8 @@ def write_published(out: str | Path, *, install: bool = True,
     written = [out_dir / "published.csv", out_dir / "published_report.md",
                out_dir / "published_fit.json"]  # fmt: skip
     write_csv(rows, unsupported, written[0])
-    written[1].write_text(render_report(rows, unsupported, costs))
+    tables = {split: summary_table(rows, split) for split in ("score", "fit")}
+    written[1].write_text(render_report(rows, unsupported, costs, tables))
     written[2].write_text(costs_json(costs))
     if install:
         target = Path(__file__).resolve().parents[2] / "sim" / "engine_costs.json"

@@ -33,10 +33,14 @@ def _verdict(family: str, median: float, p90: float) -> str:
     return ("met" if ok else "MISSED") + f" ({bound})"
 
 
-def render_report(rows: list[Any], unsupported: list[tuple[dict[str, str], str]],
-                  costs: dict[str, Any]) -> str:  # fmt: skip
-    """The report: parameters, error per engine and metric on scored and fit rows, misses."""
-    from superinfer.harness.offline.calibrate_published import summary_table
+def render_report(
+    rows: list[Any],
+    unsupported: list[tuple[dict[str, str], str]],
+    costs: dict[str, Any],
+    tables: dict[str, list[dict[str, Any]]],
+) -> str:
+    """The report: parameters, error per engine and metric on scored and fit rows (``tables``:
+    ``calibrate_published.summary_table`` per split), misses."""
 
     n_fit = sum(r.split == "fit" for r in rows)
     n_score = sum(r.split == "score" for r in rows)
@@ -82,7 +86,7 @@ def render_report(rows: list[Any], unsupported: list[tuple[dict[str, str], str]]
             "| engine | metric | n | median | p90 | target |",
             "|---|---|---|---|---|---|",
         ]
-        for t in summary_table(rows, split):
+        for t in tables[split]:
             verdict = _verdict(t["metric"], t["median"], t["p90"]) if split == "score" else "-"
             lines.append(f"| {t['engine']} | {t['metric']} | {t['n']} | {_pct(t['median'])} | "
                          f"{_pct(t['p90'])} | {verdict} |")  # fmt: skip
