@@ -200,10 +200,14 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
 # fmt: on
 def calibrate(engine: str, engine_options: tuple[str, ...], seed: int, steps_file: str | None,
               out: str | None, install: bool) -> None:  # fmt: skip
-    """Fit a step-time model: the simulated GPUs' (default) or the real CPU engine's (hf)."""
+    """Fit a step-time model: the simulated GPUs' (default), the real CPU engine's (hf), or the
+    engines' own costs against published measurements (published)."""
+    from superinfer.harness.offline.calibrate_published import write_published
     targets: dict[str, Callable[[], None]] = {
         "hf": lambda: _calibrate_hf(engine_options, seed, steps_file, out),
         "gpu": lambda: _calibrate_gpu(out, install),
+        "published": lambda: click.echo("\n".join(f"wrote {p}" for p in write_published(
+            out or "results/fidelity", install=install, progress=click.echo))),  # fmt: skip
     }
     if engine not in targets:
         raise UserError(

@@ -124,12 +124,19 @@ def test_native_resolves_to_the_profile_or_falls_back_with_a_note(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert resolve_policy("native", "sim:trtllm") == ("fcfs", None)
-    assert resolve_policy("native", "sim:sglang") == ("lpm", None)
+    # SGLang 0.5.23's shipped --schedule-policy is fcfs (issue 19); the fallback is checked on a
+    # profile whose native policy (lpm) is made unregistered.
+    assert resolve_policy("native", "sim:sglang") == ("fcfs", None)
     assert resolve_policy("priority", "sim:sglang") == ("priority", None)
+    from dataclasses import replace
+
     import superinfer.harness.policies as policies
+    from superinfer.sim.profiles import SIM_SGLANG
 
     without_lpm = {k: v for k, v in policies.available_policies().items() if k != "lpm"}
     monkeypatch.setattr(policies, "available_policies", lambda: without_lpm)
+    lpm_profile = replace(SIM_SGLANG, native_policy="lpm")
+    monkeypatch.setattr(policies, "get_profile", lambda engine: lpm_profile)
     policy, note = resolve_policy("native", "sim:sglang")
     assert policy == "fcfs" and note == (
         "sim:sglang's native policy 'lpm' is not registered: ran 'fcfs'"

@@ -8,13 +8,16 @@ from superinfer.adapters.hookspecs import hookimpl
 from superinfer.harness.workload.workload import build_workload
 from superinfer.policy_core.types import ScheduleDecision, StepState
 from superinfer.policy_core.validation import PolicyError
-from superinfer.sim.calibrated import default_step_time
+from superinfer.sim.config import SimConfig
+from superinfer.sim.engine_costs import engine_step_time
 from superinfer.sim.hardware import get_gpu, get_model
+from superinfer.sim.profiles import SIM_VLLM
 from superinfer.sim.request import RequestStatus
 from superinfer.sim.step_time import BatchShape
 from tests.sim.helpers import simulate, spec
 
-STEP = default_step_time(get_model("llama-3.1-8b"), get_gpu("a100-80gb"), tp=1)
+#: sim:vllm's own step time (issue 19: the calibrated kernels x its kernel scale + its CPU).
+STEP = engine_step_time(SimConfig(SIM_VLLM, get_model("llama-3.1-8b"), get_gpu("a100-80gb")))
 
 
 def test_one_request_timeline_is_exact() -> None:

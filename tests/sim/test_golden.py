@@ -66,35 +66,34 @@ def run(engine: str, router: str, policy: str) -> str:
     return digest(Simulator(config, pm.hook).run(workload()))
 
 
-#: ``digest(run(engine, router, policy))`` from the code before the split (commit dad3899); the
-#: ``superinfer`` digests of sim:vllm and sim:sglang re-recorded when its preemption stopped
-#: choosing a request still recomputing what an earlier preemption cost it (no thrash, issue 23;
-#: sim:trtllm never preempts and is unchanged).
+#: ``digest(run(engine, router, policy))`` from the code before the split (commit dad3899),
+#: regenerated for issue 19 (per-engine step costs, SGLang's unmixed prefill batches) on top of
+#: issue 23's no-thrash preemption.
 GOLDEN: dict[tuple[str, str, str], str] = {
-    ("sim:sglang", "round_robin", "fcfs"): "e841ff13a85b8b6f",
-    ("sim:sglang", "round_robin", "superinfer"): "49ebded13f23874e",
-    ("sim:sglang", "least_tokens", "fcfs"): "3b6aaa46dc0a4cb8",
-    ("sim:sglang", "least_tokens", "superinfer"): "ea4edb2c13adea12",
-    ("sim:sglang", "slo_aware", "fcfs"): "5982734ab8840775",
-    ("sim:sglang", "slo_aware", "superinfer"): "d97f567979804d72",
-    ("sim:sglang", "cache_aware", "fcfs"): "e4f2ba39bb622f7f",
-    ("sim:sglang", "cache_aware", "superinfer"): "f0d5367d04aec41f",
-    ("sim:trtllm", "round_robin", "fcfs"): "35a27fccaf030460",
-    ("sim:trtllm", "round_robin", "superinfer"): "50069d4ab1c06d6c",
-    ("sim:trtllm", "least_tokens", "fcfs"): "2535ab40a7d3e523",
-    ("sim:trtllm", "least_tokens", "superinfer"): "9fcae8048370374c",
-    ("sim:trtllm", "slo_aware", "fcfs"): "4d13e5a562f3e94b",
-    ("sim:trtllm", "slo_aware", "superinfer"): "143f488680c80e53",
-    ("sim:trtllm", "cache_aware", "fcfs"): "f61cda66d69bd908",
-    ("sim:trtllm", "cache_aware", "superinfer"): "7efca0b844c23e0b",
-    ("sim:vllm", "round_robin", "fcfs"): "8959e6b3ef9e3043",
-    ("sim:vllm", "round_robin", "superinfer"): "d64c453fa03e018b",
-    ("sim:vllm", "least_tokens", "fcfs"): "a529dd45559aee45",
-    ("sim:vllm", "least_tokens", "superinfer"): "32fa57e150e10cf0",
-    ("sim:vllm", "slo_aware", "fcfs"): "a0a005b5ba10dfe4",
-    ("sim:vllm", "slo_aware", "superinfer"): "a7137e125c09af41",
-    ("sim:vllm", "cache_aware", "fcfs"): "1b28f40eac09eb1d",
-    ("sim:vllm", "cache_aware", "superinfer"): "15eccff3bbfadeb3",
+    ("sim:sglang", "round_robin", "fcfs"): "288be560e1658da2",
+    ("sim:sglang", "round_robin", "superinfer"): "027fc33022cc99a6",
+    ("sim:sglang", "least_tokens", "fcfs"): "0e727f7c50e8bfe9",
+    ("sim:sglang", "least_tokens", "superinfer"): "c28720bf07e30c61",
+    ("sim:sglang", "slo_aware", "fcfs"): "cb1c4366605f125f",
+    ("sim:sglang", "slo_aware", "superinfer"): "2dea2cb07f8d2e75",
+    ("sim:sglang", "cache_aware", "fcfs"): "954382cb8918ccb0",
+    ("sim:sglang", "cache_aware", "superinfer"): "2673d31ed4e0a9a1",
+    ("sim:trtllm", "round_robin", "fcfs"): "fb91f4d61c83dea1",
+    ("sim:trtllm", "round_robin", "superinfer"): "3cdc409f3c4ef980",
+    ("sim:trtllm", "least_tokens", "fcfs"): "a50cd40736dca244",
+    ("sim:trtllm", "least_tokens", "superinfer"): "ddfd5b45d0cc6923",
+    ("sim:trtllm", "slo_aware", "fcfs"): "319ca11b42f540a3",
+    ("sim:trtllm", "slo_aware", "superinfer"): "34686d8ddc470c0b",
+    ("sim:trtllm", "cache_aware", "fcfs"): "177f992b8e896b75",
+    ("sim:trtllm", "cache_aware", "superinfer"): "5b2ddd9f2347b0a2",
+    ("sim:vllm", "round_robin", "fcfs"): "7b9ebc83cd013c42",
+    ("sim:vllm", "round_robin", "superinfer"): "95a64523f92e02de",
+    ("sim:vllm", "least_tokens", "fcfs"): "149b010774ec12b3",
+    ("sim:vllm", "least_tokens", "superinfer"): "2293ff7676255a6c",
+    ("sim:vllm", "slo_aware", "fcfs"): "98ce9095552a7989",
+    ("sim:vllm", "slo_aware", "superinfer"): "3be667952d6a2ca0",
+    ("sim:vllm", "cache_aware", "fcfs"): "3899e91754e3b504",
+    ("sim:vllm", "cache_aware", "superinfer"): "13828e90d06f8d25",
 }
 
 

@@ -16,8 +16,9 @@ from superinfer.policy_core.types import (
     ScheduleDecision,
     StepState,
 )
-from superinfer.sim.calibrated import default_step_time
+from superinfer.sim.config import SimConfig
 from superinfer.sim.engine import Simulator
+from superinfer.sim.engine_costs import engine_step_time
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.kv import PrefixCache
 from superinfer.sim.profiles import SIM_SGLANG, SIM_TRTLLM, SIM_VLLM
@@ -27,7 +28,8 @@ from tests.sim.helpers import CHAT, config, simulate, spec
 
 L8 = get_model("llama-3.1-8b")
 A100 = get_gpu("a100-80gb")
-STEP = default_step_time(L8, A100, tp=1)
+#: sim:vllm's own step time (issue 19: the calibrated kernels x its kernel scale + its CPU).
+STEP = engine_step_time(SimConfig(SIM_VLLM, get_model("llama-3.1-8b"), get_gpu("a100-80gb")))
 BLOCK_BYTES_PER_TOKEN = L8.kv_bytes_per_token()  # FP16, all layers
 
 
@@ -91,7 +93,9 @@ class TestPrefixCache:
         assert second.cached_tokens == cached
         prefill = 1190 - cached
         pairs = prefill * (cached + (prefill + 1) / 2)
-        expected = STEP.step_time_s(
+        # Each engine's own step time (issue 19: kernel scale, CPU per step, overlap).
+        own = engine_step_time(SimConfig(profile, L8, A100))
+        expected = own.step_time_s(
             BatchShape(prefill, 1, pairs, 1190, 0, 1, prefill, prefill * 1190, 1)
         )
         assert second.first_token_s - 100.0 == pytest.approx(expected, rel=1e-12)

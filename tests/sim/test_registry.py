@@ -24,7 +24,7 @@ def test_every_sim_engine_is_listed_with_its_family() -> None:
     got = {e.engine_id: (e.family, e.native_policy, e.fixed_hardware) for e in SIM_ENGINES.values()}
     assert got == {
         "sim:vllm": (ROOFLINE, "fcfs", False),
-        "sim:sglang": (ROOFLINE, "lpm", False),
+        "sim:sglang": (ROOFLINE, "fcfs", False),  # SGLang 0.5.23's --schedule-policy default
         "sim:trtllm": (ROOFLINE, "fcfs", False),
         "sim:hf-cpu": (HF_CPU, "fcfs", True),
     }

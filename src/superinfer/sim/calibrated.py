@@ -32,6 +32,10 @@ __all__ = ["GPU_BASIS", "CalibratedStepTime", "default_step_time", "load_params"
 #: Measured GPU whose fitted parameters each simulated GPU uses.
 GPU_BASIS = {"a100-80gb": "a100", "h100-80gb": "h100", "h200": "h100", "gh200": "h100"}
 _MEASURED_SPEC = {"a100": "a100-80gb", "h100": "h100-80gb"}
+#: Dense FP8 over FP16/BF16 tensor-core peak: 2x on Hopper (H100/H200 datasheets: 1,979 vs 989
+#: TFLOPS dense); A100 has no FP8 tensor cores, so FP8 weights there only halve the bytes read
+#: (weight-only FP8, as vLLM's Marlin FP8 path).
+FP8_FLOPS_MULT = {"a100-80gb": 1.0, "h100-80gb": 2.0, "h200": 2.0, "gh200": 2.0}
 #: CPU-overhead fits per model size (the only Llama rows in the measured file).
 _CPU_OVERHEAD_MODEL = {"llama-3.1-8b": "meta-llama/Llama-2-7b-hf|1",
                        "llama-3.1-70b": "meta-llama/Llama-2-70b-hf|4"}  # fmt: skip
@@ -45,11 +49,19 @@ def load_params() -> dict[str, Any]:
     return params
 
 
-def _gemm(p: dict[str, Any], edges: list[int], tokens: int, k: int, n: int) -> float:
+def _gemm(p: dict[str, Any], edges: list[int], tokens: int, k: int, n: int,
+          wbytes: float = 2.0, flops_mult: float = 1.0) -> float:  # fmt: skip
+    """One GEMM ``[tokens x k] . [k x n]``, s: ``wbytes`` bytes per weight (and per activation
+    element when below 2, as FP8 GEMMs quantize their input), ``flops_mult`` x the fitted FLOP/s."""
     b = bisect.bisect_right(edges, tokens) - 1
     flops = 2.0 * tokens * k * n
-    moved = 2.0 * (k * n + tokens * k + tokens * n)
-    return float(max(flops / p["flops_s"][b], moved / p["bytes_s"][b]) + p["overhead_s"])
+    act = min(wbytes, 2.0) if flops_mult > 1.0 else 2.0
+    if wbytes == 2.0:
+        moved = 2.0 * (k * n + tokens * k + tokens * n)
+    else:
+        moved = wbytes * k * n + act * tokens * k + 2.0 * tokens * n
+    return float(max(flops / (p["flops_s"][b] * flops_mult), moved / p["bytes_s"][b])
+                 + p["overhead_s"])  # fmt: skip
 
 
 class CalibratedStepTime:
@@ -62,19 +74,28 @@ class CalibratedStepTime:
         gpu: the GPU.
         tp: tensor-parallel degree; must divide the KV heads.
         params: calibration parameters (default: the packaged ones).
+        weight_bytes: bytes per weight (2: FP16/BF16, 1: FP8); FP8 GEMMs read half the weight
+            bytes and, on GPUs with FP8 tensor cores (:data:`FP8_FLOPS_MULT`), run at twice the
+            fitted FLOP/s.
+        kv_bytes: bytes per KV element (2: FP16, 1: FP8): decode attention reads that many;
+            FP8 KV on FP8 tensor cores also doubles the prefill attention FLOP/s (FP8 FMHA).
 
     Raises:
         ValueError: a bad TP degree, or a GPU with no calibration basis.
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int,
-                 params: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 params: dict[str, Any] | None = None, weight_bytes: float = 2.0,
+                 kv_bytes: float = 2.0) -> None:  # fmt: skip
         if tp < 1 or model.num_kv_heads % tp:
             raise ValueError(f"tp={tp} must be >= 1 and divide num_kv_heads={model.num_kv_heads}")
         if gpu.name not in GPU_BASIS:
             raise ValueError(f"no calibration basis for GPU {gpu.name!r}")
         params = params or load_params()
         self.model, self.gpu, self.tp = model, gpu, tp
+        fp8 = FP8_FLOPS_MULT.get(gpu.name, 1.0)
+        self.wbytes, self.gemm_flops_mult = weight_bytes, fp8 if weight_bytes < 2 else 1.0
+        self.attn_flops_mult = fp8 if kv_bytes < 2 else 1.0
         basis = GPU_BASIS[gpu.name]
         measured = GPUS[_MEASURED_SPEC[basis]]
         self.bw_scale = gpu.peak_mem_bw_bytes_s / measured.peak_mem_bw_bytes_s
@@ -111,7 +132,7 @@ class CalibratedStepTime:
         self.attn_bw_scale = gpu.peak_mem_bw_bytes_s / a100.peak_mem_bw_bytes_s
         self.attn = att
         self.q_heads_gpu = q // tp
-        self.kv_bytes_per_token_layer = 2.0 * (kv // tp) * d * 2
+        self.kv_bytes_per_token_layer = 2.0 * (kv // tp) * d * kv_bytes
         ar = params["allreduce"][basis]
         self.allreduce = ar.get(str(tp)) if tp > 1 else None
         if tp > 1 and self.allreduce is None:
@@ -131,7 +152,8 @@ class CalibratedStepTime:
     @lru_cache(maxsize=4096)  # noqa: B019 - bounded, and one model object lives per simulation
     def layer_token_s(self, tokens: int) -> float:
         """One layer's GEMMs, small kernels and all-reduces for ``tokens`` tokens, s."""
-        total: float = sum(_gemm(p, self.edges, tokens, k, n) for p, k, n in self.gemms)
+        w, m = self.wbytes, self.gemm_flops_mult
+        total: float = sum(_gemm(p, self.edges, tokens, k, n, w, m) for p, k, n in self.gemms)
         small = zip(self.small, self.small_bytes_per_token, strict=True)
         total += sum(tokens * b / bw + c for (bw, c), b in small)
         if self.allreduce is not None:
@@ -156,7 +178,8 @@ class CalibratedStepTime:
             return 0.0
         p = self.attn["prefill"]
         flops = 4.0 * self.q_heads_gpu * self.model.head_dim * shape.prefill_full_pairs
-        return float(p["overhead_s"] + flops / (p["flops_s"] * self.attn_flops_scale)
+        f = p["flops_s"] * self.attn_flops_scale * self.attn_flops_mult
+        return float(p["overhead_s"] + flops / f
                 + p["per_token_s"] * shape.prefill_tokens)  # fmt: skip
 
     def overhead_s(self, num_seqs: int) -> float:
@@ -187,9 +210,10 @@ class CalibratedStepTime:
 
 
 def default_step_time(
-    model: ModelSpec, gpu: GPUSpec, tp: int
+    model: ModelSpec, gpu: GPUSpec, tp: int, *, weight_bytes: float = 2.0, kv_bytes: float = 2.0
 ) -> CalibratedStepTime | RooflineStepTime:
-    """The calibrated model where a calibration basis exists for ``gpu``, else the roofline."""
+    """The calibrated model where a calibration basis exists for ``gpu``, else the roofline
+    (which models FP8 KV but not FP8 weights)."""
     if gpu.name in GPU_BASIS:
-        return CalibratedStepTime(model, gpu, tp)
-    return RooflineStepTime(model, gpu, tp)
+        return CalibratedStepTime(model, gpu, tp, weight_bytes=weight_bytes, kv_bytes=kv_bytes)
+    return RooflineStepTime(model, gpu, tp, kv_bytes_per_elem=kv_bytes)

@@ -11,7 +11,22 @@ from superinfer.sim.profiles import EngineProfile
 from superinfer.sim.request import SimRequest
 from superinfer.sim.step_time import BatchShape
 
-__all__ = ["SimConfig", "SimResult", "StepTimeModel", "kv_capacity_blocks"]
+__all__ = ["DTYPE_BYTES", "SimConfig", "SimResult", "StepTimeModel", "dtype_bytes",
+           "kv_capacity_blocks"]  # fmt: skip
+
+#: Bytes per element of the weight and KV dtypes the simulator models.
+DTYPE_BYTES = {"fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per element of ``dtype`` (:data:`DTYPE_BYTES`).
+
+    Raises:
+        ValueError: an unknown dtype; the message lists the known ones.
+    """
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
 
 
 class StepTimeModel(Protocol):
@@ -53,6 +68,12 @@ class SimConfig:
         timeline_interval_s: a replica's KV use and queue lengths are sampled at the end of its
             first step at least this long after the previous sample.
         kv_group_size: quantization group size of INT8/INT4 KV (KIVI ``G``).
+        weight_dtype: ``"fp16"``/``"bf16"`` or ``"fp8"`` weights (:data:`DTYPE_BYTES`): the
+            weights' memory and the GEMMs' bytes and FLOP/s (``sim.calibrated``), and which kernel
+            scale of the engine applies (``sim.engine_costs``).
+        kv_dtype: the engine's KV cache dtype, ``"fp16"``/``"bf16"`` or ``"fp8"``: KV capacity
+            and the bytes decode attention reads. A request's own KV precision
+            (``superinfer_kv_precision``) is relative to it.
     """
 
     profile: EngineProfile
@@ -67,17 +88,23 @@ class SimConfig:
     host_link_bytes_s: float | None = None
     timeline_interval_s: float = 1.0
     kv_group_size: int = 32
+    weight_dtype: str = "fp16"
+    kv_dtype: str = "fp16"
 
 
-def kv_capacity_blocks(profile: EngineProfile, model: ModelSpec, gpu: GPUSpec, tp: int) -> int:
-    """KV blocks one replica holds in HBM: the profile's KV bytes per GPU over one block's bytes
-    on one GPU (FP16, the block's tokens across all layers, ``kv_heads / tp`` heads).
+def kv_capacity_blocks(profile: EngineProfile, model: ModelSpec, gpu: GPUSpec, tp: int,
+                       weight_dtype: str = "fp16", kv_dtype: str = "fp16") -> int:  # fmt: skip
+    """KV blocks one replica holds in HBM: the profile's KV bytes per GPU (weights at
+    ``weight_dtype``) over one block's bytes on one GPU (``kv_dtype``, the block's tokens across
+    all layers, ``kv_heads / tp`` heads).
 
     Raises:
-        ValueError: the weights leave no room for KV.
+        ValueError: the weights leave no room for KV, or an unknown dtype.
     """
-    block_bytes = model.kv_bytes_per_token() / tp * profile.block_size_tokens
-    blocks = int(profile.kv_bytes_per_gpu(model, gpu, tp) // block_bytes)
+    kv_bytes = dtype_bytes(kv_dtype)
+    block_bytes = model.kv_bytes_per_token(kv_bytes) / tp * profile.block_size_tokens
+    free = profile.kv_bytes_per_gpu(model, gpu, tp, dtype_bytes(weight_dtype))
+    blocks = int(free // block_bytes)
     if blocks <= 0:
         raise ValueError(f"{model.name} at TP{tp} leaves no KV memory on {gpu.name}")
     return blocks

@@ -37,8 +37,14 @@ from superinfer.policy_core.types import (
     StepStats,
 )
 from superinfer.policy_core.validation import PolicyError, check_decision
-from superinfer.sim.calibrated import default_step_time
-from superinfer.sim.config import SimConfig, SimResult, StepTimeModel, kv_capacity_blocks
+from superinfer.sim.config import (
+    SimConfig,
+    SimResult,
+    StepTimeModel,
+    dtype_bytes,
+    kv_capacity_blocks,
+)
+from superinfer.sim.engine_costs import engine_step_time
 from superinfer.sim.kv_movement import KVMovement
 from superinfer.sim.replica import Replica
 from superinfer.sim.request import RequestSpec, RequestStatus, SimRequest
@@ -75,8 +81,8 @@ class Simulator:
             ``superinfer_schedule``, ``superinfer_kv_placement``, ``superinfer_request_arrived``,
             ``superinfer_request_finished``, ``superinfer_request_aborted`` and
             ``superinfer_step_finished`` on it.
-        step_time: step-time model; the calibrated one for ``config`` by default
-            (``sim.calibrated.default_step_time``).
+        step_time: step-time model; by default the calibrated kernels with the engine's own
+            costs (``sim.engine_costs.engine_step_time``).
 
     Raises:
         ValueError: unknown router, or the model leaves no KV memory.
@@ -88,15 +94,16 @@ class Simulator:
             raise ValueError(f"unknown router {config.router!r}; known: {', '.join(ROUTERS)}")
         self.config = config
         self.hook = hook
-        self.step_time = step_time or default_step_time(config.model, config.gpu, config.tp)
+        self.step_time = step_time or engine_step_time(config)
         profile = config.profile
         self.num_blocks = config.num_gpu_blocks_override or kv_capacity_blocks(
-            profile, config.model, config.gpu, config.tp
+            profile, config.model, config.gpu, config.tp, config.weight_dtype, config.kv_dtype
         )
         ratio = profile.cpu_kv_ratio if config.cpu_kv_ratio is None else config.cpu_kv_ratio
         link = config.host_link_bytes_s or config.gpu.host_link_bytes_s
         budget, max_seqs = profile.limits(config.gpu)
-        block_bytes = int(config.model.kv_bytes_per_token() * profile.block_size_tokens)
+        kv_bytes = dtype_bytes(config.kv_dtype)
+        block_bytes = int(config.model.kv_bytes_per_token(kv_bytes) * profile.block_size_tokens)
         self.replicas = [
             Replica(i, profile, self.num_blocks, int(self.num_blocks * ratio), budget, max_seqs,
                     block_bytes, link * config.tp)
@@ -161,7 +168,7 @@ class Simulator:
         return SimResult(
             requests=tuple(reqs),
             end_s=self.now_s,
-            kv_block_bytes=self.config.model.kv_bytes_per_token()
+            kv_block_bytes=self.config.model.kv_bytes_per_token(dtype_bytes(self.config.kv_dtype))
             * self.config.profile.block_size_tokens,
             peak_kv_blocks=tuple(r.peak_blocks for r in self.replicas),
             peak_active_kv_blocks=tuple(r.peak_active_blocks for r in self.replicas),
@@ -213,7 +220,7 @@ class Simulator:
         req.touch()
         rep.waiting[req.request_id] = req
         if rep.run is not None:
-            if cut_run(rep.run, now_s):
+            if rep.profile.cut_repeat_on_arrival and cut_run(rep.run, now_s):
                 rep.version += 1
                 self._push(rep.run.end_s, _STEP_END, rep.index, rep.version)
         elif not rep.schedule_pending:
@@ -332,9 +339,8 @@ class Simulator:
         for rid, mode in decision.preempt.items():
             req = rep.running.pop(rid)
             req.num_preemptions += 1
-            if mode is PreemptMode.SWAP:
-                self.kv.swap_out(rep, req, now_s)
-            else:
+            # A swap the CPU tier cannot hold after all becomes a recompute preemption.
+            if not (mode is PreemptMode.SWAP and self.kv.swap_out(rep, req, now_s)):
                 self.kv.release(rep, req, now_s)
                 req.computed_tokens = req.cached_tokens = 0
                 req.status = RequestStatus.WAITING

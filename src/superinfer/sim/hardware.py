@@ -61,9 +61,14 @@ class ModelSpec:
         per_layer = attn + mlp + 2 * h
         return self.num_layers * per_layer + 2 * self.vocab_size * h + h
 
-    def weight_bytes(self, bytes_per_param: int = 2) -> int:
-        """Bytes of all weights at ``bytes_per_param`` (2 for FP16/BF16)."""
-        return self.num_params * bytes_per_param
+    def weight_bytes(self, bytes_per_param: float = 2) -> int:
+        """Bytes of all weights at ``bytes_per_param`` (2 for FP16/BF16, 1 for FP8; FP8
+        checkpoints keep the embeddings and LM head in 16 bits, as TensorRT-LLM's and
+        ModelOpt's FP8 Llama checkpoints do)."""
+        if bytes_per_param == 2:
+            return self.num_params * 2
+        embed = 2 * self.vocab_size * self.hidden_size
+        return int((self.num_params - embed) * bytes_per_param + embed * 2)
 
     def kv_bytes_per_token(self, bytes_per_elem: float = 2.0) -> float:
         """KV bytes one token takes across all layers and all TP ranks (K and V)."""

@@ -158,9 +158,19 @@ class KVMovement:
         req.location = KVLocation.UNALLOCATED
         req.touch()
 
-    def swap_out(self, rep: Replica, req: SimRequest, now_s: float) -> None:
-        """Copy ``req``'s KV to CPU; its HBM pages free when the copy ends."""
+    def swap_out(self, rep: Replica, req: SimRequest, now_s: float) -> bool:
+        """Copy ``req``'s KV to CPU; its HBM pages free when the copy ends.
+
+        Returns:
+            ``False`` (and nothing changed but dropped CPU cache nodes) when the CPU tier has no
+            room even after dropping every droppable cached node: the caller recomputes instead.
+        """
         blocks = rep.blocks_for(req, req.computed_tokens)
+        while rep.cpu_free_blocks < blocks:
+            victim = rep.cache.pop_cpu_victim()
+            if victim is None:  # cached CPU nodes with children cannot go first
+                return False
+            rep.cache.drop_cpu(victim)
         end = rep.link.transfer("d2h", blocks * rep.kv_block_bytes, max(now_s, req.ready_s))
         own = req.own_blocks
         rep.add_own(req, -own)
@@ -169,16 +179,13 @@ class KVMovement:
         req.nodes = []
         req.shared_blocks = 0
         req.reserve_blocks = 0
-        while rep.cpu_free_blocks < blocks:
-            victim = rep.cache.pop_cpu_victim()
-            assert victim is not None, "check_decision guarantees CPU room"
-            rep.cache.drop_cpu(victim)
         req.own_blocks = blocks
         rep.own_cpu_blocks += blocks
         req.location = KVLocation.CPU
         req.ready_s = end  # its KV is in CPU memory from here on
         req.status = RequestStatus.SWAPPED
         rep.swapped[req.request_id] = req
+        return True
 
     def swap_in(self, rep: Replica, req: SimRequest, now_s: float) -> float | None:
         """Copy a swapped request's KV back to HBM (no-op if already there); when it lands."""

@@ -12,9 +12,15 @@ plugged in replaces only decisions.
 | KV memory | 0.9 GPU - W - act | 0.85 GPU - W | 0.9 (GPU - W - act) |
 | prefix cache | hashed blocks, LRU | radix, LRU | block reuse, priority LRU |
 | CPU tier | KV connector | HiCache | host cache |
-| native policy | ``fcfs`` | ``lpm`` | ``fcfs`` |
+| native policy | ``fcfs`` | ``fcfs`` | ``fcfs`` |
+| CPU per step | Vidur's sarathi fit | SGLang 0.2.13 fit | none (hidden, assumed) |
+| overlap scheduler | no | yes | yes |
+| prefill + decode in one step | yes | no | yes |
+| kernel scale | ``vllm`` | ``sglang`` | ``trtllm`` (FP16, FP8) |
 
-(W: weights per GPU; act: activation reserve.) Sources are on each profile below.
+(W: weights per GPU; act: activation reserve.) Sources are on each profile below; the CPU and
+kernel terms and how a step's time is made of them are in ``sim.engine_costs``, their fitted
+values in ``sim/engine_costs.json``.
 """
 
 from __future__ import annotations
@@ -56,6 +62,19 @@ class EngineProfile:
         reserve_ratio_init: SGLang's ``new_token_ratio`` after a retraction (``RESERVE_RATIO``).
         reserve_ratio_min: its floor.
         reserve_ratio_decay: its decrease per decode step.
+        version: the engine release the profile follows.
+        kernel_key: which kernel scale of ``sim/engine_costs.json`` applies (``sim.engine_costs``).
+        cpu_key: which fitted per-step CPU term applies (``"vidur"``: the calibrated model's).
+        cpu_overlap: an overlap scheduler prepares the next step while the GPU runs this one,
+            hiding the CPU time up to the GPU time.
+        cpu_decode_divisor: decode-only steps pay ``1 / K`` of the CPU time (K-step multi-step
+            scheduling; 1: none).
+        mixed_batches: a step may run prefill chunks and decodes together; when ``False`` a step
+            that runs any prefill runs only prefill, and the decodes the policy scheduled with
+            it wait for the next step (SGLang without ``--enable-mixed-chunk``).
+        cut_repeat_on_arrival: an arrival ends a run of repeated decode steps at the step in
+            flight (exact for engines that schedule every step); ``False``: the run goes on, as
+            vLLM 0.6's ``--num-scheduler-steps`` runs do.
     """
 
     name: str
@@ -75,6 +94,13 @@ class EngineProfile:
     reserve_ratio_init: float = 0.0
     reserve_ratio_min: float = 0.0
     reserve_ratio_decay: float = 0.0
+    version: str = ""
+    kernel_key: str = ""
+    cpu_key: str = "vidur"
+    cpu_overlap: bool = False
+    cpu_decode_divisor: int = 1
+    mixed_batches: bool = True
+    cut_repeat_on_arrival: bool = True
 
     def limits(self, gpu: GPUSpec) -> tuple[int, int]:
         """``(token_budget, max_num_seqs)`` on ``gpu``."""
@@ -82,9 +108,11 @@ class EngineProfile:
             return self.token_budget_large_gpu, self.max_num_seqs_large_gpu
         return self.token_budget, self.max_num_seqs
 
-    def kv_bytes_per_gpu(self, model: ModelSpec, gpu: GPUSpec, tp: int) -> float:
-        """HBM bytes per GPU this engine gives its KV cache (<= 0 if the weights do not fit)."""
-        weights = model.weight_bytes() / tp
+    def kv_bytes_per_gpu(self, model: ModelSpec, gpu: GPUSpec, tp: int,
+                         bytes_per_param: float = 2) -> float:  # fmt: skip
+        """HBM bytes per GPU this engine gives its KV cache (<= 0 if the weights do not fit),
+        weights at ``bytes_per_param``."""
+        weights = model.weight_bytes(bytes_per_param) / tp
         mem = gpu.memory_bytes
         if self.kv_memory == "utilization":
             return mem * self.memory_fraction - weights - self.activation_reserve_bytes
@@ -100,6 +128,11 @@ class EngineProfile:
 #: determine_available_memory``; 3 GiB per GPU is our estimate for a 70B model at TP4 with CUDA
 #: graphs). Prefix caching on by default: full blocks hashed, freed blocks evicted LRU
 #: (``vllm/v1/core/block_pool.py``). No swap in v1; CPU offload through a KV connector.
+#: Per-step CPU: no published number for v1 in ``shared/data/published``, so Vidur's measured
+#: sarathi-serve overheads (a vLLM-derived scheduler) stay; not hidden, because asynchronous
+#: scheduling is opt-in in 0.10-0.11 (``--async-scheduling``, ``SchedulerConfig.async_scheduling``
+#: False). Kernel scale ``vllm``: fitted on the vLLM 0.6.0 ShareGPT offline rows (FlashAttention /
+#: FlashInfer, as v1).
 SIM_VLLM = EngineProfile(
     name="sim:vllm",
     block_size_tokens=16,
@@ -115,6 +148,9 @@ SIM_VLLM = EngineProfile(
     offload_min_priority=0,
     cpu_kv_ratio=2.0,
     native_policy="fcfs",
+    version="vllm 0.10-0.11 (v1)",
+    kernel_key="vllm",
+    cpu_key="vidur",
 )
 
 #: SGLang 0.5.x. ``page_size`` 1; ``chunked_prefill_size`` 8,192 on 35-160 GB GPUs and
@@ -124,7 +160,14 @@ SIM_VLLM = EngineProfile(
 #: with ``new_token_ratio`` starting at 0.7, decaying over 600 decode steps to 0.7 x 0.14, and
 #: reset by a retraction (``SGLANG_INIT_NEW_TOKEN_RATIO``, ``..._MIN_NEW_TOKEN_RATIO_FACTOR``,
 #: ``..._NEW_TOKEN_RATIO_DECAY_STEPS``). Radix cache with LRU eviction; HiCache host tier
-#: ``hicache_ratio`` 2.0. Native policy ``lpm`` (longest prefix match).
+#: ``hicache_ratio`` 2.0. Native policy ``fcfs``: SGLang 0.5.23's ``--schedule-policy`` default
+#: (``sglang/srt/arg_groups/fields/schedule.py``: ``schedule_policy = "fcfs"``). Overlap scheduler
+#: on (``disable_overlap_schedule`` False, same file); one decode step per scheduling round
+#: (``num_continuous_decode_steps`` 1). Prefill and decode do not share a step: a prefill batch
+#: runs alone (``enable_mixed_chunk`` False, same file; ``Scheduler.get_next_batch_to_run`` runs
+#: a new prefill batch before the decode batch). Per-step CPU: fitted on SGLang 0.2.13's published
+#: per-iteration schedule times (WukLab, ``shared/data/published`` rows 680-716), the only SGLang
+#: ones. Kernel scale ``sglang``: fitted on SGLang 0.3.0's ShareGPT offline rows (640-645).
 SIM_SGLANG = EngineProfile(
     name="sim:sglang",
     block_size_tokens=1,
@@ -139,10 +182,15 @@ SIM_SGLANG = EngineProfile(
     prefix_cache="radix",
     offload_min_priority=0,
     cpu_kv_ratio=2.0,
-    native_policy="lpm",
+    native_policy="fcfs",
     reserve_ratio_init=0.7,
     reserve_ratio_min=0.7 * 0.14,
     reserve_ratio_decay=(0.7 - 0.7 * 0.14) / 600,
+    version="sglang 0.5.23",
+    kernel_key="sglang",
+    cpu_key="sglang-0.2.13",
+    cpu_overlap=True,
+    mixed_batches=False,
 )
 
 #: TensorRT-LLM 1.2 (PyTorch backend, LLM API). ``tokens_per_block`` 32, ``max_num_tokens`` 8,192
@@ -152,7 +200,14 @@ SIM_SGLANG = EngineProfile(
 #: (``KvCacheConfig``). ``GUARANTEED_NO_EVICT`` capacity scheduling (the default) reserves each
 #: request's blocks to completion and never pauses. Block reuse on by default with prioritized
 #: LRU (retention priority 0-100, default 35); the host cache drops blocks below priority 30
-#: (shared/engines/trtllm-1.2.md §1.2, §2.2).
+#: (shared/engines/trtllm-1.2.md §1.2, §2.2). Overlap scheduler on (``disable_overlap_scheduler``
+#: False, ``_executor_loop_overlap``: trtllm-1.2.md). No TensorRT-LLM per-step CPU number is
+#: published (``shared/data/published/README.md``, Gaps), and SGLang 0.2.13's fit (0.17 ms per
+#: running request, measured at <= 300) would cost 350 ms a step at TensorRT-LLM's 2,048-request
+#: batches, which its max-load tables rule out; the CPU term is taken as hidden (``cpu_key``
+#: ``"none"``: an assumption, stated). Kernel
+#: scale ``trtllm`` per dtype: fitted on the perf-overview max-load tables (FP8 on H100/H200, FP16
+#: on A100; rows 1-122 of v0.17, 483-537 of 0.21, 588-607 of 1.1 and 1.2).
 SIM_TRTLLM = EngineProfile(
     name="sim:trtllm",
     block_size_tokens=32,
@@ -168,6 +223,10 @@ SIM_TRTLLM = EngineProfile(
     offload_min_priority=30,
     cpu_kv_ratio=2.0,
     native_policy="fcfs",
+    version="tensorrt-llm 1.2 (PyTorch backend)",
+    kernel_key="trtllm",
+    cpu_key="none",
+    cpu_overlap=True,
 )
 
 PROFILES: dict[str, EngineProfile] = {p.name: p for p in (SIM_VLLM, SIM_SGLANG, SIM_TRTLLM)}

@@ -18,15 +18,21 @@ def build_run(rep: Replica, decision: ScheduleDecision, now_s: float, not_before
               kv: KVMovement, step_time: StepTimeModel) -> StepRun | None:  # fmt: skip
     """The step (or run of repeated decode steps) ``decision`` starts on ``rep``.
 
-    Allocates each piece's new KV blocks (``kv.allocate``; a piece whose blocks cannot be found
-    sits the step out), and times the step with ``step_time``: it starts at ``not_before`` or
-    when its blocks and its requests' KV copies are ready, whichever is last.
+    On an engine without mixed batches (``EngineProfile.mixed_batches``) a decision with
+    prefill chunks runs only those. Allocates each piece's new KV blocks (``kv.allocate``; a
+    piece whose blocks cannot be found sits the step out), and times the step with
+    ``step_time``: it starts at ``not_before`` or when its blocks and its requests' KV copies
+    are ready, whichever is last.
 
     Returns:
         The run, or ``None`` if no piece of the decision can run.
     """
     running = rep.running
     pieces = [(running[rid], n) for rid, n in decision.num_tokens.items() if rid in running]
+    if not rep.profile.mixed_batches:  # a prefill batch runs alone; its decodes wait
+        prefill = [(r, n) for r, n in pieces if r.computed_tokens < r.spec.prompt_tokens]
+        if prefill:
+            pieces = prefill
     if not pieces:
         return None
     steps = repeat_steps(rep, decision, pieces, now_s)

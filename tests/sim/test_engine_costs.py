@@ -1,0 +1,85 @@
+"""Per-engine step costs (issue 19): kernel scale, CPU per step, overlap, FP8, versions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from superinfer.sim.calibrated import default_step_time
+from superinfer.sim.config import kv_capacity_blocks
+from superinfer.sim.engine_costs import EngineStepTime
+from superinfer.sim.hardware import get_gpu, get_model
+from superinfer.sim.profiles import SIM_SGLANG, SIM_TRTLLM, SIM_VLLM
+from superinfer.sim.step_time import BatchShape
+from superinfer.sim.versions import VERSIONS, get_version
+
+L8, A100, H100 = get_model("llama-3.1-8b"), get_gpu("a100-80gb"), get_gpu("h100-80gb")
+COSTS = {"kernel_scale": {"k": {"fp16": 0.5, "fp8": 0.25}},
+         "cpu": {"c": {"intercept_s": 0.004, "per_seq_s": 0.0001}}}  # fmt: skip
+DECODE = BatchShape(num_tokens=8, num_samples=8, prefill_attn_pairs=0.0, prefill_kv_tokens=0,
+                    decode_kv_tokens=8000.0, num_seqs=8)  # fmt: skip
+
+
+def _model(overlap: bool, divisor: int = 1, dtype: str = "fp16") -> EngineStepTime:
+    profile = replace(SIM_VLLM, kernel_key="k", cpu_key="c", cpu_overlap=overlap,
+                      cpu_decode_divisor=divisor)  # fmt: skip
+    return EngineStepTime(default_step_time(L8, A100, 1), profile, dtype, COSTS)
+
+
+def test_sglang_native_policy_is_its_shipped_default_fcfs() -> None:
+    assert SIM_SGLANG.native_policy == "fcfs"
+
+
+def test_no_overlap_adds_the_cpu_time_to_the_scaled_gpu_time() -> None:
+    base = default_step_time(L8, A100, 1)
+    gpu = (base.step_time_s(DECODE) - base.overhead_s(8)) * 0.5
+    assert _model(False).step_time_s(DECODE) == pytest.approx(gpu + 0.004 + 8 * 0.0001)
+    assert _model(False, divisor=10).step_time_s(DECODE) == pytest.approx(gpu + 0.00048)
+
+
+def test_overlap_hides_cpu_up_to_the_gpu_time() -> None:
+    m = _model(True)
+    gpu = m.gpu_s(DECODE)
+    fixed = gpu - m.b_kv * DECODE.decode_kv_tokens
+    assert m.step_time_s(DECODE) == pytest.approx(gpu + max(0.0, 0.0048 - fixed))
+    assert m.step_time_s(DECODE) < _model(False).step_time_s(DECODE)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_decode_coefficients_equal_the_step_time(overlap: bool) -> None:
+    m = _model(overlap)
+    a, b = m.decode_coefficients(8)
+    assert a + b * DECODE.decode_kv_tokens == pytest.approx(m.step_time_s(DECODE))
+
+
+def test_fp8_kernel_scale_applies_to_fp8_weights() -> None:
+    assert _model(False, dtype="fp8").scale == 0.25
+    assert _model(False).scale == 0.5
+
+
+def test_fp8_weights_and_kv_on_hopper_are_faster_and_hold_twice_the_kv() -> None:
+    fp16 = default_step_time(L8, H100, 1)
+    fp8 = default_step_time(L8, H100, 1, weight_bytes=1.0, kv_bytes=1.0)
+    assert fp8.step_time_s(DECODE) < fp16.step_time_s(DECODE)
+    assert fp8.decode_coefficients(8)[1] == pytest.approx(fp16.decode_coefficients(8)[1] / 2)
+    blocks16 = kv_capacity_blocks(SIM_TRTLLM, L8, H100, 1)
+    blocks8 = kv_capacity_blocks(SIM_TRTLLM, L8, H100, 1, "fp8", "fp8")
+    assert blocks8 > 2 * blocks16  # half the bytes per block, and FP8 weights free memory
+
+
+def test_engines_differ_in_their_cost_terms() -> None:
+    assert (SIM_VLLM.cpu_overlap, SIM_SGLANG.cpu_overlap, SIM_TRTLLM.cpu_overlap) == (
+        False, True, True)  # fmt: skip
+    assert len({SIM_VLLM.kernel_key, SIM_SGLANG.kernel_key, SIM_TRTLLM.kernel_key}) == 3
+    assert not SIM_SGLANG.mixed_batches and SIM_TRTLLM.mixed_batches
+
+
+def test_published_releases_carry_their_defaults() -> None:
+    assert get_version("vllm-0.5.4").token_budget == 512
+    assert get_version("vllm-0.6.0").cpu_decode_divisor == 10
+    assert not get_version("sglang-0.3.0").cpu_overlap
+    assert get_version("trtllm-0.17").memory_fraction == 0.95
+    assert len(VERSIONS) == 9
+    with pytest.raises(KeyError, match="known"):
+        get_version("vllm-9")
