@@ -18,6 +18,7 @@ from superinfer.harness.offline.cache_trace import (
     FloatArray,
     IntArray,
     ReplayResult,
+    prefix_hits,
     record_hits,
 )
 from superinfer.policy_core.kv_placement_plan import PlacementPlanner, ScoreFn
@@ -131,13 +132,7 @@ def replay_ordered(
     for r in range(trace.num_requests):
         now = float(trace.arrival_s[r])
         blocks = flat[offsets[r] : offsets[r + 1]]
-        hit = 0
-        while hit < len(blocks) and tier[blocks[hit]]:
-            hit += 1
-        in_hbm = 0
-        while in_hbm < len(blocks) and tier[blocks[in_hbm]] == 1:
-            in_hbm += 1
-        k[r], k_hbm[r] = hit, in_hbm
+        k[r], k_hbm[r] = prefix_hits(tier, blocks)
         for b in blocks:
             if tier[b] != 1:
                 used[1] += 1

@@ -15,7 +15,12 @@ from collections import OrderedDict
 
 import numpy as np
 
-from superinfer.harness.offline.cache_trace import BlockTrace, ReplayResult, record_hits
+from superinfer.harness.offline.cache_trace import (
+    BlockTrace,
+    ReplayResult,
+    prefix_hits,
+    record_hits,
+)
 from superinfer.policy_core.reuse_adaptive import AdaptiveCache, make_block_cache
 
 __all__ = ["BLOCK_POLICIES", "replay_blocks"]
@@ -50,13 +55,7 @@ def replay_blocks(
     offloaded = 0
     for r in range(trace.num_requests):
         blocks = flat[offsets[r] : offsets[r + 1]]
-        hit = 0
-        while hit < len(blocks) and tier[blocks[hit]]:
-            hit += 1
-        in_hbm = 0
-        while in_hbm < len(blocks) and tier[blocks[in_hbm]] == 1:
-            in_hbm += 1
-        k[r], k_hbm[r] = hit, in_hbm
+        k[r], k_hbm[r] = prefix_hits(tier, blocks)
         for b in blocks:
             if tier[b] == 2:
                 del cpu[b]

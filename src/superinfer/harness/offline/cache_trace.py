@@ -30,6 +30,7 @@ __all__ = [
     "ReplayResult",
     "block_trace",
     "load_cache_trace",
+    "prefix_hits",
     "record_hits",
 ]
 
@@ -246,6 +247,28 @@ class ReplayResult:
         b, hb = self.minute_blocks[:minutes].sum(), self.minute_hit_blocks[:minutes].sum()
         t, ht = self.minute_tokens[:minutes].sum(), self.minute_hit_tokens[:minutes].sum()
         return (hb / b if b else math.nan, ht / t if t else math.nan)
+
+
+def prefix_hits(tier: Sequence[int], blocks: Sequence[int]) -> tuple[int, int]:
+    """One request's prefix hit before it runs: ``(cached, in_hbm)`` blocks.
+
+    Args:
+        tier: where each unique block lives now, indexed by block id: ``0`` not cached, ``1`` HBM,
+            ``2`` CPU (a ``bytearray`` or list; the replays' own bookkeeping).
+        blocks: the request's block ids in prompt order.
+
+    Returns:
+        ``cached``: the longest prefix found in either tier; ``in_hbm``: the longest prefix found
+        in HBM alone (``in_hbm <= cached``). A prefix stops at the first block missing from the
+        tier(s), as a radix cache matches (SGLang ``RadixCache.match_prefix``).
+    """
+    cached = 0
+    while cached < len(blocks) and tier[blocks[cached]]:
+        cached += 1
+    in_hbm = 0
+    while in_hbm < len(blocks) and tier[blocks[in_hbm]] == 1:
+        in_hbm += 1
+    return cached, in_hbm
 
 
 def record_hits(res: ReplayResult, trace: BlockTrace, k: IntArray, k_hbm: IntArray) -> None:
