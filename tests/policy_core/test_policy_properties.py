@@ -143,7 +143,8 @@ def test_no_request_waits_beyond_the_aging_bound(
         for i, (arrival, prompt, output, slo) in enumerate(spec)
     ]
     engine = EngineDouble(
-        SuperInferPolicy(aging_s=aging_s, min_prefill_tokens=16),
+        # demotion, not rejection (issue 18's default): the bound is about requests that wait
+        SuperInferPolicy(aging_s=aging_s, min_prefill_tokens=16, reject_hopeless=False),
         reqs,
         step_s=step_s,
         total_hbm_blocks=200,  # 3,200 tokens: live KV often exceeds it

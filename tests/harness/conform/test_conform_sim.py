@@ -33,12 +33,16 @@ from superinfer.harness.policies import POLICY_FIELDS, ignored_field_warnings, r
 from superinfer.harness.workload.workload import Workload
 
 BASE = BenchConfig(cpu_kv_ratio=0.0)
+#: superinfer as it was before reject_hopeless became its default (issue 18): it demotes instead
+NO_REJECT = BenchConfig(
+    cpu_kv_ratio=0.0, policy_options={"superinfer": {"reject_hopeless": "false"}}
+)
 SIM_GPU_ENGINES = ("sim:vllm", "sim:sglang", "sim:trtllm")
 
 
 @contextlib.contextmanager
-def _target(engine: str, policy: str) -> Iterator[Target]:
-    with open_target(engine, policy, BASE) as target:
+def _target(engine: str, policy: str, base: BenchConfig = BASE) -> Iterator[Target]:
+    with open_target(engine, policy, base) as target:
         yield target
 
 
@@ -86,7 +90,11 @@ def test_exact_values_on_sim_vllm(vllm: dict) -> None:
     assert inv["value"] == 0.031 and "1 lower-priority request(s) preempted" in inv["detail"]
     assert vllm["fcfs"]["priority_inversion"]["value"] == 1.0  # waited for a slot to free
     assert vllm["fcfs"]["head_of_line"]["value"] == 1.003  # blocked behind the long prefill
-    assert vllm["superinfer"]["head_of_line"]["value"] == 0.096
+    # short0 and short1 arrive during the long prompt's first 2,048-token step and are due before
+    # it ends: rejected as unattainable (reject_hopeless); short2 and short3 then share the next
+    # step with the long prompt's 2,016-token chunk (679, 650 ms: late for a 325 ms TTFT)
+    hol = vllm["superinfer"]["head_of_line"]
+    assert hol["value"] == 0.191 and "2 short(s) rejected as unattainable" in hol["detail"]
     assert vllm["fcfs"]["class_separation"]["value"] == -0.25
     assert vllm["superinfer"]["class_separation"]["value"] == 0.25
     rec = vllm["fcfs"]["recompute_excess"]
@@ -99,6 +107,17 @@ def test_exact_values_on_sim_vllm(vllm: dict) -> None:
         chunked["value"] == 0
         and "6/6 finished; 2 of 2 preemption(s) mid prefill" in chunked["detail"]
     )
+
+
+def test_the_first_token_guard_serves_the_shorts_in_time_on_sim_vllm() -> None:
+    # with the guard the long prompt's next chunk is trimmed so that step ends by short2's
+    # deadline: short2 and short3 get their first tokens at 321 and 291 ms (TTFT target 325 ms)
+    base = BenchConfig(
+        cpu_kv_ratio=0.0, policy_options={"superinfer": {"first_token_guard": "true"}}
+    )
+    with _target("sim:vllm", "superinfer", base) as target:
+        (row,) = conform_rows(target, ["head_of_line"])
+    assert row["value"] == 0.09 and "short TTFT max 321 ms" in row["detail"]
 
 
 @pytest.mark.parametrize("engine", SIM_GPU_ENGINES)
@@ -116,7 +135,9 @@ def test_every_request_finishes_through_chunked_preemption(engine: str) -> None:
     for policy in registered_policies():
         if policy == "oracle":
             continue  # rejects requests it cannot serve in time, by design
-        with _target(engine, policy) as target:
+        # superinfer by default rejects a chat it can no longer serve in time (sim:sglang: one of
+        # six); the scenario is about preemption mid-prefill, so it runs with demotion instead
+        with _target(engine, policy, NO_REJECT) as target:
             (row,) = conform_rows(target, ["chunked_prefill_preemption"])
         assert row["passed"] in ("pass", "not exercised"), (engine, policy, row["detail"])
         assert row["value"] == 0
