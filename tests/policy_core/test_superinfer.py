@@ -286,6 +286,35 @@ class TestTPOTProtection:
         assert plain.num_tokens["urgent"] == 700 and boosted.num_tokens["urgent"] == 800
 
 
+class TestFirstTokenGuard:
+    """A chat whose whole prompt fits in the step is not made late by a batch prompt's chunk."""
+
+    def _decide(self, chat_arrival_s: float, **options: object) -> tuple[ScheduleDecision, int]:
+        p = policy(**{"first_token_guard": True, **options})
+        long = make_view("long", prompt=8000, computed=2048, slo=BATCH, arrival_s=0.0)
+        short = make_view("short", prompt=16, arrival_s=chat_arrival_s)
+        arrive(p, make_view("long", prompt=8000, slo=BATCH), short)
+        state = make_state(running=[long], waiting=[short], free_blocks=1000, total_blocks=1000)
+        return decide(p, state), p.stats()["first_token_trims"]
+
+    def test_the_batch_chunk_is_trimmed_to_end_the_step_by_the_chat_deadline(self) -> None:
+        # due at 9.2 + 1.0 = 10.2 s; the full step (16 + 2032 tokens) would end at
+        # 10.0 + A + B * 2048 = 10.2248 s: 0.0248 s late = 248 tokens (249 after float rounding
+        # up), so the step ends at 10.0 + A + B * (16 + 1783) = 10.1999 s
+        plain, _ = self._decide(9.2, first_token_guard=False)
+        assert dict(plain.num_tokens) == {"short": 16, "long": 2032}
+        guarded, trims = self._decide(9.2)
+        assert dict(guarded.num_tokens) == {"short": 16, "long": 1783} and trims == 1
+        assert guarded.admit == ("short",)
+
+    def test_no_trim_when_the_deadline_is_met_or_out_of_reach(self) -> None:
+        roomy, trims = self._decide(9.5)  # due 10.5 s: the full step ends at 10.2248 s
+        assert dict(roomy.num_tokens) == {"short": 16, "long": 2032} and trims == 0
+        # due 10.01 s: even the chat alone ends at 10.0 + A + B * 16 = 10.0216 s
+        late, trims = self._decide(9.01, reject_hopeless=False, best_effort_demotion=False)
+        assert dict(late.num_tokens) == {"short": 16, "long": 2032} and trims == 0
+
+
 class TestPreemption:
     def _state(self, victim_computed: int, link: float, free_cpu: int) -> StepState:
         keep = decoding("keep", 32, 1)  # computed 32: its next token needs a new block

@@ -88,6 +88,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "min_prefill_tokens",
         "ttft_boost",
         "ttft_plan_fraction",
+        "first_token_guard",
         "credit_quantile",
         "promotion",
         "promotion_margin_s",

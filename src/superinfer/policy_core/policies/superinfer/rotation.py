@@ -4,8 +4,10 @@ worse tiers swapped out proactively, promoted swapped requests prefetched."""
 
 from __future__ import annotations
 
+from superinfer.policy_core.batching import step_blocks
 from superinfer.policy_core.policies.superinfer.budget import _StepBudget
 from superinfer.policy_core.policies.superinfer.records import (
+    _INF,
     _RUNNING,
     _SWAPPED,
     _WAITING,
@@ -84,6 +86,89 @@ class _Rotation(_StepBudget):
         low = min(passes)
         if low > 1e9:  # keep the virtual times small; only differences matter
             rep.passes = [p - low for p in passes]
+
+    def _guard_first_tokens(self, rep: _Replica, step: _Step, num_decodes: int) -> int:
+        """Trim worse-tier prefill tokens so the step ends before the tightest first-token
+        deadline among the TTFT-class prefills it completes; returns the tokens trimmed.
+
+        Stride rotation gives a worse tier its weighted share of every contended step, so a
+        chat whose whole prompt fits in the step can still miss its TTFT because a batch
+        prompt's chunk shares the step (a 16-token chat beside a 2,016-token chunk waits ~0.4 s
+        on an A100 for Llama-3.1-70B TP4; ``conform`` scenario ``head_of_line``). With the
+        step's predicted end ``now + step_s(prefill, decodes)`` past that deadline ``d``, the
+        prefills of tiers worse than the urgent request's (last tier first, the largest chunk
+        first inside a tier) give back ``ceil((end - d) / prefill_token_s)`` tokens, only if
+        that many are theirs to give (no trim for a deadline out of reach anyway). A request
+        admitted or resumed in this step keeps at least one token, so it still runs; its KV
+        blocks are re-charged for the shorter chunk and its tier's stride pass refunded.
+        """
+        model = self.step_time
+        now = step.state.now_s
+        deadline, urgent_tier = _INF, self.num_tiers
+        prefill = 0
+        pieces: list[tuple[_Entry, int]] = []
+        for rid, n in step.tokens.items():
+            e = self._entries.get(rid)
+            if e is None:
+                continue
+            v = e.view
+            if (
+                n == 1
+                and v.generated_tokens
+                and v.prompt_tokens + v.generated_tokens - v.computed_tokens == 1
+            ):
+                continue  # a decode
+            prefill += n
+            pieces.append((e, n))
+            if n >= v.pending_tokens and self._awaits_first_token(e):
+                d = e.arrival_s + e.ttft_s
+                if d < deadline:
+                    deadline, urgent_tier = d, e.tier
+        if deadline == _INF:
+            return 0
+        late_s = now + model.step_s(prefill, num_decodes) - deadline
+        if late_s <= 0 or model.prefill_token_s <= 0:
+            return 0
+        excess = -(-late_s // model.prefill_token_s)
+        started = set(step.admit) | set(step.resume)
+        donors = [
+            (e, n - (1 if e.rid in started else 0))
+            for e, n in pieces
+            if e.tier > urgent_tier and not self._awaits_first_token(e)
+        ]
+        if sum(g for _, g in donors) < excess:
+            return 0  # out of reach even so: keep the throughput
+        donors.sort(key=lambda d: (-d[0].tier, -d[1]))
+        state = step.state
+        trimmed = 0
+        for e, give in donors:
+            if trimmed >= excess:
+                break
+            cut = int(min(give, excess - trimmed))
+            if cut <= 0:
+                continue
+            rid, n = e.rid, step.tokens[e.rid]
+            admitting = rid in step.admit
+            v = e.view
+            old = step_blocks(v, n, state, admit=admitting)
+            new = step_blocks(v, n - cut, state, admit=admitting) if n - cut else 0
+            if n - cut:
+                step.tokens[rid] = n - cut
+            else:
+                del step.tokens[rid]
+            freed = max(old - new, 0)
+            step.new_blocks[rid] = max(step.new_blocks.get(rid, 0) - freed, 0)
+            step.free += freed
+            step.budget += cut
+            rep.passes[e.tier] -= cut / self._weights[e.tier]
+            trimmed += cut
+        self._counters["first_token_trims"] += 1
+        return trimmed
+
+    @staticmethod
+    def _awaits_first_token(e: _Entry) -> bool:
+        """A TTFT-class request still within its target's reach and before its first token."""
+        return e.ttft_s is not None and not e.best_effort and e.view.first_token_s is None
 
     def _has_demand(self, rep: _Replica, ongoing: list[list[_Entry]], t: int, cpu: bool) -> bool:
         if ongoing[t]:
