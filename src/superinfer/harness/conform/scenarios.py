@@ -503,6 +503,9 @@ def _retention_build(scale: Scale) -> list[Variant]:
 
 def _retention_check(runs: Mapping[str, RunResult], scale: Scale, _: object) -> Outcome:
     df = _by_id(runs["base"].requests)
+    if df.loc["vip1", "status"] != "finished":  # never ran: the cache was not put to the test
+        why = f"{df.loc['vip1', 'status']} ({df.loc['vip1', 'reason']})"
+        return Outcome(NOT_EXERCISED, None, "hit fraction", ">= 0.5", f"vip1 {why}: never ran")
     hit = float(df.loc["vip1", "cached_tokens"]) / (4 * 64)
     bulk = int(df.loc[[i for i in df.index if i.startswith("bulk")], "prompt_tokens"].sum())
     detail = (
