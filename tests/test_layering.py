@@ -106,6 +106,7 @@ HARNESS_RANKS = {
     "suites_seed": 9,
     "suites_engines": 9,
     "suites_engines_report": 9,
+    "suites_engines_knee": 9,
 }
 
 

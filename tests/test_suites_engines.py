@@ -14,13 +14,19 @@ from superinfer.harness.engines.base import BenchConfig
 from superinfer.harness.errors import UserError
 from superinfer.harness.suites_engines import (
     DEFAULT_LOADS,
+    REAL_ENGINES,
     SuiteOptions,
     engine_loads,
     lone_workload,
     mix_workload,
     run_engines,
-    sglang_step_fit,
     suite_options,
+)
+from superinfer.harness.suites_engines_knee import (
+    find_knee,
+    knee_loads,
+    serial_capacity,
+    sglang_step_fit,
 )
 from superinfer.harness.suites_engines_report import aggregate, fidelity, policy_checks
 
@@ -30,6 +36,7 @@ def test_default_options() -> None:
     assert opts == SuiteOptions()
     assert opts.repeats == 3
     assert dict(opts.loads) == dict(DEFAULT_LOADS)
+    assert opts.auto == REAL_ENGINES  # every real engine's loads come from its knee pilot
     chat, batch = opts.slos()
     assert (chat.ttft_ms, chat.tpot_ms, chat.priority) == (2000.0, 250.0, 0)
     assert (batch.deadline_s, batch.priority) == (120.0, 1)
@@ -48,6 +55,7 @@ def test_options_parse_per_engine_loads_and_scalars() -> None:
         }
     )
     assert opts.loads["hf"] == (0.1, 0.2)
+    assert opts.auto == ("sglang", "llamacpp")  # fixed loads turn hf's pilot off
     assert opts.loads["sglang"] == DEFAULT_LOADS["sglang"]
     assert (opts.repeats, opts.duration_s, opts.chat_ttft_ms, opts.lone) == (2, 45.0, 1500.0, 0)
     assert opts.engines == ("hf", "sim:hf-cpu")
@@ -55,6 +63,42 @@ def test_options_parse_per_engine_loads_and_scalars() -> None:
     assert engine_loads(opts, "hf") == (0.1, 0.2)
     assert engine_loads(opts, "sim:hf-cpu") == (0.1, 0.2)  # a sim row replays its engine's loads
     assert engine_loads(opts, "sim:sglang-cpu") == DEFAULT_LOADS["sglang"]
+    found = {"sglang": (1.0, 2.0)}
+    assert engine_loads(opts, "sim:sglang-cpu", found) == (1.0, 2.0)
+    assert engine_loads(opts, "hf", found) == (0.1, 0.2)
+    again = suite_options({"suite.loads.hf": "0.1", "suite.loads.llamacpp": "auto"})
+    assert again.auto == ("sglang", "llamacpp")
+
+
+def test_find_knee_steps_up_then_brackets() -> None:
+    curve = {1.0: 0.95, 1.5: 0.3, 1.5**0.5: 0.9}
+    seen = []
+
+    def attainment(load: float) -> float:
+        seen.append(load)
+        return curve[min(curve, key=lambda k: abs(k - load))]
+
+    knee, probes = find_knee(attainment, 1.0, max_probes=3)
+    assert seen == [1.0, 1.5, pytest.approx(1.5**0.5)]
+    assert knee == pytest.approx((1.5**0.5 * 1.5) ** 0.5)  # tightest bracket's geometric mean
+    assert [a for _, a in probes] == [0.95, 0.3, 0.9]
+
+
+def test_find_knee_stops_inside_the_band_and_steps_down() -> None:
+    knee, probes = find_knee(lambda load: 0.1 if load > 1 else 0.7, 2.25)
+    assert probes == [(2.25, 0.1), (1.5, 0.1), (1.0, 0.7)]
+    assert knee == 1.0
+    knee, probes = find_knee(lambda load: 1.0, 1.0, max_probes=2)
+    assert probes == [(1.0, 1.0), (1.5, 1.0)] and knee == 1.0  # closest to the band's middle
+
+
+def test_knee_loads_and_serial_capacity() -> None:
+    assert knee_loads(1.0) == (0.8, 1.0, 1.25)
+    assert knee_loads(0.333333) == (0.267, 0.333, 0.417)
+    lone = pd.DataFrame({"slo_class": ["chat", "chat", "batch"], "e2e_ms": [900.0, 1100.0, 4000.0]})
+    # mean service 0.6 * 1.0 s + 0.4 * 4.0 s = 2.2 s
+    assert serial_capacity(lone, 0.4) == pytest.approx(1 / 2.2)
+    assert math.isnan(serial_capacity(lone[lone["slo_class"] == "chat"], 0.4))
 
 
 @pytest.mark.parametrize(
@@ -69,6 +113,7 @@ def test_options_parse_per_engine_loads_and_scalars() -> None:
         ({"suite.repeats": "0"}, "must be > 0"),
         ({"suite.batch_share": "1"}, "must be below 1"),
         ({"suite.engines": "hf,trt"}, "unknown engine 'trt'"),
+        ({"suite.loads.hf": "auto,1"}, "expected numbers"),
     ],
 )
 def test_bad_options_are_one_line_errors(options: dict[str, str], message: str) -> None:

@@ -38,9 +38,14 @@ import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, run_bench
 from superinfer.harness.errors import UserError
+from superinfer.harness.suites_engines_knee import (
+    find_knee,
+    knee_loads,
+    serial_capacity,
+    sglang_step_fit,
+)
 from superinfer.harness.workload.workload import Source, Workload
 from superinfer.policy_core.types import SLO
-from superinfer.sim.hf_cpu import FEATURES
 from superinfer.sim.request import RequestSpec
 
 __all__ = [
@@ -54,21 +59,14 @@ __all__ = [
     "lone_workload",
     "mix_workload",
     "run_engines",
-    "sglang_step_fit",
     "suite_options",
 ]
 
 #: The suite's engine names (``llamacpp`` and ``sim:sglang-cpu`` are its own: they run through
 #: the ``http`` and ``sim:hf-cpu`` engines of the registry).
-HF, SGLANG, LLAMACPP, SIM_HF, SIM_SGLANG = (
-    "hf",
-    "sglang",
-    "llamacpp",
-    "sim:hf-cpu",
-    "sim:sglang-cpu",
-)
-#: The real engines, in run order.
-REAL_ENGINES = (HF, SGLANG, LLAMACPP)
+#: The real engines are in run order.
+REAL_ENGINES = HF, SGLANG, LLAMACPP = ("hf", "sglang", "llamacpp")
+SIM_HF, SIM_SGLANG = "sim:hf-cpu", "sim:sglang-cpu"
 #: Policies per engine; the first is the engine's own (``native`` column of the report).
 ENGINE_POLICIES: Mapping[str, tuple[str, ...]] = {
     "hf": ("fcfs", "priority", "superinfer"),
@@ -78,13 +76,7 @@ ENGINE_POLICIES: Mapping[str, tuple[str, ...]] = {
     "sim:sglang-cpu": ("fcfs", "priority", "superinfer"),
 }
 #: Each engine's own policy.
-NATIVE = {
-    "hf": "fcfs",
-    "sglang": "native",
-    "llamacpp": "native",
-    "sim:hf-cpu": "fcfs",
-    "sim:sglang-cpu": "fcfs",
-}
+NATIVE = {engine: policies[0] for engine, policies in ENGINE_POLICIES.items()}
 #: Simulated engine -> the real engine whose loads it replays and whose rows it models.
 SIM_OF = {"sim:hf-cpu": "hf", "sim:sglang-cpu": "sglang"}
 #: Total offered load (chat + batch req/s) per real engine: around each one's knee, from short
@@ -122,7 +114,12 @@ class SuiteOptions:
     Attributes:
         engines: engines to run, of :data:`ENGINE_POLICIES` (sim rows need their real engine's
             lone run only for ``sim:sglang-cpu``'s fit).
-        loads: per real engine, total offered req/s (``suite.loads.hf=0.3,0.45,0.6``).
+        loads: per real engine, total offered req/s (``suite.loads.hf=0.3,0.45,0.6``), used for
+            the engines not in ``auto``.
+        auto: real engines whose 3 loads come from a knee pilot before their runs
+            (``suite.loads.hf=auto``; ``harness.suites_engines_knee``); all by default.
+        probe_s: arrival window of a pilot run, s.
+        max_probes: most pilot runs per engine.
         repeats: repeats of every real (engine, policy, load); the simulator runs once.
         duration_s: arrival window per run, s.
         batch_share: fraction of the offered load that is batch.
@@ -137,6 +134,9 @@ class SuiteOptions:
 
     engines: tuple[str, ...] = (*REAL_ENGINES, "sim:hf-cpu", "sim:sglang-cpu")
     loads: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: dict(DEFAULT_LOADS))
+    auto: tuple[str, ...] = REAL_ENGINES
+    probe_s: float = 20.0
+    max_probes: int = 4
     repeats: int = 3
     duration_s: float = 30.0
     batch_share: float = 0.4
@@ -175,9 +175,10 @@ def suite_options(options: Mapping[str, str]) -> SuiteOptions:
     Raises:
         UserError: an unknown key or engine, or a bad value; one line naming the key.
     """
-    plain = {f.name for f in fields(SuiteOptions)} - {"loads", "lone_gap_s", "engines"}
+    plain = {f.name for f in fields(SuiteOptions)} - {"loads", "lone_gap_s", "engines", "auto"}
     kw: dict[str, Any] = {}
     loads = dict(DEFAULT_LOADS)
+    auto = list(REAL_ENGINES)
     gaps = dict(SuiteOptions().lone_gap_s)
     for key, raw in options.items():
         name = key.removeprefix("suite.")
@@ -189,9 +190,13 @@ def suite_options(options: Mapping[str, str]) -> SuiteOptions:
                 raise UserError(
                     f"suite.{name}: unknown engine {engine!r}; known: {', '.join(REAL_ENGINES)}"
                 )
+            if head == "loads" and raw.strip() == "auto":
+                auto += [engine] if engine not in auto else []
+                continue
             vals = _floats(name, raw)
             if head == "loads":
                 loads[engine] = vals
+                auto = [e for e in auto if e != engine]
             else:
                 gaps[engine] = vals[0]
         elif name == "engines":
@@ -220,12 +225,16 @@ def suite_options(options: Mapping[str, str]) -> SuiteOptions:
         else:
             known = sorted(plain | {"engines", "loads.<engine>", "lone_gap_s.<engine>"})
             raise UserError(f"unknown suite option {key!r}; known: suite.{', suite.'.join(known)}")
-    return SuiteOptions(loads=loads, lone_gap_s=gaps, **kw)
+    return SuiteOptions(loads=loads, lone_gap_s=gaps, auto=tuple(auto), **kw)
 
 
-def engine_loads(opts: SuiteOptions, engine: str) -> tuple[float, ...]:
-    """The loads (total req/s) ``engine`` runs at: its own, or its real engine's for a sim row."""
-    return tuple(opts.loads[SIM_OF.get(engine, engine)])
+def engine_loads(
+    opts: SuiteOptions, engine: str, found: Mapping[str, tuple[float, ...]] | None = None
+) -> tuple[float, ...]:
+    """The loads (total req/s) ``engine`` runs at: its own (``found`` by the knee pilot, else
+    ``opts.loads``), or its real engine's for a sim row."""
+    real = SIM_OF.get(engine, engine)
+    return tuple((found or {}).get(real) or opts.loads[real])
 
 
 def _spec(i: int, slo: SLO, t: float, prompt: int, out: int) -> RequestSpec:
@@ -305,42 +314,6 @@ def lone_workload(opts: SuiteOptions, gap_s: float) -> Workload:
         t = 1.0 + (opts.lone + n) * gap_s
         specs.append(_spec(n, opts.slos()[1], t, BATCH_PROMPT[1], sum(BATCH_OUTPUT) // 2))
     return _workload("engines-lone", specs, opts, gap_s=gap_s)
-
-
-def sglang_step_fit(lone: pd.DataFrame) -> dict[str, Any]:
-    """A ``sim:hf-cpu`` step-time calibration for SGLang from its lone requests.
-
-    Two numbers carry it: the median TPOT of the lone requests is one decode step
-    (``intercept + num_tokens``), and the median TTFT of the lone batch prompts (``P`` tokens,
-    ``ceil(P / 512)`` prefill passes) gives the per-token cost:
-    ``c_tok = (TTFT - passes * intercept) / P``, solved with the decode equation. Other terms 0.
-
-    Args:
-        lone: the lone run's requests (``slo_class``, ``prompt_tokens``, ``ttft_ms``, ``tpot_ms``).
-
-    Returns:
-        ``{"coefficients": {feature: s}, "source": ...}`` (``HFCPUStepTime.from_file`` reads it).
-
-    Raises:
-        UserError: no finished lone batch request to fit on.
-    """
-    done = lone.dropna(subset=["ttft_ms"])
-    batch = done[done["slo_class"] == "batch"]
-    if batch.empty or done["tpot_ms"].dropna().empty:
-        raise UserError("sim:sglang-cpu needs the lone SGLang requests (suite.lone > 0)")
-    tpot = float(done["tpot_ms"].median()) / 1e3
-    ttft = float(batch["ttft_ms"].median()) / 1e3
-    prompt = float(batch["prompt_tokens"].median())
-    passes = float(np.ceil(prompt / 512))
-    c_tok = max((ttft - passes * tpot) / (prompt - passes), 0.0)
-    c0 = max(tpot - c_tok, 0.0)
-    coef = dict.fromkeys(FEATURES, 0.0)
-    coef.update(intercept=c0, num_tokens=c_tok)
-    return {
-        "coefficients": coef,
-        "source": f"lone SGLang requests: decode step {tpot * 1e3:.1f} "
-        f"ms, {prompt:.0f}-token prompt TTFT {ttft * 1e3:.0f} ms in {passes:.0f} passes",
-    }
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -462,6 +435,7 @@ def _sim_cells(
     opts: SuiteOptions,
     fit_file: Path | None,
     progress: Callable[[str], None],
+    found: Mapping[str, tuple[float, ...]],
 ) -> list[pd.DataFrame]:
     if engine == SIM_HF:
         eopts = {"step_time_file": opts.hf_step_time_file}
@@ -469,7 +443,7 @@ def _sim_cells(
         assert fit_file is not None
         eopts = {**SIM_SGLANG_LIMITS, "step_time_file": str(fit_file)}
     frames = []
-    for load in engine_loads(opts, engine):
+    for load in engine_loads(opts, engine, found):
         progress(f"{engine} at {load:g} req/s")
         wl = mix_workload(opts, load, config.seed)
         cfg = replace(
@@ -480,6 +454,43 @@ def _sim_cells(
         summary["engine"] = engine
         frames.append(_keyed(summary, 0, load))
     return frames
+
+
+def _knee(
+    config: BenchConfig,
+    engine: str,
+    opts: SuiteOptions,
+    handle: Mapping[str, Any],
+    lones: list[pd.DataFrame],
+    info: dict[str, Any],
+    tell: Callable[[str], None],
+) -> tuple[float, ...]:
+    """Pilot ``engine``'s native policy (``opts.probe_s`` of arrivals per probe) to find its knee
+    (``suites_engines_knee.find_knee``) from the lone requests' serial capacity; its 3 loads."""
+    pilot = replace(opts, duration_s=opts.probe_s)
+    native = NATIVE[engine]
+
+    def attainment(load: float) -> float:
+        tell(f"{engine}: knee pilot at {load:.3g} req/s")
+        summary, _, _ = _run_cell(
+            config, engine, native, mix_workload(pilot, load, config.seed), handle, opts
+        )
+        return float(summary.loc[summary["slo_class"] == "chat", "slo_attainment"].iloc[0])
+
+    lone = lones[-1] if lones and set(lones[-1]["engine"]) == {engine} else None
+    start = serial_capacity(lone, opts.batch_share) if lone is not None else float("nan")
+    if not start > 0:
+        start = DEFAULT_LOADS[engine][1]
+    start = float(f"{start:.3g}")
+    knee, probes = find_knee(attainment, start, max_probes=opts.max_probes)
+    loads = knee_loads(knee)
+    info.setdefault("knees", {})[engine] = {
+        "start": start,
+        "probes": probes,
+        "knee": knee,
+        "loads": loads,
+    }
+    return loads
 
 
 def _keyed(summary: pd.DataFrame, repeat: int, load: float) -> pd.DataFrame:
@@ -515,6 +526,7 @@ def run_engines(
         "engines": {},
     }
     fit_file: Path | None = None
+    found: dict[str, tuple[float, ...]] = {}
     work_dir.mkdir(parents=True, exist_ok=True)
     for engine in (e for e in REAL_ENGINES if e in opts.engines):
         begin = time.monotonic()
@@ -526,8 +538,10 @@ def run_engines(
                 wl = lone_workload(opts, opts.lone_gap_s[engine])
                 _, req, _ = _run_cell(config, engine, native, wl, handles[native], opts)
                 lones.append(req)
+            if engine in opts.auto:
+                found[engine] = _knee(config, engine, opts, handles[native], lones, info, tell)
             for rep in range(opts.repeats):
-                for load in engine_loads(opts, engine):
+                for load in engine_loads(opts, engine, found):
                     wl = mix_workload(opts, load, config.seed)
                     for policy in ENGINE_POLICIES[engine]:
                         tell(f"{engine}/{policy} at {load:g} req/s, repeat {rep}")
@@ -546,7 +560,7 @@ def run_engines(
     for engine in (e for e in SIM_OF if e in opts.engines):
         if engine == SIM_SGLANG and fit_file is None:
             raise UserError("sim:sglang-cpu is fitted on the lone SGLang requests: run sglang too")
-        frames += _sim_cells(config, engine, opts, fit_file, tell)
+        frames += _sim_cells(config, engine, opts, fit_file, tell, found)
     summary = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     lone = pd.concat(lones, ignore_index=True) if lones else pd.DataFrame()
     return EnginesResult(summary, lone, info)

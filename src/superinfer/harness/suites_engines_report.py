@@ -297,6 +297,35 @@ def render_engines_report(
             ],
             _lone_rows(lone),
         )
+    knees = meta.get("knees", {})
+    if knees:
+        lines += ["## Where each engine's knee is (native pilot, before its runs)", ""]
+        rows = [
+            [
+                f"`{e}`",
+                f"{k['start']:.3g}",
+                ", ".join(f"{ld:.3g} -> {at:.2f}" for ld, at in k["probes"]),
+                f"{k['knee']:.3g}",
+                ", ".join(f"{x:g}" for x in k["loads"]),
+            ]
+            for e, k in knees.items()
+        ]
+        lines += _table(
+            [
+                "engine",
+                "first probe req/s (lone serial capacity)",
+                "probes: load -> native chat attainment",
+                "knee",
+                "loads run",
+            ],
+            rows,
+        )
+        lines += [
+            f"Each probe: {opts.get('probe_s')} s of arrivals of the same workload, native "
+            "policy; the knee is the first probe with attainment in 0.6-0.85, else the "
+            "geometric mean of the tightest bracket (harness/suites_engines_knee.py).",
+            "",
+        ]
     lines += [
         "## Results (mean over repeats; attainment: mean (min-max))",
         "",
