@@ -38,7 +38,7 @@ def test_default_options() -> None:
     assert dict(opts.loads) == dict(DEFAULT_LOADS)
     assert opts.auto == REAL_ENGINES  # every real engine's loads come from its knee pilot
     chat, batch = opts.slos()
-    assert (chat.ttft_ms, chat.tpot_ms, chat.priority) == (2000.0, 250.0, 0)
+    assert (chat.ttft_ms, chat.tpot_ms, chat.priority) == (1500.0, 500.0, 0)
     assert (batch.deadline_s, batch.priority) == (120.0, 1)
 
 

@@ -86,6 +86,8 @@ DEFAULT_LOADS: Mapping[str, tuple[float, ...]] = {
     "sglang": (0.6, 0.9, 1.2),
     "llamacpp": (1.0, 1.5, 2.0),
 }
+#: A run's arrival window is long enough for this many requests on average.
+MIN_EXPECTED = 8
 #: Token ranges (inclusive) per class: chat prompts and outputs short; batch prompts long, with
 #: their output inside SGLang's 1,024-token context (two 512-token chunks at most).
 CHAT_PROMPT = (32, 160)
@@ -140,12 +142,12 @@ class SuiteOptions:
     repeats: int = 3
     duration_s: float = 30.0
     batch_share: float = 0.4
-    chat_ttft_ms: float = 2000.0
-    chat_tpot_ms: float = 250.0
+    chat_ttft_ms: float = 1500.0
+    chat_tpot_ms: float = 500.0
     batch_deadline_s: float = 120.0
-    lone: int = 3
+    lone: int = 2
     lone_gap_s: Mapping[str, float] = field(
-        default_factory=lambda: {"hf": 8.0, "sglang": 5.0, "llamacpp": 3.0}
+        default_factory=lambda: {"hf": 12.0, "sglang": 6.0, "llamacpp": 3.0}
     )
     hf_step_time_file: str = "results/hf/step_time_fit.json"
     sglang_model: str = ""
@@ -270,13 +272,15 @@ def _workload(name: str, specs: list[RequestSpec], opts: SuiteOptions, **details
 
 def mix_workload(opts: SuiteOptions, load: float, seed: int) -> Workload:
     """The suite's requests at ``load`` total req/s: two Poisson streams on one clock over
-    ``opts.duration_s`` (chat ``(1 - batch_share) * load``, batch ``batch_share * load``), lengths
-    uniform in the class ranges; ids ``chat-I`` / ``batch-I``, in arrival order.
+    ``opts.duration_s`` (or ``MIN_EXPECTED / load`` if longer): chat at ``(1 - batch_share) *
+    load``, batch at ``batch_share * load``, lengths uniform in the class ranges; ids
+    ``chat-I`` / ``batch-I``, in arrival order.
 
     Raises:
         UserError: no request falls in the window.
     """
     specs: list[RequestSpec] = []
+    window = max(opts.duration_s, MIN_EXPECTED / load)
     for k, (slo, share, prompt, output) in enumerate(
         zip(
             opts.slos(),
@@ -290,13 +294,13 @@ def mix_workload(opts: SuiteOptions, load: float, seed: int) -> Workload:
         t, i = 0.0, 0
         while True:
             t += float(rng.exponential(1.0 / (share * load)))
-            if t >= opts.duration_s:
+            if t >= window:
                 break
             out = int(rng.integers(output[0], output[1] + 1))
             specs.append(_spec(i, slo, t, int(rng.integers(prompt[0], prompt[1] + 1)), out))
             i += 1
     if not specs:
-        raise UserError(f"load {load:g} req/s over {opts.duration_s:g} s draws no request")
+        raise UserError(f"load {load:g} req/s over {window:g} s draws no request")
     return _workload(
         "engines-mix", specs, opts, load_rps=load, seed=seed, batch_share=opts.batch_share
     )
@@ -467,11 +471,11 @@ def _knee(
 ) -> tuple[float, ...]:
     """Pilot ``engine``'s native policy (``opts.probe_s`` of arrivals per probe) to find its knee
     (``suites_engines_knee.find_knee``) from the lone requests' serial capacity; its 3 loads."""
-    pilot = replace(opts, duration_s=opts.probe_s)
     native = NATIVE[engine]
 
     def attainment(load: float) -> float:
         tell(f"{engine}: knee pilot at {load:.3g} req/s")
+        pilot = replace(opts, duration_s=opts.probe_s)
         summary, _, _ = _run_cell(
             config, engine, native, mix_workload(pilot, load, config.seed), handle, opts
         )
