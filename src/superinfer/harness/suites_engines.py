@@ -38,12 +38,7 @@ import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, run_bench
 from superinfer.harness.errors import UserError
-from superinfer.harness.suites_engines_knee import (
-    find_knee,
-    knee_loads,
-    serial_capacity,
-    sglang_step_fit,
-)
+from superinfer.harness.suites_engines_knee import pilot_knee, sglang_step_fit
 from superinfer.harness.workload.workload import Source, Workload
 from superinfer.policy_core.types import SLO
 from superinfer.sim.request import RequestSpec
@@ -482,25 +477,51 @@ def _knee(
         return float(summary.loc[summary["slo_class"] == "chat", "slo_attainment"].iloc[0])
 
     lone = lones[-1] if lones and set(lones[-1]["engine"]) == {engine} else None
-    start = serial_capacity(lone, opts.batch_share) if lone is not None else float("nan")
-    if not start > 0:
-        start = DEFAULT_LOADS[engine][1]
-    start = float(f"{start:.3g}")
-    knee, probes = find_knee(attainment, start, max_probes=opts.max_probes)
-    loads = knee_loads(knee)
-    info.setdefault("knees", {})[engine] = {
-        "start": start,
-        "probes": probes,
-        "knee": knee,
-        "loads": loads,
-    }
-    return loads
+    knee = pilot_knee(attainment, lone, opts.batch_share, DEFAULT_LOADS[engine][1], opts.max_probes)
+    info.setdefault("knees", {})[engine] = knee
+    return knee["loads"]
 
 
 def _keyed(summary: pd.DataFrame, repeat: int, load: float) -> pd.DataFrame:
     summary.insert(2, "repeat", repeat)
     summary.insert(3, "load", load)
     return summary
+
+
+def _real_engine(
+    config: BenchConfig,
+    engine: str,
+    opts: SuiteOptions,
+    work_dir: Path,
+    lones: list[pd.DataFrame],
+    found: dict[str, tuple[float, ...]],
+    info: dict[str, Any],
+    tell: Callable[[str], None],
+    frames: list[pd.DataFrame],
+) -> None:
+    """One real engine's servers, lone pass, knee pilot and runs (repeats outermost), appended
+    to ``frames`` as they end (a failure keeps the runs before it)."""
+    begin = time.monotonic()
+    with _servers(engine, opts, work_dir) as handles:
+        info["engines"][engine] = {"startup_s": round(time.monotonic() - begin, 1)}
+        native = NATIVE[engine]
+        if opts.lone:
+            tell(f"{engine}: lone requests")
+            wl = lone_workload(opts, opts.lone_gap_s[engine])
+            _, req, _ = _run_cell(config, engine, native, wl, handles[native], opts)
+            lones.append(req)
+        if engine in opts.auto:
+            found[engine] = _knee(config, engine, opts, handles[native], lones, info, tell)
+        for rep in range(opts.repeats):
+            for load in engine_loads(opts, engine, found):
+                wl = mix_workload(opts, load, config.seed)
+                for policy in ENGINE_POLICIES[engine]:
+                    tell(f"{engine}/{policy} at {load:g} req/s, repeat {rep}")
+                    t0 = time.monotonic()
+                    summary, _, run = _run_cell(config, engine, policy, wl, handles[policy], opts)
+                    run["wall_s"] = round(time.monotonic() - t0, 1)
+                    info["runs"][f"{engine}/{policy}/{load:g}/{rep}"] = run
+                    frames.append(_keyed(summary, rep, load))
 
 
 def run_engines(
@@ -510,8 +531,7 @@ def run_engines(
     *,
     progress: Callable[[str], None] | None = None,
 ) -> EnginesResult:
-    """Run the suite: per real engine its lone pass, then loads x repeats x policies (repeats
-    outermost), then the simulated rows.
+    """Run the suite: per real engine (:func:`_real_engine`), then the simulated rows.
 
     Args:
         config: bench settings (``seed``; the rest the suite sets).
@@ -522,40 +542,18 @@ def run_engines(
     tell = progress or (lambda _msg: None)
     frames: list[pd.DataFrame] = []
     lones: list[pd.DataFrame] = []
-    info: dict[str, Any] = {
-        "suite": "engines",
-        "config": dataclasses.asdict(config),
-        "options": dataclasses.asdict(opts),
-        "runs": {},
-        "engines": {},
-    }
+    info: dict[str, Any] = {"suite": "engines", "runs": {}, "engines": {}}
+    info.update(config=dataclasses.asdict(config), options=dataclasses.asdict(opts))
     fit_file: Path | None = None
     found: dict[str, tuple[float, ...]] = {}
     work_dir.mkdir(parents=True, exist_ok=True)
     for engine in (e for e in REAL_ENGINES if e in opts.engines):
-        begin = time.monotonic()
-        with _servers(engine, opts, work_dir) as handles:
-            info["engines"][engine] = {"startup_s": round(time.monotonic() - begin, 1)}
-            native = NATIVE[engine]
-            if opts.lone:
-                tell(f"{engine}: lone requests")
-                wl = lone_workload(opts, opts.lone_gap_s[engine])
-                _, req, _ = _run_cell(config, engine, native, wl, handles[native], opts)
-                lones.append(req)
-            if engine in opts.auto:
-                found[engine] = _knee(config, engine, opts, handles[native], lones, info, tell)
-            for rep in range(opts.repeats):
-                for load in engine_loads(opts, engine, found):
-                    wl = mix_workload(opts, load, config.seed)
-                    for policy in ENGINE_POLICIES[engine]:
-                        tell(f"{engine}/{policy} at {load:g} req/s, repeat {rep}")
-                        t0 = time.monotonic()
-                        summary, _, run = _run_cell(
-                            config, engine, policy, wl, handles[policy], opts
-                        )
-                        run["wall_s"] = round(time.monotonic() - t0, 1)
-                        info["runs"][f"{engine}/{policy}/{load:g}/{rep}"] = run
-                        frames.append(_keyed(summary, rep, load))
+        try:
+            _real_engine(config, engine, opts, work_dir, lones, found, info, tell, frames)
+        except UserError as exc:  # an engine that cannot run does not lose the others' runs
+            info.setdefault("failed", {})[engine] = str(exc)
+            tell(f"{engine} failed: {exc}")
+            continue
         if engine == SGLANG and lones:
             fit = sglang_step_fit(lones[-1])
             fit_file = work_dir / "sglang_step_time.json"

@@ -22,7 +22,14 @@ import pandas as pd
 from superinfer.harness.errors import UserError
 from superinfer.sim.hf_cpu import FEATURES
 
-__all__ = ["KNEE_BAND", "find_knee", "knee_loads", "serial_capacity", "sglang_step_fit"]
+__all__ = [
+    "KNEE_BAND",
+    "find_knee",
+    "knee_loads",
+    "pilot_knee",
+    "serial_capacity",
+    "sglang_step_fit",
+]
 
 #: Native chat attainment that marks the knee.
 KNEE_BAND = (0.6, 0.85)
@@ -98,6 +105,21 @@ def knee_loads(knee: float, spread: float = 1.25) -> tuple[float, float, float]:
     """The 3 loads around ``knee``: ``knee / spread``, ``knee``, ``knee * spread``, each rounded to
     3 significant digits."""
     return tuple(float(f"{x:.3g}") for x in (knee / spread, knee, knee * spread))  # type: ignore[return-value]
+
+
+def pilot_knee(
+    attainment_at: Callable[[float], float],
+    lone: pd.DataFrame | None,
+    batch_share: float,
+    fallback: float,
+    max_probes: int,
+) -> dict[str, Any]:
+    """:func:`find_knee` from the lone requests' :func:`serial_capacity` (``fallback`` req/s
+    without one), 3 significant digits; ``{"start", "probes", "knee", "loads"}``."""
+    start = serial_capacity(lone, batch_share) if lone is not None else math.nan
+    start = float(f"{start if start > 0 else fallback:.3g}")
+    knee, probes = find_knee(attainment_at, start, max_probes=max_probes)
+    return {"start": start, "probes": probes, "knee": knee, "loads": knee_loads(knee)}
 
 
 def sglang_step_fit(lone: pd.DataFrame) -> dict[str, Any]:

@@ -297,6 +297,8 @@ def render_engines_report(
             ],
             _lone_rows(lone),
         )
+    for engine, why in meta.get("failed", {}).items():
+        lines += [f"**`{engine}` did not run**: {why}", ""]
     knees = meta.get("knees", {})
     if knees:
         lines += ["## Where each engine's knee is (native pilot, before its runs)", ""]
