@@ -5,14 +5,13 @@ SmolLM2-135M-Instruct on the transformers engine (``hf``), on the real SGLang CP
 (``llamacpp``, the Q4_1 GGUF, replayed through the ``http`` engine), each under its own policy
 and, where our policy plugs in (``hf``, ``sglang``), under ``priority`` and ``superinfer``; beside
 them the simulated rows ``sim:hf-cpu`` (the hf calibration) and ``sim:sglang-cpu`` (the hf-cpu
-simulator with SGLang's limits and a step time fitted to this run's lone SGLang requests,
-:func:`sglang_step_fit`).
+simulator with SGLang's limits, a step time fitted to this run's lone SGLang requests).
 
 One workload design for every engine (:func:`mix_workload`): Poisson chat (short prompts) and
 batch (long prompts, up to SGLang's 1,024-token context with their output) streams, seed fixed,
 the same absolute SLOs on every engine. Each real engine first serves lone requests
 (:func:`lone_workload`: one at a time, far apart) so that the report states its unloaded TTFT and
-TPOT; then 3 loads around its own knee (:data:`DEFAULT_LOADS`, total req/s) x repeats, the
+TPOT; then a knee pilot; then 3 loads around its knee (total req/s) x repeats, the
 repeats interleaved (repeat 0 of every load and policy, then repeat 1, ...). Servers are started
 once per engine and policy and reused across loads and repeats (SGLang's radix cache is flushed
 before every run, so a repeat does not reuse the last one's prompts).
@@ -422,7 +421,11 @@ def _run_cell(
     summary, requests = result.summary.copy(), result.requests.copy()
     for frame in (summary, requests):
         frame["engine"], frame["policy"] = engine, policy
-    info: dict[str, Any] = {"cells": result.info.get("cells")}
+    outcomes = requests.groupby(["slo_class", "status", "reason"], dropna=False).size()
+    info: dict[str, Any] = {
+        "cells": result.info.get("cells"),
+        "outcomes": {"/".join(map(str, k)): int(n) for k, n in outcomes.items()},
+    }
     if (server := handle.get("server")) is not None and server.plugin:
         info["plugin_stats"] = server.stats()
     return summary, requests, info
