@@ -502,8 +502,7 @@ def _real_engine(
     tell: Callable[[str], None],
     frames: list[pd.DataFrame],
 ) -> None:
-    """One real engine's servers, lone pass, knee pilot and runs (repeats outermost), appended
-    to ``frames`` as they end (a failure keeps the runs before it)."""
+    """One real engine's lone pass, knee pilot and runs (repeats outermost) into ``frames``."""
     begin = time.monotonic()
     with _servers(engine, opts, work_dir) as handles:
         info["engines"][engine] = {"startup_s": round(time.monotonic() - begin, 1)}
@@ -525,6 +524,7 @@ def _real_engine(
                     run["wall_s"] = round(time.monotonic() - t0, 1)
                     info["runs"][f"{engine}/{policy}/{load:g}/{rep}"] = run
                     frames.append(_keyed(summary, rep, load))
+                    pd.concat(frames).to_csv(work_dir / "summary.partial.csv", index=False)
 
 
 def run_engines(

@@ -396,7 +396,7 @@ def render_engines_report(
     if not fid.empty:
         for sim_engine, part in fid.groupby("sim_engine", sort=False):
             n_in = int(part["within"].sum())
-            worst = part.loc[part["rel_err"].abs().idxmax()]
+            worst = part.loc[part["rel_err"].abs().fillna(-1).idxmax()]
             lines.append(
                 f"- `{sim_engine}`: within the bound on {n_in} of {len(part)} rows; "
                 f"worst {worst.policy} at {worst.load:g} req/s, {worst.slo_class} "
@@ -457,7 +457,7 @@ def _plot(agg: pd.DataFrame, path: Path) -> None:
     for ax, engine in zip(axes[0], engines, strict=False):
         for policy, g in chat[chat["engine"] == engine].groupby("policy", sort=False):
             g = g.sort_values("load")
-            err = [g["mean"] - g["min"], g["max"] - g["mean"]]
+            err = [(g["mean"] - g["min"]).clip(lower=0), (g["max"] - g["mean"]).clip(lower=0)]
             ax.errorbar(
                 g["load"],
                 g["mean"],
@@ -528,10 +528,13 @@ def write_engines(
         if fit:
             (stage / "sglang_step_time.json").write_text(json.dumps(fit, indent=2) + "\n")
             written.append("sglang_step_time.json")
-        if not agg.empty:
-            _plot(agg, stage / "attainment_vs_load.png")
-            written.append("attainment_vs_load.png")
-        report = render_engines_report(summary, agg, lone, checks, fid, meta)
+        try:  # a plot or report bug must not lose the measured tables
+            if not agg.empty:
+                _plot(agg, stage / "attainment_vs_load.png")
+                written.append("attainment_vs_load.png")
+            report = render_engines_report(summary, agg, lone, checks, fid, meta)
+        except Exception as exc:  # noqa: BLE001
+            report = f"# report failed\n\n{type(exc).__name__}: {exc}\n"
         (stage / "report.md").write_text(report, encoding="utf-8")
         (stage / "manifest.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
         written += ["report.md", "manifest.json"]
