@@ -251,3 +251,16 @@ def test_fidelity_exact() -> None:
     att = fid[fid["metric"] == "slo_attainment"].iloc[0]
     assert att["abs_err"] == pytest.approx(0.05)
     assert not math.isnan(att["rel_err"])
+
+
+def test_plot_takes_equal_repeats(tmp_path) -> None:
+    """Three equal attainments: mean - min is -1e-16 in floating point; the error bars are clipped
+    at 0 (matplotlib refuses negative ones; a 40-minute run was lost to it once)."""
+    from superinfer.harness.suites_engines_report import _plot
+
+    rows = [("hf", "fcfs", r, 1.0, "chat", 0.7) for r in range(3)]
+    cols = ["engine", "policy", "repeat", "load", "slo_class", "slo_attainment"]
+    agg = aggregate(pd.DataFrame(rows, columns=cols))
+    assert (agg["mean"] - agg["min"]).iloc[0] < 0
+    _plot(agg, tmp_path / "a.png")
+    assert (tmp_path / "a.png").stat().st_size > 0
