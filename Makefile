@@ -24,7 +24,8 @@ FLEET_POLICIES ?= native,superinfer
 
 .PHONY: bench test test-all lint clean \
 	install install-sglang install-smollm2-sglang install-hf install-serve install-llamacpp \
-	cache-eval fleet kv-accuracy bench-kernels bench-hf calibrate-hf fidelity-hf bench-http
+	cache-eval fleet kv-accuracy bench-kernels bench-hf calibrate-hf fidelity-hf bench-http \
+	bench-engines-cpu
 
 # ==== 2. Install stamps =============================================================================
 
@@ -179,3 +180,11 @@ fidelity-hf: $(VENV)/.installed-hf
 # replayed through the http engine (real time: about 4 minutes per run on 2 cores).
 bench-http: $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
 	$(BIN)/python benchmarks/http_peers.py --out results/http
+
+# results/engines-cpu/: SmolLM2-135M on hf, the real SGLang server and llama.cpp's server, each under
+# its own policy (and priority, superinfer where ours plugs in), 3 loads x 3 repeats, with the
+# sim:hf-cpu and sim:sglang-cpu rows (`superinfer bench --suite engines`; about 50 minutes on 2
+# quiet cores, run it on a quiet machine).
+bench-engines-cpu: $(VENV)/.installed-sglang $(SGLANG_SMOLLM2)/model.safetensors \
+		$(VENV)/.installed-hf $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
+	SUPERINFER_LLAMACPP_PYTHON=$(LLAMACPP_VENV)/bin/python $(BIN)/superinfer bench --suite engines

@@ -104,6 +104,9 @@ HARNESS_RANKS = {
     "suites": 9,
     "conform": 10,
     "suites_seed": 9,
+    "suites_engines": 9,
+    "suites_engines_report": 9,
+    "suites_engines_knee": 9,
 }
 
 

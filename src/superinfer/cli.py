@@ -115,13 +115,16 @@ def cli() -> None:
 @click.option("--out", default=None, type=click.Path(),
               help="Run directory to write [default: results/default; results/hf when every engine "
               "is hf or sim:hf-cpu; results/http when every engine is http].")
-@click.option("--suite", type=click.Choice(["headline", "rotation", "seed"]), default=None,
+@click.option("--suite", type=click.Choice(["headline", "rotation", "seed", "engines"]),
+              default=None,
               help="Run a fixed experiment instead of one run. headline: every policy on every "
               "engine over a load sweep (defaults: the seven headline policies, --rate-scale 0.7 "
               "as the headline load) -> results/headline/. rotation: superinfer with rotation "
               "through HBM on and off (needs an engine with a CPU KV tier; defaults: --trace "
               "azure-conv, --replicas 1, --duration-s 600) -> results/rotation/. seed: native vs "
-              "superinfer --stack full on the 3 sim engines -> results/seed/.")
+              "superinfer --stack full on the 3 sim engines -> results/seed/. engines: SmolLM2 on hf, "
+              "sglang and llama.cpp (+ sim rows), options --engine-option suite.KEY=VALUE "
+              "-> results/engines-cpu/.")
 @click.option("--rate-scales", default=None,
               help="--suite headline: comma-separated loads of the sweep [default: "
               "0.3,0.6,0.8,1.0,1.3,1.6].")

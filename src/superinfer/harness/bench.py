@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 #: Fixed experiments ``bench --suite`` runs (``harness.suites``).
-SUITES = ("headline", "rotation", "seed")
+SUITES = ("headline", "rotation", "seed", "engines")
 #: The seven headline policies (``bench --suite headline``).
 HEADLINE_POLICIES = ("fcfs", "priority", "edf", "mlfq", "lpm", "superinfer", "oracle")
 #: Load of the headline table: the Azure hour at 0.6x its rate, where every engine's native
@@ -366,6 +366,8 @@ def suite_defaults(suite: str, *, workload_given: bool, given: Collection[str]) 
         given: names of the options the user gave.
     """
     own: dict[str, Any] = {}
+    if suite == "engines":  # harness/suites_engines.py sets every engine's settings itself
+        return own
     if suite in ("headline", "seed"):
         own.update(rate_scale=HEADLINE_RATE_SCALE, policies=",".join(HEADLINE_POLICIES))
         if not workload_given:
@@ -494,7 +496,8 @@ def write_bench(
 
 
 def bench_out_dir(config: BenchConfig, out: str | None, *, suite: str | None = None) -> Path:
-    """The run directory of ``config``: ``out``, else ``results/<suite>`` for a suite, else
+    """The run directory of ``config``: ``out``, else ``results/<suite>`` for a suite
+    (``results/engines-cpu`` for ``engines``), else
     the engines' default (``engines.registry.run_dir``), checked writable before any work.
 
     Raises:
@@ -505,4 +508,5 @@ def bench_out_dir(config: BenchConfig, out: str | None, *, suite: str | None = N
 
     if out is not None:
         return check_out_dir(Path(out))
-    return check_out_dir(Path(f"results/{suite}" if suite else run_dir(config.engines)))
+    folder = {"engines": "engines-cpu"}.get(suite or "", suite)
+    return check_out_dir(Path(f"results/{folder}" if suite else run_dir(config.engines)))

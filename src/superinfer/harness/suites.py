@@ -41,6 +41,7 @@ from superinfer.harness.policies import native_policy
 from superinfer.harness.report.markdown import format_value
 from superinfer.harness.report.metrics import SUMMARY_COLUMNS
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, staged_dir, write_atomic
+from superinfer.harness.suites_engines import run_engines_suite
 from superinfer.harness.suites_seed import run_seed_suite
 
 __all__ = [
@@ -560,7 +561,7 @@ def run_suite(
     """Run ``bench --suite SUITE`` and write its directory.
 
     Args:
-        suite: ``headline`` (every policy over a load sweep), ``rotation`` or ``seed``.
+        suite: ``headline`` (a load sweep), ``rotation``, ``seed`` or ``engines``.
         config: the bench settings, suite defaults merged (``bench.bench_config``).
         out_dir: the directory to write (staged and renamed into place, ``results.staged_dir``).
         rate_scales: headline: the loads of the sweep, or ``--rate-scales`` text (comma-
@@ -570,14 +571,13 @@ def run_suite(
         command: the command line recorded in the manifest.
 
     Returns:
-        ``(table to print, the files written, as text)``; the headline table is a summary (print
-        it as one), the rotation table is printed as it is.
+        ``(table to print, the files written, as text)``; headline's is a summary (print it so).
 
-    Raises:
-        UserError: ``rate_scales`` text that is not numbers.
+    Raises:  UserError: ``rate_scales`` text that is not numbers; a bad suite option.
     """
-    if suite == "seed":  # the seed article's table: harness/suites_seed.py
-        return run_seed_suite(config, out_dir, progress=progress, command=command)
+    if suite in ("seed", "engines"):  # harness/suites_seed.py, harness/suites_engines.py
+        run = run_seed_suite if suite == "seed" else run_engines_suite
+        return run(config, out_dir, progress=progress, command=command)
     if suite == "headline":
         if isinstance(rate_scales, str):
             try:

@@ -1,0 +1,158 @@
+"""Where each real engine's knee is, for ``bench --suite engines``: a short pilot of its native
+policy in the same (quiet) window as the measured runs.
+
+The knee is the load (total req/s) where the engine's own policy attains 0.6-0.85 of the chat
+SLO (issue 24). It moves with the machine (two cores shared with other jobs slow a step 2-4x), so
+a load fixed from a pilot on a busy machine misses it on a quiet one; the suite therefore probes
+it right before the runs, starting from the lone requests' serial capacity
+(:func:`serial_capacity`) and bracketing (:func:`find_knee`), and runs its 3 loads around it
+(:func:`knee_loads`). The lone SGLang requests also calibrate the ``sim:sglang-cpu`` rows
+(:func:`sglang_step_fit`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from superinfer.harness.errors import UserError
+from superinfer.sim.hf_cpu import FEATURES
+
+__all__ = [
+    "KNEE_BAND",
+    "find_knee",
+    "knee_loads",
+    "pilot_knee",
+    "serial_capacity",
+    "sglang_step_fit",
+]
+
+#: Native chat attainment that marks the knee.
+KNEE_BAND = (0.6, 0.85)
+
+
+def serial_capacity(lone: pd.DataFrame, batch_share: float) -> float:
+    """Requests per second one-at-a-time service would sustain: ``1 / E[e2e]`` of the lone
+    requests, classes weighted by the workload's mix (``batch_share`` batch).
+
+    Args:
+        lone: lone requests (``slo_class``, ``e2e_ms``; NaN for unfinished ones).
+        batch_share: the workload's batch fraction.
+
+    Returns:
+        req/s; NaN when a class has no finished lone request.
+    """
+    med = lone.groupby("slo_class")["e2e_ms"].median()
+    chat, batch = med.get("chat", math.nan), med.get("batch", math.nan)
+    mean_s = ((1 - batch_share) * chat + batch_share * batch) / 1e3
+    return 1.0 / mean_s if mean_s > 0 else math.nan
+
+
+def find_knee(
+    attainment_at: Callable[[float], float],
+    start: float,
+    *,
+    step: float = 1.5,
+    max_probes: int = 4,
+    band: tuple[float, float] = KNEE_BAND,
+) -> tuple[float, list[tuple[float, float]]]:
+    """Bracket the load where ``attainment_at(load)`` falls inside ``band``.
+
+    From ``start``: up by ``step`` while above the band, down while below; once a load above and
+    one below the band are known, their geometric mean. Stops at the first probe inside the band
+    or after ``max_probes``.
+
+    Args:
+        attainment_at: runs the engine's native policy at a load, returns its chat attainment.
+        start: first load, req/s (> 0).
+        step: factor between probes (> 1).
+        max_probes: most probes.
+        band: ``(low, high)`` attainment of the knee.
+
+    Returns:
+        ``(knee load, [(load, attainment), ...] in probe order)``: the in-band probe; else the
+        geometric mean of the tightest bracket; else the probe closest to the band's middle.
+    """
+    probes: list[tuple[float, float]] = []
+    load = start
+    above = below = None  # highest load above the band, lowest load below it
+    for _ in range(max_probes):
+        att = float(attainment_at(load))
+        probes.append((load, att))
+        if band[0] <= att <= band[1]:
+            return load, probes
+        if att > band[1]:
+            above = load if above is None else max(above, load)
+        else:
+            below = load if below is None else min(below, load)
+        if above is not None and below is not None:
+            load = math.sqrt(above * below)
+        elif above is not None:
+            load = above * step
+        else:
+            load = below / step  # type: ignore[operator]
+    if above is not None and below is not None:
+        return math.sqrt(above * below), probes
+    mid = sum(band) / 2
+    return min(probes, key=lambda p: abs(p[1] - mid))[0], probes
+
+
+def knee_loads(knee: float, spread: float = 1.25) -> tuple[float, float, float]:
+    """The 3 loads around ``knee``: ``knee / spread``, ``knee``, ``knee * spread``, each rounded to
+    3 significant digits."""
+    return tuple(float(f"{x:.3g}") for x in (knee / spread, knee, knee * spread))  # type: ignore[return-value]
+
+
+def pilot_knee(
+    attainment_at: Callable[[float], float],
+    lone: pd.DataFrame | None,
+    batch_share: float,
+    fallback: float,
+    max_probes: int,
+) -> dict[str, Any]:
+    """:func:`find_knee` from the lone requests' :func:`serial_capacity` (``fallback`` req/s
+    without one), 3 significant digits; ``{"start", "probes", "knee", "loads"}``."""
+    start = serial_capacity(lone, batch_share) if lone is not None else math.nan
+    start = float(f"{start if start > 0 else fallback:.3g}")
+    knee, probes = find_knee(attainment_at, start, max_probes=max_probes)
+    return {"start": start, "probes": probes, "knee": knee, "loads": knee_loads(knee)}
+
+
+def sglang_step_fit(lone: pd.DataFrame) -> dict[str, Any]:
+    """A ``sim:hf-cpu`` step-time calibration for SGLang from its lone requests.
+
+    Two numbers carry it: the median TPOT of the lone requests is one decode step
+    (``intercept + num_tokens``), and the median TTFT of the lone batch prompts (``P`` tokens,
+    ``ceil(P / 512)`` prefill passes) gives the per-token cost:
+    ``c_tok = (TTFT - passes * intercept) / P``, solved with the decode equation. Other terms 0.
+
+    Args:
+        lone: the lone run's requests (``slo_class``, ``prompt_tokens``, ``ttft_ms``, ``tpot_ms``).
+
+    Returns:
+        ``{"coefficients": {feature: s}, "source": ...}`` (``HFCPUStepTime.from_file`` reads it).
+
+    Raises:
+        UserError: no finished lone batch request to fit on.
+    """
+    done = lone.dropna(subset=["ttft_ms"])
+    batch = done[done["slo_class"] == "batch"]
+    if batch.empty or done["tpot_ms"].dropna().empty:
+        raise UserError("sim:sglang-cpu needs the lone SGLang requests (suite.lone > 0)")
+    tpot = float(done["tpot_ms"].median()) / 1e3
+    ttft = float(batch["ttft_ms"].median()) / 1e3
+    prompt = float(batch["prompt_tokens"].median())
+    passes = float(np.ceil(prompt / 512))
+    c_tok = max((ttft - passes * tpot) / (prompt - passes), 0.0)
+    c0 = max(tpot - c_tok, 0.0)
+    coef = dict.fromkeys(FEATURES, 0.0)
+    coef.update(intercept=c0, num_tokens=c_tok)
+    return {
+        "coefficients": coef,
+        "source": f"lone SGLang requests: decode step {tpot * 1e3:.1f} "
+        f"ms, {prompt:.0f}-token prompt TTFT {ttft * 1e3:.0f} ms in {passes:.0f} passes",
+    }

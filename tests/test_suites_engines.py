@@ -1,0 +1,266 @@
+"""``bench --suite engines`` (issue 24): options, loads, workload, summary columns and the
+aggregate / check / fidelity arithmetic, on the simulator and on hand-made tables."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from superinfer.cli import cli
+from superinfer.harness.engines.base import BenchConfig
+from superinfer.harness.errors import UserError
+from superinfer.harness.suites_engines import (
+    DEFAULT_LOADS,
+    REAL_ENGINES,
+    SuiteOptions,
+    engine_loads,
+    lone_workload,
+    mix_workload,
+    run_engines,
+    suite_options,
+)
+from superinfer.harness.suites_engines_knee import (
+    find_knee,
+    knee_loads,
+    serial_capacity,
+    sglang_step_fit,
+)
+from superinfer.harness.suites_engines_report import aggregate, fidelity, policy_checks
+
+
+def test_default_options() -> None:
+    opts = suite_options({})
+    assert opts == SuiteOptions()
+    assert opts.repeats == 3
+    assert dict(opts.loads) == dict(DEFAULT_LOADS)
+    assert opts.auto == REAL_ENGINES  # every real engine's loads come from its knee pilot
+    chat, batch = opts.slos()
+    assert (chat.ttft_ms, chat.tpot_ms, chat.priority) == (1500.0, 500.0, 0)
+    assert (batch.deadline_s, batch.priority) == (120.0, 1)
+
+
+def test_options_parse_per_engine_loads_and_scalars() -> None:
+    opts = suite_options(
+        {
+            "suite.loads.hf": "0.1, 0.2",
+            "suite.repeats": "2",
+            "suite.duration_s": "45",
+            "suite.chat_ttft_ms": "1500",
+            "suite.engines": "hf,sim:hf-cpu",
+            "suite.lone_gap_s.sglang": "4",
+            "suite.lone": "0",
+        }
+    )
+    assert opts.loads["hf"] == (0.1, 0.2)
+    assert opts.auto == ("sglang", "llamacpp")  # fixed loads turn hf's pilot off
+    assert opts.loads["sglang"] == DEFAULT_LOADS["sglang"]
+    assert (opts.repeats, opts.duration_s, opts.chat_ttft_ms, opts.lone) == (2, 45.0, 1500.0, 0)
+    assert opts.engines == ("hf", "sim:hf-cpu")
+    assert opts.lone_gap_s["sglang"] == 4.0
+    assert engine_loads(opts, "hf") == (0.1, 0.2)
+    assert engine_loads(opts, "sim:hf-cpu") == (0.1, 0.2)  # a sim row replays its engine's loads
+    assert engine_loads(opts, "sim:sglang-cpu") == DEFAULT_LOADS["sglang"]
+    found = {"sglang": (1.0, 2.0)}
+    assert engine_loads(opts, "sim:sglang-cpu", found) == (1.0, 2.0)
+    assert engine_loads(opts, "hf", found) == (0.1, 0.2)
+    again = suite_options({"suite.loads.hf": "0.1", "suite.loads.llamacpp": "auto"})
+    assert again.auto == ("sglang", "llamacpp")
+
+
+def test_find_knee_steps_up_then_brackets() -> None:
+    curve = {1.0: 0.95, 1.5: 0.3, 1.5**0.5: 0.9}
+    seen = []
+
+    def attainment(load: float) -> float:
+        seen.append(load)
+        return curve[min(curve, key=lambda k: abs(k - load))]
+
+    knee, probes = find_knee(attainment, 1.0, max_probes=3)
+    assert seen == [1.0, 1.5, pytest.approx(1.5**0.5)]
+    assert knee == pytest.approx((1.5**0.5 * 1.5) ** 0.5)  # tightest bracket's geometric mean
+    assert [a for _, a in probes] == [0.95, 0.3, 0.9]
+
+
+def test_find_knee_stops_inside_the_band_and_steps_down() -> None:
+    knee, probes = find_knee(lambda load: 0.1 if load > 1 else 0.7, 2.25)
+    assert probes == [(2.25, 0.1), (1.5, 0.1), (1.0, 0.7)]
+    assert knee == 1.0
+    knee, probes = find_knee(lambda load: 1.0, 1.0, max_probes=2)
+    assert probes == [(1.0, 1.0), (1.5, 1.0)] and knee == 1.0  # closest to the band's middle
+
+
+def test_knee_loads_and_serial_capacity() -> None:
+    assert knee_loads(1.0) == (0.8, 1.0, 1.25)
+    assert knee_loads(0.333333) == (0.267, 0.333, 0.417)
+    lone = pd.DataFrame({"slo_class": ["chat", "chat", "batch"], "e2e_ms": [900.0, 1100.0, 4000.0]})
+    # mean service 0.6 * 1.0 s + 0.4 * 4.0 s = 2.2 s
+    assert serial_capacity(lone, 0.4) == pytest.approx(1 / 2.2)
+    assert math.isnan(serial_capacity(lone[lone["slo_class"] == "chat"], 0.4))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"suite.bogus": "1"}, "unknown suite option 'suite.bogus'"),
+        ({"num_blocks": "8"}, "takes only suite.* engine options"),
+        ({"suite.loads.vllm": "1"}, "unknown engine 'vllm'"),
+        ({"suite.loads.hf": "a,b"}, "expected numbers"),
+        ({"suite.loads.hf": "0,1"}, "needs positive numbers"),
+        ({"suite.repeats": "x"}, "not a number"),
+        ({"suite.repeats": "0"}, "must be > 0"),
+        ({"suite.batch_share": "1"}, "must be below 1"),
+        ({"suite.engines": "hf,trt"}, "unknown engine 'trt'"),
+        ({"suite.loads.hf": "auto,1"}, "expected numbers"),
+    ],
+)
+def test_bad_options_are_one_line_errors(options: dict[str, str], message: str) -> None:
+    with pytest.raises(UserError, match=message) as err:
+        suite_options(options)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_suite_option_on_the_command_line() -> None:
+    res = CliRunner().invoke(
+        cli, ["bench", "--suite", "engines", "--engine-option", "suite.repeats=zero"]
+    )
+    assert isinstance(res.exception, UserError)  # main() prints it as one line, exit 2
+    assert str(res.exception) == "suite.repeats='zero': not a number"
+
+
+def test_mix_workload_is_seeded_and_shares_one_slo_per_class() -> None:
+    opts = suite_options({"suite.duration_s": "20"})
+    a, b = mix_workload(opts, 1.0, 0), mix_workload(opts, 1.0, 0)
+    assert a.requests == b.requests
+    assert all(0 < s.arrival_s < 20 for s in a.requests)
+    arrivals = [s.arrival_s for s in a.requests]
+    assert arrivals == sorted(arrivals)
+    chat = [s for s in a.requests if s.slo.name == "chat"]
+    batch = [s for s in a.requests if s.slo.name == "batch"]
+    assert chat and batch and len(chat) + len(batch) == len(a.requests)
+    assert {s.slo for s in chat} == {opts.slos()[0]}
+    assert all(32 <= s.prompt_tokens <= 160 and 16 <= s.output_tokens <= 48 for s in chat)
+    assert all(600 <= s.prompt_tokens <= 900 and 32 <= s.output_tokens <= 96 for s in batch)
+    assert all(s.prompt_tokens + s.output_tokens <= 1024 for s in a.requests)
+    assert mix_workload(opts, 1.0, 1).requests != a.requests
+
+
+def test_lone_workload() -> None:
+    wl = lone_workload(suite_options({"suite.lone": "2"}), 5.0)
+    assert [(s.request_id, s.arrival_s, s.prompt_tokens, s.output_tokens) for s in wl.requests] == [
+        ("chat-0", 1.0, 160, 32),
+        ("chat-1", 6.0, 160, 32),
+        ("batch-0", 11.0, 900, 64),
+        ("batch-1", 16.0, 900, 64),
+    ]
+
+
+def test_sglang_step_fit_exact() -> None:
+    lone = pd.DataFrame(
+        {
+            "slo_class": ["chat", "batch"],
+            "prompt_tokens": [160, 900],
+            "ttft_ms": [50.0, 182.0],
+            "tpot_ms": [10.0, 10.0],
+        }
+    )
+    coef = sglang_step_fit(lone)["coefficients"]
+    # 2 passes of 512: c_tok = (0.182 - 2 * 0.010) / (900 - 2) s per token; c0 = 0.010 - c_tok
+    assert coef["num_tokens"] == pytest.approx(0.162 / 898)
+    assert coef["intercept"] == pytest.approx(0.010 - 0.162 / 898)
+    assert coef["kv_tokens"] == 0.0
+    with pytest.raises(UserError, match="lone SGLang"):
+        sglang_step_fit(lone[lone["slo_class"] == "chat"])
+
+
+def test_summary_columns_on_the_simulator() -> None:
+    opts = suite_options(
+        {"suite.engines": "sim:hf-cpu", "suite.loads.hf": "0.2", "suite.duration_s": "15"}
+    )
+    res = run_engines(BenchConfig(seed=0), opts, __import__("pathlib").Path("/tmp"))
+    s = res.summary
+    assert list(s.columns[:5]) == ["engine", "policy", "repeat", "load", "slo_class"]
+    assert {"n_feasible", "slo_attainment_feasible", "slo_attainment", "output_tok_s"} <= set(
+        s.columns
+    )
+    assert set(s["engine"]) == {"sim:hf-cpu"}
+    assert set(s["policy"]) == {"fcfs", "priority", "superinfer"}
+    assert set(s["load"]) == {0.2} and set(s["repeat"]) == {0}
+    n = len(mix_workload(opts, 0.2, 0).requests)
+    assert (s[s["slo_class"] == "all"]["n_requests"] == n).all()
+
+
+def _summary() -> pd.DataFrame:
+    rows = []
+    for rep, (nat, sup) in enumerate([(0.6, 0.8), (0.8, 0.9), (0.7, 1.0)]):
+        rows.append(("hf", "fcfs", rep, 1.0, "chat", nat, 100.0 + rep))
+        rows.append(("hf", "superinfer", rep, 1.0, "chat", sup, 50.0))
+        rows.append(("hf", "fcfs", rep, 2.0, "chat", 0.3, 400.0))
+        rows.append(("hf", "superinfer", rep, 2.0, "chat", 0.25, 300.0))
+    rows.append(("sim:hf-cpu", "fcfs", 0, 1.0, "chat", 0.75, 115.0))
+    cols = ["engine", "policy", "repeat", "load", "slo_class", "slo_attainment", "ttft_p50_ms"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def test_aggregate_exact() -> None:
+    agg = aggregate(_summary())
+    row = agg[
+        (agg["policy"] == "fcfs")
+        & (agg["load"] == 1.0)
+        & (agg["engine"] == "hf")
+        & (agg["metric"] == "ttft_p50_ms")
+    ].iloc[0]
+    assert (row["n"], row["mean"], row["min"], row["max"]) == (3, 101.0, 100.0, 102.0)
+    assert row["std"] == pytest.approx(1.0)
+    att = agg[
+        (agg["policy"] == "superinfer") & (agg["load"] == 1.0) & (agg["metric"] == "slo_attainment")
+    ].iloc[0]
+    assert att["mean"] == pytest.approx(0.9)
+    assert att["std"] == pytest.approx(0.1)
+    sim = agg[agg["engine"] == "sim:hf-cpu"]
+    assert set(sim["n"]) == {1} and sim["std"].isna().all()
+
+
+def test_policy_checks_exact() -> None:
+    checks = policy_checks(aggregate(_summary()), {"hf": "fcfs"})
+    knee = checks[checks["load"] == 1.0].iloc[0]
+    assert knee["native_chat_attainment"] == pytest.approx(0.7)
+    assert knee["points"] == pytest.approx(20.0)
+    assert bool(knee["in_knee_band"]) and knee["required_points"] == 10.0 and bool(knee["met"])
+    assert knee["gap_closed"] == pytest.approx(0.2 / 0.3)
+    over = checks[checks["load"] == 2.0].iloc[0]
+    assert over["points"] == pytest.approx(-5.0)
+    assert not bool(over["in_knee_band"]) and over["required_points"] == 0.0
+    assert not bool(over["met"])
+
+
+def test_fidelity_exact() -> None:
+    fid = fidelity(aggregate(_summary()))
+    ttft = fid[fid["metric"] == "ttft_p50_ms"].iloc[0]
+    assert (ttft["sim_engine"], ttft["engine"], ttft["policy"], ttft["load"]) == (
+        "sim:hf-cpu",
+        "hf",
+        "fcfs",
+        1.0,
+    )
+    assert ttft["real"] == 101.0 and ttft["sim"] == 115.0
+    assert ttft["rel_err"] == pytest.approx(14 / 101)
+    assert bool(ttft["within"])
+    att = fid[fid["metric"] == "slo_attainment"].iloc[0]
+    assert att["abs_err"] == pytest.approx(0.05)
+    assert not math.isnan(att["rel_err"])
+
+
+def test_plot_takes_equal_repeats(tmp_path) -> None:
+    """Three equal attainments: mean - min is -1e-16 in floating point; the error bars are clipped
+    at 0 (matplotlib refuses negative ones; a 40-minute run was lost to it once)."""
+    from superinfer.harness.suites_engines_report import _plot
+
+    rows = [("hf", "fcfs", r, 1.0, "chat", 0.7) for r in range(3)]
+    cols = ["engine", "policy", "repeat", "load", "slo_class", "slo_attainment"]
+    agg = aggregate(pd.DataFrame(rows, columns=cols))
+    assert (agg["mean"] - agg["min"]).iloc[0] < 0
+    _plot(agg, tmp_path / "a.png")
+    assert (tmp_path / "a.png").stat().st_size > 0
