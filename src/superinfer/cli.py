@@ -122,8 +122,8 @@ def cli() -> None:
               "as the headline load) -> results/headline/. rotation: superinfer with rotation "
               "through HBM on and off (needs an engine with a CPU KV tier; defaults: --trace "
               "azure-conv, --replicas 1, --duration-s 600) -> results/rotation/. seed: native vs "
-              "superinfer --stack full on the 3 sim engines -> results/seed/. engines: SmolLM2 on hf, "
-              "sglang and llama.cpp (+ sim rows), options --engine-option suite.KEY=VALUE "
+              "superinfer --stack full on the 3 sim engines -> results/seed/. engines: SmolLM2 on "
+              "hf, sglang and llama.cpp (+ sim rows), options --engine-option suite.KEY=VALUE "
               "-> results/engines-cpu/.")
 @click.option("--rate-scales", default=None,
               help="--suite headline: comma-separated loads of the sweep [default: "
