@@ -89,7 +89,10 @@ def test_find_knee_stops_inside_the_band_and_steps_down() -> None:
     assert probes == [(2.25, 0.1), (1.5, 0.1), (1.0, 0.7)]
     assert knee == 1.0
     knee, probes = find_knee(lambda load: 1.0, 1.0, max_probes=2)
-    assert probes == [(1.0, 1.0), (1.5, 1.0)] and knee == 1.0  # closest to the band's middle
+    # every probe too light: one step past the highest (this picked the lowest, 1.0, before)
+    assert probes == [(1.0, 1.0), (1.5, 1.0)] and knee == 2.25
+    knee, probes = find_knee(lambda load: 0.0, 1.5, max_probes=2)
+    assert probes == [(1.5, 0.0), (1.0, 0.0)] and knee == 1.0 / 1.5
 
 
 def test_knee_loads_and_serial_capacity() -> None:

@@ -75,7 +75,9 @@ def find_knee(
 
     Returns:
         ``(knee load, [(load, attainment), ...] in probe order)``: the in-band probe; else the
-        geometric mean of the tightest bracket; else the probe closest to the band's middle.
+        geometric mean of the tightest bracket; else, every probe on one side of the band, one
+        ``step`` past the last probe in the direction of the band (the highest load times
+        ``step`` when all attained above it, the lowest divided by ``step`` when all fell below).
     """
     probes: list[tuple[float, float]] = []
     load = start
@@ -97,8 +99,9 @@ def find_knee(
             load = below / step  # type: ignore[operator]
     if above is not None and below is not None:
         return math.sqrt(above * below), probes
-    mid = sum(band) / 2
-    return min(probes, key=lambda p: abs(p[1] - mid))[0], probes
+    # one-sided: every probe above the band (too light) or below it (too heavy); the knee lies
+    # past the last probe, so go one more step that way (the next probe it would have run)
+    return load, probes
 
 
 def knee_loads(knee: float, spread: float = 1.25) -> tuple[float, float, float]:
