@@ -28,9 +28,13 @@ from superinfer.harness.bench import run_bench
 from superinfer.harness.engines.base import BenchConfig
 from superinfer.harness.suites import SWEEP_RATE_SCALES
 
+#: ``superinfer`` is the policy's default (``reject_hopeless=true`` since issue 18);
+#: ``superinfer+demote_hopeless`` the earlier rule (hopeless requests demoted, not rejected);
+#: ``superinfer+reject_hopeless`` names the default explicitly (the same runs as ``superinfer``).
 VARIANTS = {
     "fcfs": ("fcfs", {}),
     "superinfer": ("superinfer", {}),
+    "superinfer+demote_hopeless": ("superinfer", {"reject_hopeless": "false"}),
     "superinfer+reject_hopeless": ("superinfer", {"reject_hopeless": "true"}),
 }
 

@@ -65,7 +65,8 @@ SUITES = ("headline", "rotation", "seed", "engines")
 HEADLINE_POLICIES = ("fcfs", "priority", "edf", "mlfq", "lpm", "superinfer", "oracle")
 #: Load of the headline table: the Azure hour at 0.6x its rate, where every engine's native
 #: policy misses chat SLOs noticeably (attainment in the 0.7-0.85 band issue 4 asks for:
-#: 0.752 on sim:vllm, 0.766 on sim:sglang and sim:trtllm; results/headline/report.md).
+#: 0.752 on sim:vllm, 0.766 on sim:sglang and sim:trtllm at git 364411e, before issue 19's
+#: per-engine step costs; results/headline/report.md, to be rerun).
 HEADLINE_RATE_SCALE = 0.6
 #: ``bench --suite rotation`` defaults (each one a ``bench`` option the user may override).
 #: Mooncake's long chat prompts on 6 of the spec's 11 H100 TP4 replicas: live KV exceeds HBM.
