@@ -99,6 +99,7 @@ def engine_isolated_latency(config: BenchConfig, engine: str) -> IsolatedLatency
     if kind != "sim":
         return None
     from superinfer.sim.calibrated import default_step_time
+    from superinfer.sim.engine_costs import EngineStepTime
     from superinfer.sim.hardware import get_gpu, get_model
     from superinfer.sim.profiles import get_profile
 
@@ -110,7 +111,9 @@ def engine_isolated_latency(config: BenchConfig, engine: str) -> IsolatedLatency
     if config.tp < 1 or model.num_kv_heads % config.tp:
         raise UserError(f"--tp must divide {model.name}'s {model.num_kv_heads} KV heads")
     budget, _ = profile.limits(gpu)
-    step = default_step_time(model, gpu, config.tp)
+    # the engine's own step time (issue 19): kernel scale, CPU per step, overlap, as the
+    # simulator runs it (sim.engine_costs.engine_step_time at the default FP16 weights and KV)
+    step = EngineStepTime(default_step_time(model, gpu, config.tp), profile)
     return IsolatedLatency(
         step, budget, f"{engine} step-time model: {type(step).__name__}, {gpu.name} TP{config.tp}"
     )
