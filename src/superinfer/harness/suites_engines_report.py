@@ -226,8 +226,12 @@ def _main_rows(agg: pd.DataFrame) -> list[list[str]]:
     rows = []
     for (engine, policy, load, cls), _ in agg.groupby(list(KEYS), sort=False):
 
-        def m(metric: str, stat: str = "mean", k=(engine, policy, load, cls)) -> float:  # noqa: B008
-            return _mean(agg, *k, metric, stat)
+        def m(
+            metric: str,
+            stat: str = "mean",
+            k: tuple[str, str, float, str] = (engine, policy, load, cls),  # noqa: B008
+        ) -> float:
+            return _mean(agg, k[0], k[1], k[2], k[3], metric, stat)
 
         att = (
             f"{m('slo_attainment'):.3f} ({m('slo_attainment', 'min'):.3f}-"
@@ -519,10 +523,11 @@ def write_engines(
             "fidelity.csv": fid,
         }
         for name, frame in frames.items():
-            write_atomic(
-                stage / name,
-                lambda p, f=frame: f.to_csv(p, index=False, float_format=CSV_FLOAT_FORMAT),
-            )
+
+            def to_csv(p: Path, f: pd.DataFrame = frame) -> None:
+                f.to_csv(p, index=False, float_format=CSV_FLOAT_FORMAT)
+
+            write_atomic(stage / name, to_csv)
             written.append(name)
         fit = info.get("engines", {}).get("sim:sglang-cpu")
         if fit:

@@ -97,8 +97,8 @@ class EngineStepTime:
         cpu = self.cpu_s(shape.num_seqs, shape.prefill_tokens == 0)
         if self.overlap:
             fixed = gpu - self.b_kv * shape.decode_kv_tokens
-            return gpu + max(0.0, cpu - fixed)
-        return gpu + cpu
+            return float(gpu + max(0.0, cpu - fixed))
+        return float(gpu + cpu)
 
     def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:
         """Step time of a pure-decode batch as ``a + b * decode_kv_tokens`` (equals

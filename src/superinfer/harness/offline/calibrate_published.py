@@ -465,7 +465,7 @@ def fit_published(base: Path | None = None, progress: Callable[[str], None] | No
         else:
             rows.append(_Row(raw, setup, metric))
     _split(rows)
-    start = {"cpu": {}, "kernel_scale": {}}
+    start: dict[str, Any] = {"cpu": {}, "kernel_scale": {}}
     first = _run_all(rows, start, base, progress)
     costs: dict[str, Any] = {"cpu": _fit_cpu(rows, first), "kernel_scale": {}}
     for (key, dtype), ratios in sorted(_kernel_ratios(rows, first).items()):
@@ -484,8 +484,8 @@ def fit_published(base: Path | None = None, progress: Callable[[str], None] | No
     kept = []
     for r in rows:
         if r.simulated is None:
-            why = final[r.setup].get("_error") or "the simulation yields no such metric"
-            unsupported.append((r.row, str(why)))
+            error = final[r.setup].get("_error") or "the simulation yields no such metric"
+            unsupported.append((r.row, str(error)))
         else:
             kept.append(r)
     return kept, unsupported, costs
@@ -519,7 +519,7 @@ def write_csv(rows: list[_Row], unsupported: list[tuple[dict[str, str], str]], p
         lines.append({"source_row": int(raw["row_id"]), "engine": raw["engine"], "setup": "",
                       "metric": raw["metric"], "published": raw["value"], "simulated": "",
                       "rel_err": "", "split": "unsupported"})  # fmt: skip
-    lines.sort(key=lambda x: x["source_row"])
+    lines.sort(key=lambda x: int(str(x["source_row"])))
     with path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(CSV_COLUMNS))
         writer.writeheader()

@@ -352,7 +352,8 @@ def _parse_slo(chk: _Checker, name: str, obj: Any, path: str) -> SLO:
         raise chk.error(f"{path}.priority", f"{priority!r} is not an integer")
     targets = {k: chk.number(obj, k, f"{path}.{k}") for k in sorted(_SLO_KEYS - {"priority"})}
     try:  # forms that clash (SLO.__post_init__): named by the form's key
-        return SLO(name, **{**targets, "weight": targets["weight"] or 1.0}, priority=priority)
+        fields: dict[str, Any] = {**targets, "weight": targets["weight"] or 1.0}
+        return SLO(name, **fields, priority=priority)
     except ValueError as exc:
         key = next((f"{path}.{k}" for k in _SLO_FORMS if k in obj and k in str(exc)), path)
         raise chk.error(key, str(exc).split(": ", 1)[-1]) from None

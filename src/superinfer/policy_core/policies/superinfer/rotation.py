@@ -120,8 +120,9 @@ class _Rotation(_StepBudget):
                 continue  # a decode
             prefill += n
             pieces.append((e, n))
-            if n >= v.pending_tokens and self._awaits_first_token(e):
-                d = e.arrival_s + e.ttft_s
+            ttft = e.ttft_s
+            if n >= v.pending_tokens and ttft is not None and self._awaits_first_token(e):
+                d = e.arrival_s + ttft
                 if d < deadline:
                     deadline, urgent_tier = d, e.tier
         if deadline == _INF:
