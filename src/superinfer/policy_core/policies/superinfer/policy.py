@@ -108,7 +108,7 @@ class SuperInferPolicy(_Rotation):
         rep.num_decodes = len(decodes)
         self._allocate_prefill(rep, step, prefills, min(prefill_allow, step.budget), cpu)
         if self.first_token_guard:
-            self._guard_first_tokens(rep, step, len(decodes))
+            self._guard_first_tokens(rep, step, decodes)
         if cpu and self.rotation:
             self._rotate_proactively(rep, step, self._running_entries(state))
         self._shed(rep, step)

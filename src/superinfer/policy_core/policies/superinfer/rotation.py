@@ -87,7 +87,7 @@ class _Rotation(_StepBudget):
         if low > 1e9:  # keep the virtual times small; only differences matter
             rep.passes = [p - low for p in passes]
 
-    def _guard_first_tokens(self, rep: _Replica, step: _Step, num_decodes: int) -> int:
+    def _guard_first_tokens(self, rep: _Replica, step: _Step, decodes: list[_Entry]) -> int:
         """Trim worse-tier prefill tokens so the step ends before the tightest first-token
         deadline among the TTFT-class prefills it completes; returns the tokens trimmed.
 
@@ -107,17 +107,12 @@ class _Rotation(_StepBudget):
         deadline, urgent_tier = _INF, self.num_tiers
         prefill = 0
         pieces: list[tuple[_Entry, int]] = []
+        decoding = {e.rid for e in decodes}
         for rid, n in step.tokens.items():
             e = self._entries.get(rid)
-            if e is None:
+            if e is None or rid in decoding:
                 continue
             v = e.view
-            if (
-                n == 1
-                and v.generated_tokens
-                and v.prompt_tokens + v.generated_tokens - v.computed_tokens == 1
-            ):
-                continue  # a decode
             prefill += n
             pieces.append((e, n))
             ttft = e.ttft_s
@@ -127,7 +122,7 @@ class _Rotation(_StepBudget):
                     deadline, urgent_tier = d, e.tier
         if deadline == _INF:
             return 0
-        late_s = now + model.step_s(prefill, num_decodes) - deadline
+        late_s = now + model.step_s(prefill, len(decodes)) - deadline
         if late_s <= 0 or model.prefill_token_s <= 0:
             return 0
         excess = -(-late_s // model.prefill_token_s)
