@@ -25,6 +25,7 @@ from superinfer.harness.suites_engines import (
 from superinfer.harness.suites_engines_knee import (
     find_knee,
     knee_loads,
+    lone_step_fit,
     serial_capacity,
     sglang_step_fit,
 )
@@ -178,10 +179,32 @@ def test_sglang_step_fit_exact() -> None:
         sglang_step_fit(lone[lone["slo_class"] == "chat"])
 
 
-def test_summary_columns_on_the_simulator() -> None:
-    opts = suite_options(
-        {"suite.engines": "sim:hf-cpu", "suite.loads.hf": "0.2", "suite.duration_s": "15"}
+def test_lone_step_fit_in_hf_passes() -> None:
+    lone = pd.DataFrame(
+        {
+            "slo_class": ["chat", "batch", "batch"],
+            "prompt_tokens": [160, 900, 900],
+            "ttft_ms": [300.0, 1550.0, 1550.0],
+            "tpot_ms": [70.0, 74.0, 76.0],
+        }
     )
+    fit = lone_step_fit(lone, 256, "hf")
+    coef = fit["coefficients"]
+    # median TPOT 74 ms; 900 tokens in ceil(900 / 256) = 4 passes of 256
+    assert coef["num_tokens"] == pytest.approx((1.550 - 4 * 0.074) / (900 - 4))
+    assert coef["intercept"] == pytest.approx(0.074 - (1.550 - 4 * 0.074) / (900 - 4))
+    assert fit["source"] == (
+        "lone hf requests: decode step 74.0 ms, 900-token prompt TTFT 1550 ms in 4 passes of 256"
+    )
+
+
+def test_summary_columns_on_the_simulator() -> None:
+    base = {"suite.engines": "sim:hf-cpu", "suite.loads.hf": "0.2", "suite.duration_s": "15"}
+    # the default fits sim:hf-cpu on the lone hf requests, so hf must run too
+    with pytest.raises(UserError, match="sim:hf-cpu is fitted on the lone hf requests"):
+        run_engines(BenchConfig(seed=0), suite_options(base), __import__("pathlib").Path("/tmp"))
+    calibration = {"suite.hf_step_time_file": "results/hf/step_time_fit.json"}
+    opts = suite_options({**base, **calibration})
     res = run_engines(BenchConfig(seed=0), opts, __import__("pathlib").Path("/tmp"))
     s = res.summary
     assert list(s.columns[:5]) == ["engine", "policy", "repeat", "load", "slo_class"]

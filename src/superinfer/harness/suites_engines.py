@@ -4,8 +4,8 @@ SmolLM2-135M-Instruct on the transformers engine (``hf``), on the real SGLang CP
 (``sglang``, the bf16 weights of ``make install-smollm2-sglang``) and on llama.cpp's server
 (``llamacpp``, the Q4_1 GGUF, replayed through the ``http`` engine), each under its own policy
 and, where our policy plugs in (``hf``, ``sglang``), under ``priority`` and ``superinfer``; beside
-them the simulated rows ``sim:hf-cpu`` (the hf calibration) and ``sim:sglang-cpu`` (the hf-cpu
-simulator with SGLang's limits, a step time fitted to this run's lone SGLang requests).
+them the simulated rows ``sim:hf-cpu`` and ``sim:sglang-cpu`` (the hf-cpu simulator, at SGLang's
+limits for the latter), each with a step time fitted to this run's lone requests on its real engine.
 
 One workload design for every engine (:func:`mix_workload`): Poisson chat (short prompts) and
 batch (long prompts, up to SGLang's 1,024-token context with their output) streams, seed fixed,
@@ -37,9 +37,10 @@ import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, run_bench
 from superinfer.harness.errors import UserError
-from superinfer.harness.suites_engines_knee import pilot_knee, sglang_step_fit
+from superinfer.harness.suites_engines_knee import lone_step_fit, pilot_knee, sglang_step_fit
 from superinfer.harness.workload.workload import Source, Workload
 from superinfer.policy_core.types import SLO
+from superinfer.sim.hf_cpu import SIM_HF_CPU
 from superinfer.sim.request import RequestSpec
 
 __all__ = [
@@ -124,7 +125,10 @@ class SuiteOptions:
         batch_deadline_s: batch end-to-end deadline, s.
         lone: lone requests per class per real engine (0: skip the lone pass).
         lone_gap_s: seconds between lone requests, per real engine.
-        hf_step_time_file: the ``sim:hf-cpu`` calibration (``superinfer calibrate --engine hf``).
+        hf_step_time_file: the ``sim:hf-cpu`` calibration: ``lone`` (default) fits it on this
+            run's lone hf requests like ``sim:sglang-cpu``'s (``lone_step_fit``), so both
+            simulated rows see the machine as it was during the runs; else a file of
+            ``superinfer calibrate --engine hf`` (e.g. ``results/hf/step_time_fit.json``).
         sglang_model: the SmolLM2 folder for SGLang (default: ``make install-smollm2-sglang``'s).
     """
 
@@ -143,7 +147,7 @@ class SuiteOptions:
     lone_gap_s: Mapping[str, float] = field(
         default_factory=lambda: {"hf": 12.0, "sglang": 6.0, "llamacpp": 3.0}
     )
-    hf_step_time_file: str = "results/hf/step_time_fit.json"
+    hf_step_time_file: str = "lone"
     sglang_model: str = ""
 
     def slos(self) -> tuple[SLO, SLO]:
@@ -435,15 +439,12 @@ def _sim_cells(
     config: BenchConfig,
     engine: str,
     opts: SuiteOptions,
-    fit_file: Path | None,
+    fit_file: Path,
     progress: Callable[[str], None],
     found: Mapping[str, tuple[float, ...]],
 ) -> list[pd.DataFrame]:
-    if engine == SIM_HF:
-        eopts = {"step_time_file": opts.hf_step_time_file}
-    else:
-        assert fit_file is not None
-        eopts = {**SIM_SGLANG_LIMITS, "step_time_file": str(fit_file)}
+    limits = SIM_SGLANG_LIMITS if engine == SIM_SGLANG else {}
+    eopts = {**limits, "step_time_file": str(fit_file)}
     frames = []
     for load in engine_loads(opts, engine, found):
         progress(f"{engine} at {load:g} req/s")
@@ -539,7 +540,7 @@ def run_engines(
     Args:
         config: bench settings (``seed``; the rest the suite sets).
         opts: the suite's options.
-        work_dir: where server logs and ``sglang_step_time.json`` go.
+        work_dir: where server logs and the ``<engine>_step_time.json`` fits go.
         progress: called with a message before every run.
     """
     tell = progress or (lambda _msg: None)
@@ -547,7 +548,9 @@ def run_engines(
     lones: list[pd.DataFrame] = []
     info: dict[str, Any] = {"suite": "engines", "runs": {}, "engines": {}}
     info.update(config=dataclasses.asdict(config), options=dataclasses.asdict(opts))
-    fit_file: Path | None = None
+    fit_files: dict[str, Path] = {}
+    if opts.hf_step_time_file != "lone":
+        fit_files[SIM_HF] = Path(opts.hf_step_time_file)
     found: dict[str, tuple[float, ...]] = {}
     work_dir.mkdir(parents=True, exist_ok=True)
     for engine in (e for e in REAL_ENGINES if e in opts.engines):
@@ -557,15 +560,21 @@ def run_engines(
             info.setdefault("failed", {})[engine] = str(exc)
             tell(f"{engine} failed: {exc}")
             continue
-        if engine == SGLANG and lones:
+        sim = {SGLANG: SIM_SGLANG, HF: SIM_HF}.get(engine)
+        if sim is None or sim in fit_files or not opts.lone or sim not in opts.engines:
+            continue
+        if engine == SGLANG:
             fit = sglang_step_fit(lones[-1])
-            fit_file = work_dir / "sglang_step_time.json"
-            fit_file.write_text(json.dumps(fit, indent=2) + "\n")
-            info["engines"]["sim:sglang-cpu"] = fit
+        else:
+            fit = lone_step_fit(lones[-1], SIM_HF_CPU.token_budget, "hf")
+        fit_files[sim] = work_dir / f"{engine}_step_time.json"
+        fit_files[sim].write_text(json.dumps(fit, indent=2) + "\n")
+        info["engines"][sim] = fit
     for engine in (e for e in SIM_OF if e in opts.engines):
-        if engine == SIM_SGLANG and fit_file is None:
-            raise UserError("sim:sglang-cpu is fitted on the lone SGLang requests: run sglang too")
-        frames += _sim_cells(config, engine, opts, fit_file, tell, found)
+        if engine not in fit_files:
+            real = SIM_OF[engine]
+            raise UserError(f"{engine} is fitted on the lone {real} requests: run {real} too")
+        frames += _sim_cells(config, engine, opts, fit_files[engine], tell, found)
     summary = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     lone = pd.concat(lones, ignore_index=True) if lones else pd.DataFrame()
     return EnginesResult(summary, lone, info)

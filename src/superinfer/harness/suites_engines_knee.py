@@ -6,8 +6,8 @@ SLO (issue 24). It moves with the machine (two cores shared with other jobs slow
 a load fixed from a pilot on a busy machine misses it on a quiet one; the suite therefore probes
 it right before the runs, starting from the lone requests' serial capacity
 (:func:`serial_capacity`) and bracketing (:func:`find_knee`), and runs its 3 loads around it
-(:func:`knee_loads`). The lone SGLang requests also calibrate the ``sim:sglang-cpu`` rows
-(:func:`sglang_step_fit`).
+(:func:`knee_loads`). Each engine's lone requests also calibrate its simulated rows
+(:func:`lone_step_fit`: ``sim:sglang-cpu`` from SGLang's, ``sim:hf-cpu`` from hf's).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ __all__ = [
     "find_knee",
     "knee_loads",
     "pilot_knee",
+    "lone_step_fit",
     "serial_capacity",
     "sglang_step_fit",
 ]
@@ -125,16 +126,22 @@ def pilot_knee(
     return {"start": start, "probes": probes, "knee": knee, "loads": knee_loads(knee)}
 
 
-def sglang_step_fit(lone: pd.DataFrame) -> dict[str, Any]:
-    """A ``sim:hf-cpu`` step-time calibration for SGLang from its lone requests.
+def lone_step_fit(lone: pd.DataFrame, chunk_tokens: int, label: str) -> dict[str, Any]:
+    """A ``sim:hf-cpu`` step-time calibration for a real engine from its lone requests.
 
     Two numbers carry it: the median TPOT of the lone requests is one decode step
     (``intercept + num_tokens``), and the median TTFT of the lone batch prompts (``P`` tokens,
-    ``ceil(P / 512)`` prefill passes) gives the per-token cost:
-    ``c_tok = (TTFT - passes * intercept) / P``, solved with the decode equation. Other terms 0.
+    ``ceil(P / chunk_tokens)`` prefill passes) gives the per-token cost:
+    ``c_tok = (TTFT - passes * TPOT) / (P - passes)``, solved with the decode equation. Other
+    terms 0: a step costs the same per token whatever the batch size and context, which is what
+    these engines' lone requests can tell apart (the batch terms of ``superinfer calibrate``'s
+    fit need a step log under load).
 
     Args:
         lone: the lone run's requests (``slo_class``, ``prompt_tokens``, ``ttft_ms``, ``tpot_ms``).
+        chunk_tokens: the engine's prefill tokens per pass (SGLang ``--chunked-prefill-size``,
+            hf ``max_batch_tokens``).
+        label: the engine, for the source line and the error.
 
     Returns:
         ``{"coefficients": {feature: s}, "source": ...}`` (``HFCPUStepTime.from_file`` reads it).
@@ -145,17 +152,25 @@ def sglang_step_fit(lone: pd.DataFrame) -> dict[str, Any]:
     done = lone.dropna(subset=["ttft_ms"])
     batch = done[done["slo_class"] == "batch"]
     if batch.empty or done["tpot_ms"].dropna().empty:
-        raise UserError("sim:sglang-cpu needs the lone SGLang requests (suite.lone > 0)")
+        raise UserError(
+            f"the simulated {label} rows need the lone {label} requests (suite.lone > 0)"
+        )
     tpot = float(done["tpot_ms"].median()) / 1e3
     ttft = float(batch["ttft_ms"].median()) / 1e3
     prompt = float(batch["prompt_tokens"].median())
-    passes = float(np.ceil(prompt / 512))
+    passes = float(np.ceil(prompt / chunk_tokens))
     c_tok = max((ttft - passes * tpot) / (prompt - passes), 0.0)
     c0 = max(tpot - c_tok, 0.0)
     coef = dict.fromkeys(FEATURES, 0.0)
     coef.update(intercept=c0, num_tokens=c_tok)
     return {
         "coefficients": coef,
-        "source": f"lone SGLang requests: decode step {tpot * 1e3:.1f} "
-        f"ms, {prompt:.0f}-token prompt TTFT {ttft * 1e3:.0f} ms in {passes:.0f} passes",
+        "source": f"lone {label} requests: decode step {tpot * 1e3:.1f} "
+        f"ms, {prompt:.0f}-token prompt TTFT {ttft * 1e3:.0f} ms in {passes:.0f} passes "
+        f"of {chunk_tokens}",
     }
+
+
+def sglang_step_fit(lone: pd.DataFrame) -> dict[str, Any]:
+    """:func:`lone_step_fit` for SGLang at the suite's ``--chunked-prefill-size 512``."""
+    return lone_step_fit(lone, 512, "SGLang")

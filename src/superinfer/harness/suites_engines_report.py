@@ -69,8 +69,8 @@ ENGINE_NOTES = {
     "llamacpp": "llama.cpp server (llama-cpp-python 0.3.36), the Q4_1 GGUF itself (4-bit weights, "
     "f16 KV cache); n_ctx 2048; one request at a time, the rest queue (FIFO): no batching, no "
     "plugin",
-    "sim:hf-cpu": "simulator with hf's mechanics and its measured step-time fit "
-    "(results/hf/step_time_fit.json)",
+    "sim:hf-cpu": "simulator with hf's mechanics and a step time fitted to this run's lone hf "
+    "requests (hf_step_time.json; or the calibration file `suite.hf_step_time_file` names)",
     "sim:sglang-cpu": "simulator with hf's mechanics at SGLang's limits (512-token steps, 8 "
     "sequences, 4,096-token pool) and a step time fitted to this run's lone SGLang requests "
     "(sglang_step_time.json)",
@@ -425,15 +425,16 @@ def render_engines_report(
         lines += _table(
             ["sim", "policy", "load", "class", "metric", "real", "sim", "rel_err", "within"], rows
         )
-    fit = meta.get("engines", {}).get("sim:sglang-cpu")
-    if fit:
-        coef = fit["coefficients"]
-        lines += [
-            f"`sim:sglang-cpu` step time: {coef['intercept'] * 1e3:.2f} ms + "
-            f"{coef['num_tokens'] * 1e3:.3f} ms per token of the step, from the "
-            f"{fit['source']}.",
-            "",
-        ]
+    for sim in ("sim:hf-cpu", "sim:sglang-cpu"):
+        fit = meta.get("engines", {}).get(sim)
+        if fit:
+            coef = fit["coefficients"]
+            lines += [
+                f"`{sim}` step time: {coef['intercept'] * 1e3:.2f} ms + "
+                f"{coef['num_tokens'] * 1e3:.3f} ms per token of the step, from the "
+                f"{fit['source']}.",
+                "",
+            ]
     lines += [
         "![attainment vs load](attainment_vs_load.png)",
         "",
@@ -494,6 +495,7 @@ OWNED = (
     "checks.csv",
     "fidelity.csv",
     "sglang_step_time.json",
+    "hf_step_time.json",
     "attainment_vs_load.png",
     "report.md",
     "manifest.json",
@@ -529,10 +531,11 @@ def write_engines(
 
             write_atomic(stage / name, to_csv)
             written.append(name)
-        fit = info.get("engines", {}).get("sim:sglang-cpu")
-        if fit:
-            (stage / "sglang_step_time.json").write_text(json.dumps(fit, indent=2) + "\n")
-            written.append("sglang_step_time.json")
+        for sim, name in (("sim:sglang-cpu", "sglang"), ("sim:hf-cpu", "hf")):
+            fit = info.get("engines", {}).get(sim)
+            if fit:
+                (stage / f"{name}_step_time.json").write_text(json.dumps(fit, indent=2) + "\n")
+                written.append(f"{name}_step_time.json")
         try:  # a plot or report bug must not lose the measured tables
             if not agg.empty:
                 _plot(agg, stage / "attainment_vs_load.png")
