@@ -199,7 +199,12 @@ def test_lone_step_fit_in_hf_passes() -> None:
 
 
 def test_summary_columns_on_the_simulator() -> None:
-    base = {"suite.engines": "sim:hf-cpu", "suite.loads.hf": "0.2", "suite.duration_s": "15"}
+    base = {
+        "suite.engines": "sim:hf-cpu",
+        "suite.loads.hf": "0.2",
+        "suite.duration_s": "15",
+        "suite.repeats": "2",
+    }
     # the default fits sim:hf-cpu on the lone hf requests, so hf must run too
     with pytest.raises(UserError, match="sim:hf-cpu is fitted on the lone hf requests"):
         run_engines(BenchConfig(seed=0), suite_options(base), __import__("pathlib").Path("/tmp"))
@@ -213,9 +218,12 @@ def test_summary_columns_on_the_simulator() -> None:
     )
     assert set(s["engine"]) == {"sim:hf-cpu"}
     assert set(s["policy"]) == {"fcfs", "priority", "superinfer"}
-    assert set(s["load"]) == {0.2} and set(s["repeat"]) == {0}
-    n = len(mix_workload(opts, 0.2, 0).requests)
-    assert (s[s["slo_class"] == "all"]["n_requests"] == n).all()
+    assert set(s["load"]) == {0.2} and set(s["repeat"]) == {0, 1}
+    every = s[s["slo_class"] == "all"]
+    for rep in (0, 1):  # repeat r replays the arrivals of seed 0 + r under every policy
+        n = len(mix_workload(opts, 0.2, rep).requests)
+        assert (every[every["repeat"] == rep]["n_requests"] == n).all()
+    assert len(mix_workload(opts, 0.2, 0).requests) != len(mix_workload(opts, 0.2, 1).requests)
 
 
 def _summary() -> pd.DataFrame:

@@ -8,8 +8,11 @@ them the simulated rows ``sim:hf-cpu`` and ``sim:sglang-cpu`` (the hf-cpu simula
 limits for the latter), each with a step time fitted to this run's lone requests on its real engine.
 
 One workload design for every engine (:func:`mix_workload`): Poisson chat (short prompts) and
-batch (long prompts, up to SGLang's 1,024-token context with their output) streams, seed fixed,
-the same absolute SLOs on every engine. Each real engine first serves lone requests
+batch (long prompts, up to SGLang's 1,024-token context with their output) streams, the same
+absolute SLOs on every engine; repeat ``r`` draws its arrivals with seed ``seed + r``, the same
+for every policy and engine (the simulated rows replay each repeat's arrivals too), so a
+repeat's policies are compared on one sample and the spread covers the arrivals as well as the
+machine. Each real engine first serves lone requests
 (:func:`lone_workload`: one at a time, far apart) so that the report states its unloaded TTFT and
 TPOT; then a knee pilot; then 3 loads around its knee (total req/s) x repeats, the
 repeats interleaved (repeat 0 of every load and policy, then repeat 1, ...). Servers are started
@@ -117,7 +120,7 @@ class SuiteOptions:
             (``suite.loads.hf=auto``; ``harness.suites_engines_knee``); all by default.
         probe_s: arrival window of a pilot run, s.
         max_probes: most pilot runs per engine.
-        repeats: repeats of every real (engine, policy, load); the simulator runs once.
+        repeats: repeats of every (engine, policy, load), repeat ``r`` with seed ``seed + r``.
         duration_s: arrival window per run, s.
         batch_share: fraction of the offered load that is batch.
         chat_ttft_ms: chat TTFT target, ms (every engine).
@@ -446,16 +449,17 @@ def _sim_cells(
     limits = SIM_SGLANG_LIMITS if engine == SIM_SGLANG else {}
     eopts = {**limits, "step_time_file": str(fit_file)}
     frames = []
-    for load in engine_loads(opts, engine, found):
-        progress(f"{engine} at {load:g} req/s")
-        wl = mix_workload(opts, load, config.seed)
-        cfg = replace(
-            _base(config, "sim:hf-cpu", "fcfs", engine_options=eopts),
-            policies=ENGINE_POLICIES[engine],
-        )
-        summary = run_bench(cfg, workload=wl).summary.copy()
-        summary["engine"] = engine
-        frames.append(_keyed(summary, 0, load))
+    cfg = replace(
+        _base(config, "sim:hf-cpu", "fcfs", engine_options=eopts),
+        policies=ENGINE_POLICIES[engine],
+    )
+    for rep in range(opts.repeats):
+        for load in engine_loads(opts, engine, found):
+            progress(f"{engine} at {load:g} req/s, repeat {rep}")
+            wl = mix_workload(opts, load, config.seed + rep)
+            summary = run_bench(cfg, workload=wl).summary.copy()
+            summary["engine"] = engine
+            frames.append(_keyed(summary, rep, load))
     return frames
 
 
@@ -517,7 +521,7 @@ def _real_engine(
             found[engine] = _knee(config, engine, opts, handles[native], lones, info, tell)
         for rep in range(opts.repeats):
             for load in engine_loads(opts, engine, found):
-                wl = mix_workload(opts, load, config.seed)
+                wl = mix_workload(opts, load, config.seed + rep)
                 for policy in ENGINE_POLICIES[engine]:
                     tell(f"{engine}/{policy} at {load:g} req/s, repeat {rep}")
                     t0 = time.monotonic()

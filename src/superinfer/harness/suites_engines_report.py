@@ -281,8 +281,8 @@ def render_engines_report(
         f"SLOs on every engine: chat TTFT <= {opts.get('chat_ttft_ms'):g} ms and TPOT <= "
         f"{opts.get('chat_tpot_ms'):g} ms; batch done within "
         f"{opts.get('batch_deadline_s'):g} s. Loads are total req/s, per engine around its "
-        f"own knee; {opts.get('repeats')} interleaved repeats of every real run (the "
-        "simulator is deterministic: one run).",
+        f"own knee; {opts.get('repeats')} interleaved repeats of every run, repeat r "
+        "drawing its arrivals with seed seed + r (the same for every engine and policy).",
         "",
     ]
     if not lone.empty:
