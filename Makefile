@@ -95,13 +95,19 @@ $(VENV)/.installed-ray: pyproject.toml $(VENV)/.installed-dev
 	@touch $@
 
 # llamacpp: llama.cpp's OpenAI-compatible server (llama-cpp-python[server]) in its own venv, so
-# its pins never touch .venv. pip compiles llama.cpp from source: 19 minutes measured on our
-# loaded 2-core machine (about 7 reported on quiet cores) the first time; pip's wheel cache makes
-# later installs take seconds. Too slow for every CI run, so only `make test-all` (the slow
-# llama.cpp test) and `make bench-http` need it.
+# its pins never touch .venv. pip compiles llama.cpp from source (4.5 minutes on 2 cores beside a
+# simulation, 19 when the build was native and the machine loaded). The build is portable x86-64
+# with AVX2/FMA/F16C and no AVX-512 or AMX: the -march=native build (GGML_NATIVE, which turns on
+# AMX_INT8 and AVX-512 on this Xeon VM) segfaults in llama_decode on the first token here.
+# --no-cache-dir: a wheel pip cached from a native build would be reused otherwise. Too slow for
+# every CI run, so only `make test-all` (the slow llama.cpp test), `make bench-http` and
+# `make bench-engines-cpu` need it.
+LLAMACPP_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF
 $(VENV)/.installed-llamacpp: | $(BIN)/python
 	$(PYTHON) -m venv $(LLAMACPP_VENV)
-	$(LLAMACPP_VENV)/bin/python -m pip --disable-pip-version-check -q install '$(LLAMACPP_PIN)'
+	CMAKE_ARGS="$(LLAMACPP_CMAKE)" $(LLAMACPP_VENV)/bin/python -m pip \
+		--disable-pip-version-check -q install --no-cache-dir '$(LLAMACPP_PIN)'
 	@touch $@
 
 install: $(VENV)/.installed-dev
@@ -183,8 +189,8 @@ bench-http: $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
 
 # results/engines-cpu/: SmolLM2-135M on hf, the real SGLang server and llama.cpp's server, each under
 # its own policy (and priority, superinfer where ours plugs in), 3 loads x 3 repeats, with the
-# sim:hf-cpu and sim:sglang-cpu rows (`superinfer bench --suite engines`; about 50 minutes on 2
-# quiet cores, run it on a quiet machine).
+# sim:hf-cpu and sim:sglang-cpu rows (`superinfer bench --suite engines`; 45 s windows, about
+# 70 minutes on 2 quiet cores, run it on a quiet machine).
 bench-engines-cpu: $(VENV)/.installed-sglang $(SGLANG_SMOLLM2)/model.safetensors \
 		$(VENV)/.installed-hf $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
 	SUPERINFER_LLAMACPP_PYTHON=$(LLAMACPP_VENV)/bin/python $(BIN)/superinfer bench --suite engines

@@ -139,9 +139,9 @@ class SuiteOptions:
     loads: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: dict(DEFAULT_LOADS))
     auto: tuple[str, ...] = REAL_ENGINES
     probe_s: float = 20.0
-    max_probes: int = 4
+    max_probes: int = 5
     repeats: int = 3
-    duration_s: float = 30.0
+    duration_s: float = 45.0
     batch_share: float = 0.4
     chat_ttft_ms: float = 1500.0
     chat_tpot_ms: float = 500.0
