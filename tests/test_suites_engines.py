@@ -29,7 +29,12 @@ from superinfer.harness.suites_engines_knee import (
     serial_capacity,
     sglang_step_fit,
 )
-from superinfer.harness.suites_engines_report import aggregate, fidelity, policy_checks
+from superinfer.harness.suites_engines_report import (
+    aggregate,
+    fidelity,
+    fidelity_bound,
+    policy_checks,
+)
 
 
 def test_default_options() -> None:
@@ -281,10 +286,22 @@ def test_fidelity_exact() -> None:
     )
     assert ttft["real"] == 101.0 and ttft["sim"] == 115.0
     assert ttft["rel_err"] == pytest.approx(14 / 101)
-    assert bool(ttft["within"])
+    assert bool(ttft["within"]) and ttft["bound"] == "0.15 rel"
     att = fid[fid["metric"] == "slo_attainment"].iloc[0]
     assert att["abs_err"] == pytest.approx(0.05)
     assert not math.isnan(att["rel_err"])
+    # attainment is judged in points: 5 points off is outside the 3-point bound
+    assert att["bound"] == "3 points" and not att["within"]
+    # only the metrics the real rows report are compared
+    assert set(fid["metric"]) == {"ttft_p50_ms", "slo_attainment"}
+
+
+def test_fidelity_bounds_per_metric() -> None:
+    assert fidelity_bound("ttft_p50_ms") == ("rel", 0.15)
+    assert fidelity_bound("e2e_p99_ms") == ("rel", 0.25)
+    assert fidelity_bound("slo_attainment") == ("points", 3.0)
+    kind, bound = fidelity_bound("preemptions")
+    assert kind == "" and math.isnan(bound)
 
 
 def test_plot_takes_equal_repeats(tmp_path) -> None:

@@ -207,58 +207,40 @@ def open_target(
 
         yield Target("hf", policy, CPU_SCALE, run, declared, frozenset())
         return
-    opts = {"send_priority": "true"}
-    if kind == "serve":
+    with _server(kind, policy, base, logs) as (url, backend, opts):
+        run = _http_run(base, url, backend, policy, opts)
+        label = "http" if kind == "live" else engine
+        yield Target(label, policy, scale or CPU_SCALE, run, declared, frozenset())
+
+
+@contextlib.contextmanager
+def _server(
+    kind: str, policy: str, base: BenchConfig, logs: Path
+) -> Iterator[tuple[str, str, dict[str, str]]]:
+    """``(url, backend, http engine options)`` of the server an HTTP-driven ``kind`` replays
+    against: started here for ``serve``, ``llamacpp`` and ``real-server`` (SGLang, per
+    ``policy``) and stopped on exit, or ``base.url`` for ``live``."""
+    ours = {"send_priority": "true"}
+    if kind == "live":
+        if not base.url:
+            raise UserError("--engine http needs --url (and --backend)")
+        yield base.url, base.backend, dict(base.engine_options)
+    elif kind == "serve":
         from superinfer.harness.engines.peers import superinfer_server
 
         extra = [a for k, v in CPU_OPTIONS.items() for a in ("--engine-option", f"{k}={v}")]
         with superinfer_server(policy, log=logs / f"serve-{policy}.log", extra=extra) as url:
-            yield Target(
-                "serve",
-                policy,
-                CPU_SCALE,
-                _http_run(base, url, "openai", policy, opts),
-                declared,
-                frozenset(),
-            )
-        return
-    if kind == "llamacpp":
+            yield url, "openai", ours
+    elif kind == "llamacpp":
         from superinfer.harness.engines.peers import llamacpp_server
 
         with llamacpp_server(log=logs / "llamacpp.log") as url:
-            yield Target(
-                "llamacpp",
-                policy,
-                CPU_SCALE,
-                _http_run(base, url, "openai", policy, opts),
-                None,
-                frozenset(),
-            )
-        return
-    if kind == "real-server":
+            yield url, "openai", ours
+    elif kind == "real-server":
         with _sglang(policy, logs) as url:
-            yield Target(
-                "sglang",
-                policy,
-                CPU_SCALE,
-                _http_run(base, url, "sglang", policy, {}),
-                declared,
-                frozenset(),
-            )
-        return
-    if kind == "live":
-        if not base.url:
-            raise UserError("--engine http needs --url (and --backend)")
-        yield Target(
-            "http",
-            policy,
-            scale or CPU_SCALE,
-            _http_run(base, base.url, base.backend, policy, dict(base.engine_options)),
-            None,
-            frozenset(),
-        )
-        return
-    raise UserError(f"engine {engine!r} cannot run the conformance scenarios")
+            yield url, "sglang", {}
+    else:
+        raise UserError(f"engine kind {kind!r} cannot run the conformance scenarios")
 
 
 @contextlib.contextmanager
