@@ -1,9 +1,9 @@
 """The simulated CPU engines against their real runs, per engine (issue 19's real-engine files).
 
-Reads the fidelity rows of a ``superinfer bench --suite engines`` run (``fidelity.csv``: every
-simulated row of ``sim:hf-cpu`` and ``sim:sglang-cpu`` beside the real ``hf`` and SGLang rows it
-replays: the same workload, seeds, loads and SLOs; means over the repeats) and writes one file
-per real engine into ``--out``:
+Reads the ``summary.csv`` of a ``superinfer bench --suite engines`` run (the simulated
+``sim:hf-cpu`` and ``sim:sglang-cpu`` rows replay the real ``hf`` and SGLang rows' workload:
+the same arrivals per repeat, loads and SLOs), compares their means over the repeats with
+``harness/suites_engines_report.py::fidelity`` and writes one file per real engine into ``--out``:
 
 * ``hf.csv``: ``sim:hf-cpu`` against the real transformers engine;
 * ``sglang_cpu.csv``: ``sim:sglang-cpu`` against the real SGLang 0.5.23 CPU server.
@@ -11,10 +11,11 @@ per real engine into ``--out``:
 Columns: ``engine, policy, load, slo_class, metric, real, simulated, abs_err, rel_err, bound,
 within`` (``rel_err = (simulated - real) / real``; bounds of issue 19: a p50 within 0.15, a p99
 within 0.25, attainment within 3 points; preemptions and cached prompt tokens are reported,
-not judged). The rows are the suite's, renamed, not recomputed
-(``harness/suites_engines_report.py::fidelity``).
+not judged).
 
-Usage: ``python benchmarks/fidelity_cpu.py [--src results/engines-cpu] [--out results/fidelity]``
+Usage: ``python benchmarks/fidelity_cpu.py [--src DIR ...] [--out results/fidelity]`` (default
+``--src results/engines-cpu``; ``--src results/engines-cpu --src
+results/engines-cpu/sglang-knee`` adds the SGLang knee run's loads).
 """
 
 from __future__ import annotations
@@ -25,20 +26,24 @@ from pathlib import Path
 
 import pandas as pd
 
+from superinfer.harness.suites_engines_report import aggregate, fidelity
+
 #: Simulated engine -> the file its rows go to.
 FILES = {"sim:hf-cpu": "hf.csv", "sim:sglang-cpu": "sglang_cpu.csv"}
 COLUMNS = ["engine", "policy", "load", "slo_class", "metric", "real", "simulated", "abs_err",
            "rel_err", "bound", "within"]  # fmt: skip
 
 
-def split(fid: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """``fidelity.csv``'s rows -> ``{file name: rows}`` per :data:`FILES` (columns
+def split(summary: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """A suite's ``summary.csv`` -> ``{file name: fidelity rows}`` per :data:`FILES` (columns
     :data:`COLUMNS`); raises ``ValueError`` naming a missing column."""
-    need = {"sim_engine", "engine", "policy", "load", "slo_class", "metric", "real", "sim",
-            "abs_err", "rel_err", "bound", "within"}  # fmt: skip
-    missing = sorted(need - set(fid.columns))
+    need = {"engine", "policy", "repeat", "load", "slo_class"}
+    missing = sorted(need - set(summary.columns))
     if missing:
-        raise ValueError(f"fidelity.csv: missing column(s) {', '.join(missing)}")
+        raise ValueError(f"missing column(s) {', '.join(missing)}")
+    fid = fidelity(aggregate(summary))
+    if fid.empty:
+        raise ValueError("no simulated row beside a real one (run the suite with its sim engines)")
     out = {}
     for sim, name in FILES.items():
         part = fid[fid["sim_engine"] == sim].rename(columns={"sim": "simulated"})
@@ -48,14 +53,32 @@ def split(fid: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--src", type=Path, default=Path("results/engines-cpu"))
+    ap.add_argument(
+        "--src",
+        type=Path,
+        action="append",
+        help="suite run folder(s), repeatable "
+        "(their loads must not overlap) [default: results/engines-cpu]",
+    )
     ap.add_argument("--out", type=Path, default=Path("results/fidelity"))
     args = ap.parse_args(argv)
-    path = args.src / "fidelity.csv"
+    frames = []
+    for src in args.src or [Path("results/engines-cpu")]:
+        path = src / "summary.csv"
+        try:
+            frames.append(pd.read_csv(path))
+        except (OSError, ValueError) as exc:
+            print(f"error: {path}: {exc}", file=sys.stderr)
+            return 2
+    summary = pd.concat(frames, ignore_index=True)
+    keys = ["engine", "policy", "repeat", "load", "slo_class"]
+    if summary.duplicated(keys).any():
+        print("error: the --src runs share an (engine, policy, repeat, load)", file=sys.stderr)
+        return 2
     try:
-        parts = split(pd.read_csv(path))
-    except (OSError, ValueError) as exc:
-        print(f"error: {path}: {exc}", file=sys.stderr)
+        parts = split(summary)
+    except ValueError as exc:
+        print(f"error: {', '.join(str(s) for s in args.src or [])}: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     for name, rows in parts.items():
