@@ -3,7 +3,7 @@
 Reads the ``summary.csv`` of a ``superinfer bench --suite engines`` run (the simulated
 ``sim:hf-cpu`` and ``sim:sglang-cpu`` rows replay the real ``hf`` and SGLang rows' workload:
 the same arrivals per repeat, loads and SLOs), compares their means over the repeats with
-``harness/suites_engines_report.py::fidelity`` and writes one file per real engine into ``--out``:
+``harness/suites_engines_fidelity.py::fidelity`` and writes one file per real engine into ``--out``:
 
 * ``hf.csv``: ``sim:hf-cpu`` against the real transformers engine;
 * ``sglang_cpu.csv``: ``sim:sglang-cpu`` against the real SGLang 0.5.23 CPU server.
@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from superinfer.harness.suites_engines_report import aggregate, fidelity
+from superinfer.harness.suites_engines_fidelity import fidelity
+from superinfer.harness.suites_engines_report import aggregate
 
 #: Simulated engine -> the file its rows go to.
 FILES = {"sim:hf-cpu": "hf.csv", "sim:sglang-cpu": "sglang_cpu.csv"}

@@ -107,6 +107,8 @@ HARNESS_RANKS = {
     "suites_engines": 9,
     "suites_engines_report": 9,
     "suites_engines_knee": 9,
+    "suites_engines_options": 9,
+    "suites_engines_fidelity": 9,
 }
 
 

@@ -22,6 +22,7 @@ from superinfer.harness.suites_engines import (
     run_engines,
     suite_options,
 )
+from superinfer.harness.suites_engines_fidelity import fidelity, fidelity_bound
 from superinfer.harness.suites_engines_knee import (
     find_knee,
     knee_loads,
@@ -29,12 +30,7 @@ from superinfer.harness.suites_engines_knee import (
     serial_capacity,
     sglang_step_fit,
 )
-from superinfer.harness.suites_engines_report import (
-    aggregate,
-    fidelity,
-    fidelity_bound,
-    policy_checks,
-)
+from superinfer.harness.suites_engines_report import aggregate, policy_checks
 
 
 def test_default_options() -> None:

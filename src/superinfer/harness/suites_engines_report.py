@@ -4,7 +4,7 @@ Files (:func:`write_engines`): ``summary.csv`` (every run's summary rows, ``engi
 repeat, load`` first), ``aggregate.csv`` (:func:`aggregate`: mean, min, max, sample std over the
 repeats of every metric), ``lone.csv`` (each real engine's lone requests), ``checks.csv``
 (:func:`policy_checks`: superinfer vs native chat attainment per load), ``fidelity.csv``
-(:func:`fidelity`: simulated rows against their real rows), ``attainment_vs_load.png``,
+(``suites_engines_fidelity``: simulated rows against their real rows), ``attainment_vs_load.png``,
 ``report.md``, ``manifest.json`` and ``MANIFEST.md``.
 """
 
@@ -20,15 +20,17 @@ from typing import Any
 import pandas as pd
 
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, staged_dir, write_atomic
+from superinfer.harness.suites_engines_fidelity import (
+    FIDELITY_BOUND,
+    FIDELITY_BOUND_P99,
+    FIDELITY_BOUND_POINTS,
+    fidelity,
+    mean_of,
+)
 
 __all__ = [
     "ENGINE_NOTES",
-    "FIDELITY_BOUND",
-    "FIDELITY_BOUND_P99",
-    "FIDELITY_BOUND_POINTS",
     "aggregate",
-    "fidelity",
-    "fidelity_bound",
     "policy_checks",
     "render_engines_report",
     "write_engines",
@@ -36,55 +38,9 @@ __all__ = [
 
 #: Keys of a summary row the repeats are aggregated over.
 KEYS = ("engine", "policy", "load", "slo_class")
-#: |rel_err| bound of a simulated p50 against its real one (issue 19's real-engine target;
-#: results/fidelity/README.md).
-FIDELITY_BOUND = 0.15
-#: |rel_err| bound of a simulated p99 (issue 19).
-FIDELITY_BOUND_P99 = 0.25
-#: Attainment bound, in points (issue 19: "attainment within 3 points").
-FIDELITY_BOUND_POINTS = 3.0
 #: Native chat attainment band where superinfer must win by >= 10 points (issue 24).
 KNEE_BAND = (0.6, 0.85)
 WIN_POINTS = 10.0
-#: Simulated (engine, policy) -> the real (engine, policy) it models.
-SIM_ROWS = {("sim:hf-cpu", p): ("hf", p) for p in ("fcfs", "priority", "superinfer")}
-SIM_ROWS.update(
-    {
-        ("sim:sglang-cpu", "fcfs"): ("sglang", "native"),
-        ("sim:sglang-cpu", "priority"): ("sglang", "priority"),
-        ("sim:sglang-cpu", "superinfer"): ("sglang", "superinfer"),
-    }
-)
-#: Metrics the fidelity table compares: (class, column).
-FIDELITY_METRICS = tuple(
-    (cls, metric)
-    for cls in ("chat", "batch")
-    for metric in (
-        "ttft_p50_ms",
-        "ttft_p99_ms",
-        "tpot_p50_ms",
-        "e2e_p50_ms",
-        "e2e_p99_ms",
-        "slo_attainment",
-        "preemptions",
-        "prompt_tokens_cached",
-    )
-)
-
-
-def fidelity_bound(metric: str) -> tuple[str, float]:
-    """``(kind, bound)`` a simulated ``metric`` is judged by: ``("rel", 0.15)`` for a p50,
-    ``("rel", 0.25)`` for a p99, ``("points", 3.0)`` for attainment (absolute, in points), or
-    ``("", nan)`` for a count that is reported, not judged (preemptions, cached prompt tokens)."""
-    if metric == "slo_attainment":
-        return "points", FIDELITY_BOUND_POINTS
-    if "_p99_" in metric:
-        return "rel", FIDELITY_BOUND_P99
-    if "_p50_" in metric:
-        return "rel", FIDELITY_BOUND
-    return "", math.nan
-
-
 #: What differs between the engines, next to every number (checked on this machine).
 ENGINE_NOTES = {
     "hf": "transformers continuous batching; GGUF dequantized to float32 weights and compute "
@@ -134,25 +90,6 @@ def aggregate(summary: pd.DataFrame, keys: Sequence[str] = KEYS) -> pd.DataFrame
     return pd.DataFrame(rows, columns=[*keys, "metric", "n", "mean", "min", "max", "std"])
 
 
-def _mean(
-    agg: pd.DataFrame,
-    engine: str,
-    policy: str,
-    load: float,
-    cls: str,
-    metric: str,
-    stat: str = "mean",
-) -> float:
-    row = agg[
-        (agg["engine"] == engine)
-        & (agg["policy"] == policy)
-        & (agg["load"] == load)
-        & (agg["slo_class"] == cls)
-        & (agg["metric"] == metric)
-    ]
-    return float(row[stat].iloc[0]) if len(row) else math.nan
-
-
 def policy_checks(agg: pd.DataFrame, natives: dict[str, str]) -> pd.DataFrame:
     """Per engine with a ``superinfer`` row and load: native and superinfer chat attainment (mean
     over repeats), the difference in points, what issue 24 requires there (>= +10 points where
@@ -165,8 +102,8 @@ def policy_checks(agg: pd.DataFrame, natives: dict[str, str]) -> pd.DataFrame:
         if native is None or "superinfer" not in set(part["policy"]):
             continue
         for load in sorted(part["load"].unique()):
-            nat = _mean(agg, engine, native, load, "chat", "slo_attainment")
-            sup = _mean(agg, engine, "superinfer", load, "chat", "slo_attainment")
+            nat = mean_of(agg, engine, native, load, "chat", "slo_attainment")
+            sup = mean_of(agg, engine, "superinfer", load, "chat", "slo_attainment")
             points = (sup - nat) * 100
             in_band = KNEE_BAND[0] <= nat <= KNEE_BAND[1]
             need = WIN_POINTS if in_band else 0.0
@@ -185,48 +122,6 @@ def policy_checks(agg: pd.DataFrame, natives: dict[str, str]) -> pd.DataFrame:
                     "gap_closed": (sup - nat) / gap if gap > 0 else math.nan,
                 }
             )
-    return pd.DataFrame(rows)
-
-
-def fidelity(agg: pd.DataFrame) -> pd.DataFrame:
-    """Simulated rows against their real rows (:data:`SIM_ROWS`) per load, class and metric
-    (:data:`FIDELITY_METRICS`): ``rel_err = (sim - real) / real`` and ``abs_err = sim - real``
-    (real and sim = means over repeats); ``bound`` and ``within`` from :func:`fidelity_bound`
-    (a p50 by ``|rel_err| <= 0.15``, a p99 by ``<= 0.25``, attainment by ``|abs_err| <= 0.03``;
-    counts: ``within`` empty). A metric the real engine does not report is left out."""
-    rows = []
-    for (sim_engine, sim_policy), (engine, policy) in SIM_ROWS.items():
-        sims = agg[(agg["engine"] == sim_engine) & (agg["policy"] == sim_policy)]
-        for load in sorted(sims["load"].unique()):
-            for cls, metric in FIDELITY_METRICS:
-                real = _mean(agg, engine, policy, load, cls, metric)
-                sim = _mean(agg, sim_engine, sim_policy, load, cls, metric)
-                if math.isnan(real):
-                    continue
-                rel = (sim - real) / real if real else math.nan
-                kind, bound = fidelity_bound(metric)
-                if kind == "points":
-                    within: bool | None = bool(abs(sim - real) * 100 <= bound + 1e-9)
-                elif kind == "rel":
-                    within = bool(abs(rel) <= bound)
-                else:
-                    within = None
-                rows.append(
-                    {
-                        "sim_engine": sim_engine,
-                        "engine": engine,
-                        "policy": policy,
-                        "load": load,
-                        "slo_class": cls,
-                        "metric": metric,
-                        "real": real,
-                        "sim": sim,
-                        "abs_err": sim - real,
-                        "rel_err": rel,
-                        "bound": f"{bound:g} {kind}" if kind else "",
-                        "within": within,
-                    }
-                )
     return pd.DataFrame(rows)
 
 
@@ -271,7 +166,7 @@ def _main_rows(agg: pd.DataFrame) -> list[list[str]]:
             stat: str = "mean",
             k: tuple[str, str, float, str] = (engine, policy, load, cls),  # noqa: B008
         ) -> float:
-            return _mean(agg, k[0], k[1], k[2], k[3], metric, stat)
+            return mean_of(agg, k[0], k[1], k[2], k[3], metric, stat)
 
         att = (
             f"{m('slo_attainment'):.3f} ({m('slo_attainment', 'min'):.3f}-"

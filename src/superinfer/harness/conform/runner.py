@@ -208,9 +208,9 @@ def open_target(
         yield Target("hf", policy, CPU_SCALE, run, declared, frozenset())
         return
     with _server(kind, policy, base, logs) as (url, backend, opts):
-        run = _http_run(base, url, backend, policy, opts)
         label = "http" if kind == "live" else engine
-        yield Target(label, policy, scale or CPU_SCALE, run, declared, frozenset())
+        replay = _http_run(base, url, backend, policy, opts)
+        yield Target(label, policy, scale or CPU_SCALE, replay, declared, frozenset())
 
 
 @contextlib.contextmanager

@@ -1,0 +1,127 @@
+"""Simulated rows of ``bench --suite engines`` against their real rows (issue 19's real-engine
+bounds): :func:`fidelity` over the suite's aggregate table, :func:`fidelity_bound` per metric."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+__all__ = [
+    "FIDELITY_BOUND",
+    "FIDELITY_BOUND_P99",
+    "FIDELITY_BOUND_POINTS",
+    "FIDELITY_METRICS",
+    "SIM_ROWS",
+    "fidelity",
+    "fidelity_bound",
+    "mean_of",
+]
+
+#: |rel_err| bound of a simulated p50 against its real one (issue 19's real-engine target;
+#: results/fidelity/README.md).
+FIDELITY_BOUND = 0.15
+#: |rel_err| bound of a simulated p99 (issue 19).
+FIDELITY_BOUND_P99 = 0.25
+#: Attainment bound, in points (issue 19: "attainment within 3 points").
+FIDELITY_BOUND_POINTS = 3.0
+#: Simulated (engine, policy) -> the real (engine, policy) it models.
+SIM_ROWS = {("sim:hf-cpu", p): ("hf", p) for p in ("fcfs", "priority", "superinfer")}
+SIM_ROWS.update(
+    {
+        ("sim:sglang-cpu", "fcfs"): ("sglang", "native"),
+        ("sim:sglang-cpu", "priority"): ("sglang", "priority"),
+        ("sim:sglang-cpu", "superinfer"): ("sglang", "superinfer"),
+    }
+)
+#: Metrics the fidelity table compares: (class, column).
+FIDELITY_METRICS = tuple(
+    (cls, metric)
+    for cls in ("chat", "batch")
+    for metric in (
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "tpot_p50_ms",
+        "e2e_p50_ms",
+        "e2e_p99_ms",
+        "slo_attainment",
+        "preemptions",
+        "prompt_tokens_cached",
+    )
+)
+
+
+def fidelity_bound(metric: str) -> tuple[str, float]:
+    """``(kind, bound)`` a simulated ``metric`` is judged by: ``("rel", 0.15)`` for a p50,
+    ``("rel", 0.25)`` for a p99, ``("points", 3.0)`` for attainment (absolute, in points), or
+    ``("", nan)`` for a count that is reported, not judged (preemptions, cached prompt tokens)."""
+    if metric == "slo_attainment":
+        return "points", FIDELITY_BOUND_POINTS
+    if "_p99_" in metric:
+        return "rel", FIDELITY_BOUND_P99
+    if "_p50_" in metric:
+        return "rel", FIDELITY_BOUND
+    return "", math.nan
+
+
+def mean_of(
+    agg: pd.DataFrame,
+    engine: str,
+    policy: str,
+    load: float,
+    cls: str,
+    metric: str,
+    stat: str = "mean",
+) -> float:
+    """``stat`` of ``metric`` in the :func:`aggregate`-shaped ``agg`` for one (engine, policy,
+    load, class); NaN when there is no such row."""
+    row = agg[
+        (agg["engine"] == engine)
+        & (agg["policy"] == policy)
+        & (agg["load"] == load)
+        & (agg["slo_class"] == cls)
+        & (agg["metric"] == metric)
+    ]
+    return float(row[stat].iloc[0]) if len(row) else math.nan
+
+
+def fidelity(agg: pd.DataFrame) -> pd.DataFrame:
+    """Simulated rows against their real rows (:data:`SIM_ROWS`) per load, class and metric
+    (:data:`FIDELITY_METRICS`): ``rel_err = (sim - real) / real`` and ``abs_err = sim - real``
+    (real and sim = means over repeats); ``bound`` and ``within`` from :func:`fidelity_bound`
+    (a p50 by ``|rel_err| <= 0.15``, a p99 by ``<= 0.25``, attainment by ``|abs_err| <= 0.03``;
+    counts: ``within`` empty). A metric the real engine does not report is left out."""
+    rows = []
+    for (sim_engine, sim_policy), (engine, policy) in SIM_ROWS.items():
+        sims = agg[(agg["engine"] == sim_engine) & (agg["policy"] == sim_policy)]
+        for load in sorted(sims["load"].unique()):
+            for cls, metric in FIDELITY_METRICS:
+                real = mean_of(agg, engine, policy, load, cls, metric)
+                sim = mean_of(agg, sim_engine, sim_policy, load, cls, metric)
+                if math.isnan(real):
+                    continue
+                rel = (sim - real) / real if real else math.nan
+                kind, bound = fidelity_bound(metric)
+                if kind == "points":
+                    within: bool | None = bool(abs(sim - real) * 100 <= bound + 1e-9)
+                elif kind == "rel":
+                    within = bool(abs(rel) <= bound)
+                else:
+                    within = None
+                rows.append(
+                    {
+                        "sim_engine": sim_engine,
+                        "engine": engine,
+                        "policy": policy,
+                        "load": load,
+                        "slo_class": cls,
+                        "metric": metric,
+                        "real": real,
+                        "sim": sim,
+                        "abs_err": sim - real,
+                        "rel_err": rel,
+                        "bound": f"{bound:g} {kind}" if kind else "",
+                        "within": within,
+                    }
+                )
+    return pd.DataFrame(rows)

@@ -1,0 +1,205 @@
+"""The settings of ``superinfer bench --suite engines``: its engines, policies, default loads,
+server arguments and ``--engine-option suite.KEY=VALUE`` options (:class:`SuiteOptions`,
+:func:`suite_options`). The suite itself: :mod:`superinfer.harness.suites_engines`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from superinfer.harness.errors import UserError
+from superinfer.policy_core.types import SLO
+
+__all__ = [
+    "DEFAULT_LOADS",
+    "ENGINE_POLICIES",
+    "NATIVE",
+    "REAL_ENGINES",
+    "SIM_OF",
+    "SuiteOptions",
+    "engine_loads",
+    "suite_options",
+]
+
+#: The suite's engine names (``llamacpp`` and ``sim:sglang-cpu`` are its own: they run through
+#: the ``http`` and ``sim:hf-cpu`` engines of the registry).
+#: The real engines are in run order.
+REAL_ENGINES = HF, SGLANG, LLAMACPP = ("hf", "sglang", "llamacpp")
+SIM_HF, SIM_SGLANG = "sim:hf-cpu", "sim:sglang-cpu"
+#: Policies per engine; the first is the engine's own (``native`` column of the report).
+ENGINE_POLICIES: Mapping[str, tuple[str, ...]] = {
+    "hf": ("fcfs", "priority", "superinfer"),
+    "sglang": ("native", "priority", "superinfer"),
+    "llamacpp": ("native",),
+    "sim:hf-cpu": ("fcfs", "priority", "superinfer"),
+    "sim:sglang-cpu": ("fcfs", "priority", "superinfer"),
+}
+#: Each engine's own policy.
+NATIVE = {engine: policies[0] for engine, policies in ENGINE_POLICIES.items()}
+#: Simulated engine -> the real engine whose loads it replays and whose rows it models.
+SIM_OF = {"sim:hf-cpu": "hf", "sim:sglang-cpu": "sglang"}
+#: Total offered load (chat + batch req/s) per real engine: around each one's knee, from short
+#: pilots of its native policy (results/engines-cpu/report.md says which).
+DEFAULT_LOADS: Mapping[str, tuple[float, ...]] = {
+    "hf": (0.3, 0.45, 0.6),
+    "sglang": (0.6, 0.9, 1.2),
+    "llamacpp": (1.0, 1.5, 2.0),
+}
+#: A run's arrival window is long enough for this many requests on average.
+MIN_EXPECTED = 8
+#: Token ranges (inclusive) per class: chat prompts and outputs short; batch prompts long, with
+#: their output inside SGLang's 1,024-token context (two 512-token chunks at most).
+CHAT_PROMPT = (32, 160)
+CHAT_OUTPUT = (16, 48)
+BATCH_PROMPT = (600, 900)
+BATCH_OUTPUT = (32, 96)
+#: SGLang server arguments for the real model (the CPU recipe adds the rest; docs/adapters.md).
+SGLANG_ARGS = "--context-length 1024 --chunked-prefill-size 512 --max-running-requests 8"
+#: Policy options of ``superinfer`` through the SGLang plugin (docs/adapters.md: the knee run of
+#: results/sglang-cpu): no recompute preemption, a 32-token prefill floor per pass.
+SGLANG_SUPERINFER_OPTS = {"min_prefill_tokens": "32", "max_preemptions_per_step": "0"}
+#: SGLang's limits in the ``sim:sglang-cpu`` profile (hf-cpu mechanics): a 512-token step
+#: (``--chunked-prefill-size``), 8 running requests, a 4,096-token pool in 16-token pages.
+SIM_SGLANG_LIMITS = {
+    "page_size_tokens": "16",
+    "num_blocks": "256",
+    "max_batch_tokens": "512",
+    "max_num_seqs": "8",
+}
+
+
+@dataclass(frozen=True)
+class SuiteOptions:
+    """``--engine-option suite.KEY=VALUE`` settings of the suite.
+
+    Attributes:
+        engines: engines to run, of :data:`ENGINE_POLICIES` (sim rows need their real engine's
+            lone run only for ``sim:sglang-cpu``'s fit).
+        loads: per real engine, total offered req/s (``suite.loads.hf=0.3,0.45,0.6``), used for
+            the engines not in ``auto``.
+        auto: real engines whose 3 loads come from a knee pilot before their runs
+            (``suite.loads.hf=auto``; ``harness.suites_engines_knee``); all by default.
+        probe_s: arrival window of a pilot run, s (default: ``duration_s``; a shorter probe
+            builds less backlog past the knee than the runs do, so its knee lies above theirs:
+            20 s probes put SGLang's at 1.75 req/s, where 45 s runs attained 0.34).
+        max_probes: most pilot runs per engine.
+        repeats: repeats of every (engine, policy, load), repeat ``r`` with seed ``seed + r``.
+        duration_s: arrival window per run, s.
+        batch_share: fraction of the offered load that is batch.
+        chat_ttft_ms: chat TTFT target, ms (every engine).
+        chat_tpot_ms: chat TPOT target, ms.
+        batch_deadline_s: batch end-to-end deadline, s.
+        lone: lone requests per class per real engine (0: skip the lone pass).
+        lone_gap_s: seconds between lone requests, per real engine.
+        hf_step_time_file: the ``sim:hf-cpu`` calibration: ``lone`` (default) fits it on this
+            run's lone hf requests like ``sim:sglang-cpu``'s (``lone_step_fit``), so both
+            simulated rows see the machine as it was during the runs; else a file of
+            ``superinfer calibrate --engine hf`` (e.g. ``results/hf/step_time_fit.json``).
+        sglang_model: the SmolLM2 folder for SGLang (default: ``make install-smollm2-sglang``'s).
+    """
+
+    engines: tuple[str, ...] = (*REAL_ENGINES, "sim:hf-cpu", "sim:sglang-cpu")
+    loads: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: dict(DEFAULT_LOADS))
+    auto: tuple[str, ...] = REAL_ENGINES
+    probe_s: float | None = None
+    max_probes: int = 5
+    repeats: int = 3
+    duration_s: float = 45.0
+    batch_share: float = 0.4
+    chat_ttft_ms: float = 1500.0
+    chat_tpot_ms: float = 500.0
+    batch_deadline_s: float = 120.0
+    lone: int = 2
+    lone_gap_s: Mapping[str, float] = field(
+        default_factory=lambda: {"hf": 12.0, "sglang": 6.0, "llamacpp": 3.0}
+    )
+    hf_step_time_file: str = "lone"
+    sglang_model: str = ""
+
+    def slos(self) -> tuple[SLO, SLO]:
+        """``(chat, batch)`` SLOs, the same on every engine."""
+        chat = SLO("chat", ttft_ms=self.chat_ttft_ms, tpot_ms=self.chat_tpot_ms, priority=0)
+        return chat, SLO("batch", deadline_s=self.batch_deadline_s, priority=1)
+
+
+def _floats(key: str, raw: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(v) for v in raw.split(",") if v.strip())
+    except ValueError:
+        raise UserError(
+            f"--engine-option suite.{key}={raw!r}: expected numbers like 0.3,0.6"
+        ) from None
+    if not vals or any(not (v > 0 and math.isfinite(v)) for v in vals):
+        raise UserError(f"--engine-option suite.{key}={raw!r}: needs positive numbers")
+    return vals
+
+
+def suite_options(options: Mapping[str, str]) -> SuiteOptions:
+    """Parse the ``suite.*`` keys of ``--engine-option`` (others are refused: the suite sets
+    every engine's own options itself).
+
+    Raises:
+        UserError: an unknown key or engine, or a bad value; one line naming the key.
+    """
+    plain = {f.name for f in fields(SuiteOptions)} - {"loads", "lone_gap_s", "engines", "auto"}
+    kw: dict[str, Any] = {}
+    loads = dict(DEFAULT_LOADS)
+    auto = list(REAL_ENGINES)
+    gaps = dict(SuiteOptions().lone_gap_s)
+    for key, raw in options.items():
+        name = key.removeprefix("suite.")
+        if name == key:
+            raise UserError(f"--suite engines takes only suite.* engine options, got {key!r}")
+        head, _, engine = name.partition(".")
+        if head in ("loads", "lone_gap_s") and engine:
+            if engine not in REAL_ENGINES:
+                raise UserError(
+                    f"suite.{name}: unknown engine {engine!r}; known: {', '.join(REAL_ENGINES)}"
+                )
+            if head == "loads" and raw.strip() == "auto":
+                auto += [engine] if engine not in auto else []
+                continue
+            vals = _floats(name, raw)
+            if head == "loads":
+                loads[engine] = vals
+                auto = [e for e in auto if e != engine]
+            else:
+                gaps[engine] = vals[0]
+        elif name == "engines":
+            chosen = tuple(e.strip() for e in raw.split(",") if e.strip())
+            bad = [e for e in chosen if e not in ENGINE_POLICIES]
+            if bad or not chosen:
+                raise UserError(
+                    f"suite.engines: unknown engine {', '.join(bad) or raw!r}; "
+                    f"known: {', '.join(ENGINE_POLICIES)}"
+                )
+            kw["engines"] = chosen
+        elif name in plain:
+            kind = SuiteOptions.__dataclass_fields__[name].type
+            if kind == "str":
+                kw[name] = raw
+                continue
+            try:
+                val = int(raw) if kind == "int" else float(raw)
+            except ValueError:
+                raise UserError(f"suite.{name}={raw!r}: not a number") from None
+            if not val > 0 and not (name == "lone" and val == 0):
+                raise UserError(f"suite.{name}={raw!r}: must be > 0")
+            if name == "batch_share" and not val < 1:
+                raise UserError(f"suite.batch_share={raw!r}: must be below 1")
+            kw[name] = val
+        else:
+            known = sorted(plain | {"engines", "loads.<engine>", "lone_gap_s.<engine>"})
+            raise UserError(f"unknown suite option {key!r}; known: suite.{', suite.'.join(known)}")
+    return SuiteOptions(loads=loads, lone_gap_s=gaps, auto=tuple(auto), **kw)
+
+
+def engine_loads(
+    opts: SuiteOptions, engine: str, found: Mapping[str, tuple[float, ...]] | None = None
+) -> tuple[float, ...]:
+    """The loads (total req/s) ``engine`` runs at: its own (``found`` by the knee pilot, else
+    ``opts.loads``), or its real engine's for a sim row."""
+    real = SIM_OF.get(engine, engine)
+    return tuple((found or {}).get(real) or opts.loads[real])
