@@ -16,6 +16,8 @@ from superinfer.harness.suites_engines import (
     DEFAULT_LOADS,
     REAL_ENGINES,
     SuiteOptions,
+    batched_sizes,
+    batched_workload,
     engine_loads,
     lone_workload,
     mix_workload,
@@ -197,6 +199,47 @@ def test_lone_step_fit_in_hf_passes() -> None:
     assert fit["source"] == (
         "lone hf requests: decode step 74.0 ms, 900-token prompt TTFT 1550 ms in 4 passes of 256"
     )
+
+
+def test_lone_step_fit_with_the_batched_pass() -> None:
+    lone = pd.DataFrame(
+        {
+            "slo_class": ["chat", "batch"],
+            "prompt_tokens": [160, 900],
+            "ttft_ms": [300.0, 1550.0],
+            "tpot_ms": [74.0, 74.0],
+        }
+    )
+    # TPOT 74 ms alone, then 84 / 104 / 144 ms at 2 / 4 / 8 sequences: slope 10 ms per sequence
+    batched = pd.DataFrame({"concurrency": [2, 2, 4, 8], "tpot_ms": [84.0, 84.0, 104.0, 144.0]})
+    fit = lone_step_fit(lone, 256, "hf", batched)
+    coef = fit["coefficients"]
+    c_tok = (1.550 - 4 * 0.074) / (900 - 4)
+    assert coef["num_tokens"] == pytest.approx(c_tok)
+    assert coef["num_seqs"] == pytest.approx(0.010 - c_tok)
+    assert coef["intercept"] == pytest.approx(0.074 - 0.010)
+    assert fit["source"].endswith(
+        "; batched, TPOT 74.0 ms at 1, 84.0 ms at 2, 104.0 ms at 4, 144.0 ms at 8 sequences"
+    )
+    # a flat batched pass (slope below the per-token cost) adds no per-sequence term
+    flat = batched.assign(tpot_ms=74.0)
+    coef = lone_step_fit(lone, 256, "hf", flat)["coefficients"]
+    assert coef["num_seqs"] == 0.0
+    assert coef["intercept"] == pytest.approx(0.074 - c_tok)
+
+
+def test_batched_workload_groups_arrive_together() -> None:
+    opts = suite_options({"suite.batched_max": "8"})
+    assert batched_sizes(opts) == (2, 4, 8)
+    assert batched_sizes(suite_options({"suite.batched_max": "0"})) == ()
+    assert batched_sizes(suite_options({"suite.batched_max": "5"})) == (2, 4)
+    wl = batched_workload(opts, 10.0)
+    by_arrival: dict[float, list[str]] = {}
+    for r in wl.requests:
+        assert (r.prompt_tokens, r.output_tokens, r.slo.name) == (64, 32, "chat")
+        by_arrival.setdefault(r.arrival_s, []).append(r.request_id)
+    assert {t: len(ids) for t, ids in by_arrival.items()} == {1.0: 2, 11.0: 4, 21.0: 8}
+    assert sorted(by_arrival[1.0]) == ["chat-b2-0", "chat-b2-1"]
 
 
 def test_summary_columns_on_the_simulator() -> None:

@@ -77,6 +77,8 @@ __all__ = [
     "SIM_OF",
     "SuiteOptions",
     "engine_loads",
+    "batched_sizes",
+    "batched_workload",
     "lone_workload",
     "mix_workload",
     "run_engines",
@@ -165,6 +167,32 @@ def lone_workload(opts: SuiteOptions, gap_s: float) -> Workload:
     return _workload("engines-lone", specs, opts, gap_s=gap_s)
 
 
+#: Prompt and output tokens of every request of the batched pass.
+BATCHED_PROMPT, BATCHED_OUTPUT = 64, 32
+
+
+def batched_sizes(opts: SuiteOptions) -> tuple[int, ...]:
+    """Group sizes of the batched pass: 2, 4, 8, ... up to ``opts.batched_max``."""
+    sizes, k = [], 2
+    while k <= opts.batched_max:
+        sizes.append(k)
+        k *= 2
+    return tuple(sizes)
+
+
+def batched_workload(opts: SuiteOptions, gap_s: float) -> Workload:
+    """Per size ``k`` of :func:`batched_sizes`: ``k`` chat requests arriving at once
+    (``BATCHED_PROMPT`` prompt, ``BATCHED_OUTPUT`` output tokens, ids ``chat-b{k}-{j}``), the
+    groups ``gap_s`` apart, so that each group decodes ``k`` sequences per step."""
+    chat = opts.slos()[0]
+    specs = []
+    for g, k in enumerate(batched_sizes(opts)):
+        for j in range(k):
+            spec = _spec(0, chat, 1.0 + g * gap_s, BATCHED_PROMPT, BATCHED_OUTPUT)
+            specs.append(replace(spec, request_id=f"chat-b{k}-{j}"))
+    return _workload("engines-batched", specs, opts, gap_s=gap_s, sizes=batched_sizes(opts))
+
+
 # -- running ------------------------------------------------------------------------------------
 
 
@@ -174,7 +202,8 @@ class EnginesResult:
 
     Attributes:
         summary: every run's summary rows with ``engine, policy, repeat, load`` first.
-        lone: the lone requests of every real engine (``requests`` rows, ``engine`` column).
+        lone: the lone requests of every real engine (``requests`` rows, ``engine`` column;
+            ``concurrency`` 1), then its batched pass's (``concurrency`` = the group size).
         info: manifest facts per run (``<engine>/<policy>/<load>/<repeat>``) and per engine.
     """
 
@@ -346,12 +375,14 @@ def _real_engine(
     opts: SuiteOptions,
     work_dir: Path,
     lones: list[pd.DataFrame],
+    batched: dict[str, pd.DataFrame],
     found: dict[str, tuple[float, ...]],
     info: dict[str, Any],
     tell: Callable[[str], None],
     frames: list[pd.DataFrame],
 ) -> None:
-    """One real engine's lone pass, knee pilot and runs (repeats outermost) into ``frames``."""
+    """One real engine's lone and batched passes, knee pilot and runs (repeats outermost) into
+    ``frames``."""
     begin = time.monotonic()
     with _servers(engine, opts, work_dir) as handles:
         info["engines"][engine] = {"startup_s": round(time.monotonic() - begin, 1)}
@@ -360,7 +391,13 @@ def _real_engine(
             tell(f"{engine}: lone requests")
             wl = lone_workload(opts, opts.lone_gap_s[engine])
             _, req, _ = _run_cell(config, engine, native, wl, handles[native], opts)
-            lones.append(req)
+            lones.append(req.assign(concurrency=1))
+        if batched_sizes(opts) and any(SIM_OF.get(e) == engine for e in opts.engines):
+            tell(f"{engine}: batched requests")
+            wl = batched_workload(opts, 2 * opts.lone_gap_s[engine])
+            _, req, _ = _run_cell(config, engine, native, wl, handles[native], opts)
+            size = req["request_id"].str.extract(r"^chat-b(\d+)-")[0].astype(int)
+            batched[engine] = req.assign(concurrency=size)
         if engine in opts.auto:
             found[engine] = _knee(config, engine, opts, handles[native], lones, info, tell)
         for rep in range(opts.repeats):
@@ -394,6 +431,7 @@ def run_engines(
     tell = progress or (lambda _msg: None)
     frames: list[pd.DataFrame] = []
     lones: list[pd.DataFrame] = []
+    batched: dict[str, pd.DataFrame] = {}
     info: dict[str, Any] = {"suite": "engines", "runs": {}, "engines": {}}
     info.update(config=dataclasses.asdict(config), options=dataclasses.asdict(opts))
     fit_files: dict[str, Path] = {}
@@ -403,7 +441,7 @@ def run_engines(
     work_dir.mkdir(parents=True, exist_ok=True)
     for engine in (e for e in REAL_ENGINES if e in opts.engines):
         try:
-            _real_engine(config, engine, opts, work_dir, lones, found, info, tell, frames)
+            _real_engine(config, engine, opts, work_dir, lones, batched, found, info, tell, frames)
         except UserError as exc:  # an engine that cannot run does not lose the others' runs
             info.setdefault("failed", {})[engine] = str(exc)
             tell(f"{engine} failed: {exc}")
@@ -412,9 +450,9 @@ def run_engines(
         if sim is None or sim in fit_files or not opts.lone or sim not in opts.engines:
             continue
         if engine == SGLANG:
-            fit = sglang_step_fit(lones[-1])
+            fit = sglang_step_fit(lones[-1], batched.get(engine))
         else:
-            fit = lone_step_fit(lones[-1], SIM_HF_CPU.token_budget, "hf")
+            fit = lone_step_fit(lones[-1], SIM_HF_CPU.token_budget, "hf", batched.get(engine))
         fit_files[sim] = work_dir / f"{engine}_step_time.json"
         fit_files[sim].write_text(json.dumps(fit, indent=2) + "\n")
         info["engines"][sim] = fit
@@ -424,7 +462,8 @@ def run_engines(
             raise UserError(f"{engine} is fitted on the lone {real} requests: run {real} too")
         frames += _sim_cells(config, engine, opts, fit_files[engine], tell, found)
     summary = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    lone = pd.concat(lones, ignore_index=True) if lones else pd.DataFrame()
+    probes = [*lones, *batched.values()]
+    lone = pd.concat(probes, ignore_index=True) if probes else pd.DataFrame()
     return EnginesResult(summary, lone, info)
 
 

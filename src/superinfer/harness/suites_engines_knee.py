@@ -126,22 +126,31 @@ def pilot_knee(
     return {"start": start, "probes": probes, "knee": knee, "loads": knee_loads(knee)}
 
 
-def lone_step_fit(lone: pd.DataFrame, chunk_tokens: int, label: str) -> dict[str, Any]:
-    """A ``sim:hf-cpu`` step-time calibration for a real engine from its lone requests.
+def lone_step_fit(
+    lone: pd.DataFrame,
+    chunk_tokens: int,
+    label: str,
+    batched: pd.DataFrame | None = None,
+) -> dict[str, Any]:
+    """A ``sim:hf-cpu`` step-time calibration for a real engine from its lone requests and, when
+    given, its batched pass.
 
-    Two numbers carry it: the median TPOT of the lone requests is one decode step
-    (``intercept + num_tokens``), and the median TTFT of the lone batch prompts (``P`` tokens,
-    ``ceil(P / chunk_tokens)`` prefill passes) gives the per-token cost:
-    ``c_tok = (TTFT - passes * TPOT) / (P - passes)``, solved with the decode equation. Other
-    terms 0: a step costs the same per token whatever the batch size and context, which is what
-    these engines' lone requests can tell apart (the batch terms of ``superinfer calibrate``'s
-    fit need a step log under load).
+    With ``T1`` the median TPOT of the lone requests (one decode step of one sequence), ``P``
+    and ``TTFT`` the median prompt and first-token time of the lone batch prompts
+    (``n = ceil(P / chunk_tokens)`` prefill passes) and ``b`` the least-squares slope of the
+    batched groups' median TPOT against their size ``k`` (with ``(1, T1)``; a decode step of
+    ``k`` sequences is ``intercept + (num_tokens + num_seqs) * k``):
+    ``num_tokens = (TTFT - n * T1) / (P - n)``, ``num_seqs = b - num_tokens`` and
+    ``intercept = T1 - b``, each clipped at 0 (``num_seqs = 0`` and ``intercept = T1 -
+    num_tokens`` without a batched pass, or when ``b`` is below ``num_tokens``). Other terms 0:
+    the context length's cost is not separated from the rest.
 
     Args:
         lone: the lone run's requests (``slo_class``, ``prompt_tokens``, ``ttft_ms``, ``tpot_ms``).
         chunk_tokens: the engine's prefill tokens per pass (SGLang ``--chunked-prefill-size``,
             hf ``max_batch_tokens``).
         label: the engine, for the source line and the error.
+        batched: the batched pass's requests (``concurrency``, ``tpot_ms``), or None.
 
     Returns:
         ``{"coefficients": {feature: s}, "source": ...}`` (``HFCPUStepTime.from_file`` reads it).
@@ -160,17 +169,27 @@ def lone_step_fit(lone: pd.DataFrame, chunk_tokens: int, label: str) -> dict[str
     prompt = float(batch["prompt_tokens"].median())
     passes = float(np.ceil(prompt / chunk_tokens))
     c_tok = max((ttft - passes * tpot) / (prompt - passes), 0.0)
-    c0 = max(tpot - c_tok, 0.0)
+    c_seq, slope, groups = 0.0, math.nan, ""
+    if batched is not None and not batched.dropna(subset=["tpot_ms"]).empty:
+        med = batched.dropna(subset=["tpot_ms"]).groupby("concurrency")["tpot_ms"].median() / 1e3
+        ks = np.array([1.0, *med.index.astype(float)])
+        ts = np.array([tpot, *med.to_numpy()])
+        slope = float(np.polyfit(ks, ts, 1)[0])
+        c_seq = max(slope - c_tok, 0.0)
+        groups = ", TPOT " + ", ".join(
+            f"{t * 1e3:.1f} ms at {int(k)}" for k, t in zip(ks, ts, strict=True)
+        )
+    c0 = max(tpot - c_tok - c_seq, 0.0)
     coef = dict.fromkeys(FEATURES, 0.0)
-    coef.update(intercept=c0, num_tokens=c_tok)
+    coef.update(intercept=c0, num_tokens=c_tok, num_seqs=c_seq)
     return {
         "coefficients": coef,
         "source": f"lone {label} requests: decode step {tpot * 1e3:.1f} "
         f"ms, {prompt:.0f}-token prompt TTFT {ttft * 1e3:.0f} ms in {passes:.0f} passes "
-        f"of {chunk_tokens}",
+        f"of {chunk_tokens}" + (f"; batched{groups} sequences" if groups else ""),
     }
 
 
-def sglang_step_fit(lone: pd.DataFrame) -> dict[str, Any]:
+def sglang_step_fit(lone: pd.DataFrame, batched: pd.DataFrame | None = None) -> dict[str, Any]:
     """:func:`lone_step_fit` for SGLang at the suite's ``--chunked-prefill-size 512``."""
-    return lone_step_fit(lone, 512, "SGLang")
+    return lone_step_fit(lone, 512, "SGLang", batched)

@@ -92,6 +92,10 @@ class SuiteOptions:
         chat_tpot_ms: chat TPOT target, ms.
         batch_deadline_s: batch end-to-end deadline, s.
         lone: lone requests per class per real engine (0: skip the lone pass).
+        batched_max: the largest group of the batched pass (0: skip it): on the engines with a
+            simulated row, groups of 2, 4, ... up to this many identical chat requests arrive
+            at once, so that their TPOT gives the decode step's cost per extra sequence
+            (``lone_step_fit``).
         lone_gap_s: seconds between lone requests, per real engine.
         hf_step_time_file: the ``sim:hf-cpu`` calibration: ``lone`` (default) fits it on this
             run's lone hf requests like ``sim:sglang-cpu``'s (``lone_step_fit``), so both
@@ -112,6 +116,7 @@ class SuiteOptions:
     chat_tpot_ms: float = 500.0
     batch_deadline_s: float = 120.0
     lone: int = 2
+    batched_max: int = 8
     lone_gap_s: Mapping[str, float] = field(
         default_factory=lambda: {"hf": 12.0, "sglang": 6.0, "llamacpp": 3.0}
     )
@@ -185,7 +190,7 @@ def suite_options(options: Mapping[str, str]) -> SuiteOptions:
                 val = int(raw) if kind == "int" else float(raw)
             except ValueError:
                 raise UserError(f"suite.{name}={raw!r}: not a number") from None
-            if not val > 0 and not (name == "lone" and val == 0):
+            if not val > 0 and not (name in ("lone", "batched_max") and val == 0):
                 raise UserError(f"suite.{name}={raw!r}: must be > 0")
             if name == "batch_share" and not val < 1:
                 raise UserError(f"suite.batch_share={raw!r}: must be below 1")

@@ -138,6 +138,31 @@ def _table(head: Sequence[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def _split_probes(lone: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``lone.csv``'s rows -> (the lone requests, the batched pass's); a table written before
+    the batched pass existed has no ``concurrency`` column and only lone rows."""
+    if "concurrency" not in lone.columns:
+        return lone, lone.iloc[0:0]
+    one = lone["concurrency"].fillna(1) == 1
+    return lone[one], lone[~one]
+
+
+def _batched_rows(batched: pd.DataFrame) -> list[list[str]]:
+    rows = []
+    for (engine, k), g in batched.groupby(["engine", "concurrency"], sort=False):
+        rows.append(
+            [
+                f"`{engine}`",
+                str(int(k)),
+                f"{int(g['status'].eq('finished').sum())}/{len(g)}",
+                _fmt(g["ttft_ms"].median()),
+                _fmt(g["tpot_ms"].median(), 1),
+                _fmt(g["tpot_ms"].max(), 1),
+            ]
+        )
+    return rows
+
+
 def _lone_rows(lone: pd.DataFrame) -> list[list[str]]:
     rows = []
     for (engine, cls), g in lone.groupby(["engine", "slo_class"], sort=False):
@@ -234,8 +259,17 @@ def render_engines_report(
                 "TPOT max ms",
                 "met SLO",
             ],
-            _lone_rows(lone),
+            _lone_rows(_split_probes(lone)[0]),
         )
+        batched = _split_probes(lone)[1]
+        if not batched.empty:
+            lines += [
+                "Batched pass (identical 64-token chat prompts, 32 output tokens, a group "
+                "arriving at once; its TPOT is the decode step at that many sequences):",
+                "",
+            ]
+            head = ["engine", "sequences", "finished", "TTFT p50 ms", "TPOT p50 ms", "TPOT max ms"]
+            lines += _table(head, _batched_rows(batched))
     for engine, why in meta.get("failed", {}).items():
         lines += [f"**`{engine}` did not run**: {why}", ""]
     knees = meta.get("knees", {})
