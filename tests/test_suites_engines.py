@@ -13,16 +13,11 @@ from superinfer.cli import cli
 from superinfer.harness.engines.base import BenchConfig
 from superinfer.harness.errors import UserError
 from superinfer.harness.suites_engines import (
-    DEFAULT_LOADS,
-    REAL_ENGINES,
-    SuiteOptions,
     batched_sizes,
     batched_workload,
-    engine_loads,
     lone_workload,
     mix_workload,
     run_engines,
-    suite_options,
 )
 from superinfer.harness.suites_engines_fidelity import fidelity, fidelity_bound
 from superinfer.harness.suites_engines_knee import (
@@ -31,6 +26,13 @@ from superinfer.harness.suites_engines_knee import (
     lone_step_fit,
     serial_capacity,
     sglang_step_fit,
+)
+from superinfer.harness.suites_engines_options import (
+    DEFAULT_LOADS,
+    REAL_ENGINES,
+    SuiteOptions,
+    engine_loads,
+    suite_options,
 )
 from superinfer.harness.suites_engines_report import aggregate, policy_checks
 

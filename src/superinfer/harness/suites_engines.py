@@ -70,19 +70,13 @@ from superinfer.sim.hf_cpu import SIM_HF_CPU
 from superinfer.sim.request import RequestSpec
 
 __all__ = [
-    "DEFAULT_LOADS",
-    "ENGINE_POLICIES",
-    "NATIVE",
-    "REAL_ENGINES",
-    "SIM_OF",
-    "SuiteOptions",
-    "engine_loads",
+    "EnginesResult",
     "batched_sizes",
     "batched_workload",
     "lone_workload",
     "mix_workload",
     "run_engines",
-    "suite_options",
+    "run_engines_suite",
 ]
 
 
