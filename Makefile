@@ -189,8 +189,9 @@ bench-http: $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
 
 # results/engines-cpu/: SmolLM2-135M on hf, the real SGLang server and llama.cpp's server, each under
 # its own policy (and priority, superinfer where ours plugs in), 3 loads x 3 repeats, with the
-# sim:hf-cpu and sim:sglang-cpu rows (`superinfer bench --suite engines`; 45 s windows, about
-# 70 minutes on 2 quiet cores, run it on a quiet machine).
+# sim:hf-cpu and sim:sglang-cpu rows (`superinfer bench --suite engines`; 45 s windows: 72 minutes
+# measured on 2 quiet cores with 20 s knee probes, a few more with the 45 s probes and batched
+# pass it now runs; run it on a quiet machine).
 bench-engines-cpu: $(VENV)/.installed-sglang $(SGLANG_SMOLLM2)/model.safetensors \
 		$(VENV)/.installed-hf $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
 	SUPERINFER_LLAMACPP_PYTHON=$(LLAMACPP_VENV)/bin/python $(BIN)/superinfer bench --suite engines

@@ -26,11 +26,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from superinfer.harness.suites_engines_fidelity import fidelity
+from superinfer.harness.suites_engines_fidelity import fidelity, within_count
 from superinfer.harness.suites_engines_report import aggregate
 
 #: Simulated engine -> the file its rows go to.
 FILES = {"sim:hf-cpu": "hf.csv", "sim:sglang-cpu": "sglang_cpu.csv"}
+#: A summary row's identity: one run's class.
+KEYS = ["engine", "policy", "repeat", "load", "slo_class"]
 COLUMNS = ["engine", "policy", "load", "slo_class", "metric", "real", "simulated", "abs_err",
            "rel_err", "bound", "within"]  # fmt: skip
 
@@ -38,8 +40,7 @@ COLUMNS = ["engine", "policy", "load", "slo_class", "metric", "real", "simulated
 def split(summary: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """A suite's ``summary.csv`` -> ``{file name: fidelity rows}`` per :data:`FILES` (columns
     :data:`COLUMNS`); raises ``ValueError`` naming a missing column."""
-    need = {"engine", "policy", "repeat", "load", "slo_class"}
-    missing = sorted(need - set(summary.columns))
+    missing = sorted(set(KEYS) - set(summary.columns))
     if missing:
         raise ValueError(f"missing column(s) {', '.join(missing)}")
     fid = fidelity(aggregate(summary))
@@ -72,8 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {path}: {exc}", file=sys.stderr)
             return 2
     summary = pd.concat(frames, ignore_index=True)
-    keys = ["engine", "policy", "repeat", "load", "slo_class"]
-    if summary.duplicated(keys).any():
+    if summary.duplicated(KEYS).any():
         print("error: the --src runs share an (engine, policy, repeat, load)", file=sys.stderr)
         return 2
     try:
@@ -84,9 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name, rows in parts.items():
         rows.to_csv(args.out / name, index=False, float_format="%.6g")
-        judged = rows[rows["within"].notna()]
-        n_in = int(judged["within"].astype(bool).sum())
-        print(f"wrote {args.out / name}: {len(rows)} rows, {n_in} of {len(judged)} within bound")
+        n_in, n_judged = within_count(rows)
+        print(f"wrote {args.out / name}: {len(rows)} rows, {n_in} of {n_judged} within bound")
     return 0
 
 

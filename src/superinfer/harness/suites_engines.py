@@ -40,7 +40,7 @@ import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, run_bench
 from superinfer.harness.errors import UserError
-from superinfer.harness.suites_engines_knee import lone_step_fit, pilot_knee, sglang_step_fit
+from superinfer.harness.suites_engines_knee import SGLANG_CHUNK_TOKENS, lone_step_fit, pilot_knee
 from superinfer.harness.suites_engines_options import (
     BATCH_OUTPUT,
     BATCH_PROMPT,
@@ -71,6 +71,7 @@ from superinfer.sim.request import RequestSpec
 
 __all__ = [
     "EnginesResult",
+    "batched_concurrency",
     "batched_sizes",
     "batched_workload",
     "lone_workload",
@@ -187,7 +188,18 @@ def batched_workload(opts: SuiteOptions, gap_s: float) -> Workload:
     return _workload("engines-batched", specs, opts, gap_s=gap_s, sizes=batched_sizes(opts))
 
 
+def batched_concurrency(request_ids: pd.Series) -> pd.Series:
+    """The group size ``k`` of each :func:`batched_workload` id ``chat-b{k}-{j}``."""
+    return request_ids.str.extract(r"^chat-b(\d+)-")[0].astype(int)
+
+
 # -- running ------------------------------------------------------------------------------------
+
+#: Real engine -> its simulated row.
+SIM_FOR = {real: sim for sim, real in SIM_OF.items()}
+#: Real engine -> (prefill tokens per pass, label) of its ``lone_step_fit``: SGLang's
+#: ``--chunked-prefill-size``, the hf engine's ``max_batch_tokens``.
+FIT_CHUNK_AND_LABEL = {SGLANG: (SGLANG_CHUNK_TOKENS, "SGLang"), HF: (SIM_HF_CPU.token_budget, "hf")}
 
 
 @dataclass
@@ -390,8 +402,7 @@ def _real_engine(
             tell(f"{engine}: batched requests")
             wl = batched_workload(opts, 2 * opts.lone_gap_s[engine])
             _, req, _ = _run_cell(config, engine, native, wl, handles[native], opts)
-            size = req["request_id"].str.extract(r"^chat-b(\d+)-")[0].astype(int)
-            batched[engine] = req.assign(concurrency=size)
+            batched[engine] = req.assign(concurrency=batched_concurrency(req["request_id"]))
         if engine in opts.auto:
             found[engine] = _knee(config, engine, opts, handles[native], lones, info, tell)
         for rep in range(opts.repeats):
@@ -440,13 +451,10 @@ def run_engines(
             info.setdefault("failed", {})[engine] = str(exc)
             tell(f"{engine} failed: {exc}")
             continue
-        sim = {SGLANG: SIM_SGLANG, HF: SIM_HF}.get(engine)
+        sim = SIM_FOR.get(engine)
         if sim is None or sim in fit_files or not opts.lone or sim not in opts.engines:
             continue
-        if engine == SGLANG:
-            fit = sglang_step_fit(lones[-1], batched.get(engine))
-        else:
-            fit = lone_step_fit(lones[-1], SIM_HF_CPU.token_budget, "hf", batched.get(engine))
+        fit = lone_step_fit(lones[-1], *FIT_CHUNK_AND_LABEL[engine], batched.get(engine))
         fit_files[sim] = work_dir / f"{engine}_step_time.json"
         fit_files[sim].write_text(json.dumps(fit, indent=2) + "\n")
         info["engines"][sim] = fit

@@ -7,6 +7,8 @@ import math
 
 import pandas as pd
 
+from superinfer.harness.suites_engines_options import ENGINE_POLICIES, SIM_OF
+
 __all__ = [
     "FIDELITY_BOUND",
     "FIDELITY_BOUND_P99",
@@ -16,6 +18,7 @@ __all__ = [
     "fidelity",
     "fidelity_bound",
     "mean_of",
+    "within_count",
 ]
 
 #: |rel_err| bound of a simulated p50 against its real one (issue 19's real-engine target;
@@ -25,15 +28,13 @@ FIDELITY_BOUND = 0.15
 FIDELITY_BOUND_P99 = 0.25
 #: Attainment bound, in points (issue 19: "attainment within 3 points").
 FIDELITY_BOUND_POINTS = 3.0
-#: Simulated (engine, policy) -> the real (engine, policy) it models.
-SIM_ROWS = {("sim:hf-cpu", p): ("hf", p) for p in ("fcfs", "priority", "superinfer")}
-SIM_ROWS.update(
-    {
-        ("sim:sglang-cpu", "fcfs"): ("sglang", "native"),
-        ("sim:sglang-cpu", "priority"): ("sglang", "priority"),
-        ("sim:sglang-cpu", "superinfer"): ("sglang", "superinfer"),
-    }
-)
+#: Simulated (engine, policy) -> the real (engine, policy) it models: the policies pair up in
+#: ``ENGINE_POLICIES`` order (``sim:sglang-cpu``'s ``fcfs`` models SGLang's ``native``).
+SIM_ROWS = {
+    (sim, sim_policy): (real, policy)
+    for sim, real in SIM_OF.items()
+    for sim_policy, policy in zip(ENGINE_POLICIES[sim], ENGINE_POLICIES[real], strict=True)
+}
 #: Metrics the fidelity table compares: (class, column).
 FIDELITY_METRICS = tuple(
     (cls, metric)
@@ -125,3 +126,10 @@ def fidelity(agg: pd.DataFrame) -> pd.DataFrame:
                     }
                 )
     return pd.DataFrame(rows)
+
+
+def within_count(fid: pd.DataFrame) -> tuple[int, int]:
+    """``(rows within their bound, rows judged)`` of :func:`fidelity` rows (fresh or read back
+    from CSV, where an unjudged row's ``within`` is empty)."""
+    judged = fid["within"].dropna()
+    return int(judged.astype(bool).sum()), len(judged)

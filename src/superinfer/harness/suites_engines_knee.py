@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from superinfer.harness.errors import UserError
+from superinfer.harness.suites_engines_options import SIM_SGLANG_LIMITS
 from superinfer.sim.hf_cpu import FEATURES
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "sglang_step_fit",
 ]
 
+#: SGLang's prefill tokens per pass in the suite (its ``--chunked-prefill-size``).
+SGLANG_CHUNK_TOKENS = int(SIM_SGLANG_LIMITS["max_batch_tokens"])
 #: Native chat attainment that marks the knee.
 KNEE_BAND = (0.6, 0.85)
 
@@ -169,9 +172,10 @@ def lone_step_fit(
     prompt = float(batch["prompt_tokens"].median())
     passes = float(np.ceil(prompt / chunk_tokens))
     c_tok = max((ttft - passes * tpot) / (prompt - passes), 0.0)
-    c_seq, slope, groups = 0.0, math.nan, ""
-    if batched is not None and not batched.dropna(subset=["tpot_ms"]).empty:
-        med = batched.dropna(subset=["tpot_ms"]).groupby("concurrency")["tpot_ms"].median() / 1e3
+    c_seq, groups = 0.0, ""
+    timed = batched.dropna(subset=["tpot_ms"]) if batched is not None else None
+    if timed is not None and not timed.empty:
+        med = timed.groupby("concurrency")["tpot_ms"].median() / 1e3
         ks = np.array([1.0, *med.index.astype(float)])
         ts = np.array([tpot, *med.to_numpy()])
         slope = float(np.polyfit(ks, ts, 1)[0])
@@ -191,5 +195,6 @@ def lone_step_fit(
 
 
 def sglang_step_fit(lone: pd.DataFrame, batched: pd.DataFrame | None = None) -> dict[str, Any]:
-    """:func:`lone_step_fit` for SGLang at the suite's ``--chunked-prefill-size 512``."""
-    return lone_step_fit(lone, 512, "SGLang", batched)
+    """:func:`lone_step_fit` for SGLang at the suite's ``--chunked-prefill-size``
+    (``SIM_SGLANG_LIMITS["max_batch_tokens"]``, 512)."""
+    return lone_step_fit(lone, SGLANG_CHUNK_TOKENS, "SGLang", batched)

@@ -75,15 +75,16 @@ class SuiteOptions:
     """``--engine-option suite.KEY=VALUE`` settings of the suite.
 
     Attributes:
-        engines: engines to run, of :data:`ENGINE_POLICIES` (sim rows need their real engine's
-            lone run only for ``sim:sglang-cpu``'s fit).
+        engines: engines to run, of :data:`ENGINE_POLICIES` (a sim row needs its real engine
+            too: its step time is fitted on that engine's lone requests, unless
+            ``hf_step_time_file`` names a calibration for ``sim:hf-cpu``).
         loads: per real engine, total offered req/s (``suite.loads.hf=0.3,0.45,0.6``), used for
             the engines not in ``auto``.
         auto: real engines whose 3 loads come from a knee pilot before their runs
             (``suite.loads.hf=auto``; ``harness.suites_engines_knee``); all by default.
         probe_s: arrival window of a pilot run, s (default: ``duration_s``; a shorter probe
             builds less backlog past the knee than the runs do, so its knee lies above theirs:
-            20 s probes put SGLang's at 1.75 req/s, where 45 s runs attained 0.34).
+            20 s probes put SGLang's at 1.75 req/s, where 45 s runs attained 0.16, mean of 3).
         max_probes: most pilot runs per engine.
         repeats: repeats of every (engine, policy, load), repeat ``r`` with seed ``seed + r``.
         duration_s: arrival window per run, s.
@@ -104,7 +105,7 @@ class SuiteOptions:
         sglang_model: the SmolLM2 folder for SGLang (default: ``make install-smollm2-sglang``'s).
     """
 
-    engines: tuple[str, ...] = (*REAL_ENGINES, "sim:hf-cpu", "sim:sglang-cpu")
+    engines: tuple[str, ...] = (*REAL_ENGINES, SIM_HF, SIM_SGLANG)
     loads: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: dict(DEFAULT_LOADS))
     auto: tuple[str, ...] = REAL_ENGINES
     probe_s: float | None = None

@@ -25,8 +25,11 @@ from superinfer.harness.suites_engines_fidelity import (
     FIDELITY_BOUND_P99,
     FIDELITY_BOUND_POINTS,
     fidelity,
+    fidelity_bound,
     mean_of,
+    within_count,
 )
+from superinfer.harness.suites_engines_options import SIM_OF
 
 __all__ = [
     "ENGINE_NOTES",
@@ -246,6 +249,7 @@ def render_engines_report(
         "",
     ]
     if not lone.empty:
+        alone, batched = _split_probes(lone)
         lines += ["## Unloaded latency (a lone request at a time)", ""]
         lines += _table(
             [
@@ -259,9 +263,8 @@ def render_engines_report(
                 "TPOT max ms",
                 "met SLO",
             ],
-            _lone_rows(_split_probes(lone)[0]),
+            _lone_rows(alone),
         )
-        batched = _split_probes(lone)[1]
         if not batched.empty:
             lines += [
                 "Batched pass (identical 64-token chat prompts, 32 output tokens, a group "
@@ -371,11 +374,10 @@ def render_engines_report(
     ]
     if not fid.empty:
         for sim_engine, part in fid.groupby("sim_engine", sort=False):
-            judged = part[part["within"].notna()]
-            n_in = int(judged["within"].astype(bool).sum())
-            rel = judged[judged["bound"].str.endswith("rel")]
+            n_in, n_judged = within_count(part)
+            rel = part[[fidelity_bound(m)[0] == "rel" for m in part["metric"]]]
             worst = rel.loc[rel["rel_err"].abs().fillna(-1).idxmax()] if len(rel) else None
-            text = f"- `{sim_engine}`: within its bound on {n_in} of {len(judged)} rows"
+            text = f"- `{sim_engine}`: within its bound on {n_in} of {n_judged} rows"
             if worst is not None:
                 text += (
                     f"; worst {worst.policy} at {worst.load:g} req/s, {worst.slo_class} "
@@ -396,20 +398,22 @@ def render_engines_report(
                 f"{r.rel_err:+.2f}",
                 f"{r.abs_err:+.3f}" if r.metric == "slo_attainment" else _fmt(r.abs_err, 1),
                 r.bound,
-                "–" if r.within is None or r.within != r.within else ("yes" if r.within else "no"),
+                "–" if pd.isna(r.within) else ("yes" if r.within else "no"),
             ]
             for r in fid.itertuples()
         ]
         head = ["sim", "policy", "load", "class", "metric", "real", "sim", "rel_err", "abs_err"]
         lines += _table([*head, "bound", "within"], rows)
-    for sim in ("sim:hf-cpu", "sim:sglang-cpu"):
+    for sim in SIM_OF:
         fit = meta.get("engines", {}).get(sim)
         if fit:
             coef = fit["coefficients"]
+            per_seq = coef.get("num_seqs", 0.0)
             lines += [
                 f"`{sim}` step time: {coef['intercept'] * 1e3:.2f} ms + "
-                f"{coef['num_tokens'] * 1e3:.3f} ms per token of the step, from the "
-                f"{fit['source']}.",
+                f"{coef['num_tokens'] * 1e3:.3f} ms per token of the step"
+                + (f" + {per_seq * 1e3:.2f} ms per sequence" if per_seq else "")
+                + f", from the {fit['source']}.",
                 "",
             ]
     lines += [
@@ -508,11 +512,11 @@ def write_engines(
 
             write_atomic(stage / name, to_csv)
             written.append(name)
-        for sim, name in (("sim:sglang-cpu", "sglang"), ("sim:hf-cpu", "hf")):
+        for sim, real in SIM_OF.items():  # the fits run_engines wrote as <real>_step_time.json
             fit = info.get("engines", {}).get(sim)
             if fit:
-                (stage / f"{name}_step_time.json").write_text(json.dumps(fit, indent=2) + "\n")
-                written.append(f"{name}_step_time.json")
+                (stage / f"{real}_step_time.json").write_text(json.dumps(fit, indent=2) + "\n")
+                written.append(f"{real}_step_time.json")
         try:  # a plot or report bug must not lose the measured tables
             if not agg.empty:
                 _plot(agg, stage / "attainment_vs_load.png")
