@@ -178,8 +178,36 @@ class TestHopeless:
     def test_or_is_rejected_under_admission_control(self) -> None:
         p = policy(reject_hopeless=True)
         late = make_view("late", prompt=100, arrival_s=8.0)
-        arrive(p, late)
-        d = decide(p, make_state(waiting=[late], free_blocks=0))
+        fresh = make_view("fresh", prompt=100, arrival_s=9.9)  # deadline 10.9: feasible
+        arrive(p, late, fresh)
+        d = decide(p, make_state(waiting=[late, fresh], free_blocks=0))
+        assert dict(d.reject) == {"late": "slo_unattainable"}
+        assert p.stats()["rejected"] == 1 and p.stats()["hopeless_kept"] == 0
+
+    def test_but_only_under_queueing_pressure(self) -> None:
+        p = policy(reject_hopeless=True)
+        late = make_view("late", prompt=100, arrival_s=8.0)  # TTFT deadline 9.0 < now 10.0
+        batch = make_view("batch", prompt=100, slo=BATCH, arrival_s=0.0)  # a lower tier
+        arrive(p, late, batch)
+        # no request of its tier or a higher one, waiting or running, could still make its
+        # target: it keeps its place (first, before the lower tier) instead of being rejected
+        d = decide(p, make_state(waiting=[batch, late], token_budget=100))
+        assert dict(d.reject) == {} and d.admit == ("late",)
+        assert p.stats()["hopeless_kept"] == 1 and not p._entries["late"].best_effort
+        # kept, it is checked again a step later, and rejected once a feasible peer waits
+        q = policy(reject_hopeless=True)
+        arrive(q, late)
+        d = decide(q, make_state(waiting=[late], free_blocks=0))
+        assert dict(d.reject) == {} and d.admit == ()
+        fresh = make_view("fresh", prompt=100, arrival_s=10.05)
+        arrive(q, fresh)
+        d = decide(q, make_state(now_s=10.1, waiting=[late, fresh], free_blocks=0))
+        assert dict(d.reject) == {"late": "slo_unattainable"}
+        # or a running chat still within its targets (it would share the step with it)
+        r = policy(reject_hopeless=True)
+        chat = decoding("chat", 64, 2, arrival_s=9.0, first_token_s=9.5)
+        arrive(r, late, chat)
+        d = decide(r, make_state(waiting=[late], running=[chat]))
         assert dict(d.reject) == {"late": "slo_unattainable"}
 
     def test_a_prompt_too_long_for_its_ttft_is_hopeless_on_arrival(self) -> None:

@@ -16,7 +16,13 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 
 from superinfer.adapters.hookspecs import hookimpl
-from superinfer.policy_core.types import PreemptMode, ScheduleDecision, StepState, StepStats
+from superinfer.policy_core.types import (
+    PreemptMode,
+    RequestView,
+    ScheduleDecision,
+    StepState,
+    StepStats,
+)
 
 __all__ = ["Admission", "DecisionLog", "Preemption"]
 
@@ -73,7 +79,8 @@ class DecisionLog:
     Attributes:
         admissions: every admission, in decision order.
         preemptions: every preemption, in decision order.
-        scheduled: request id -> tokens run for it over the cell (prefill chunks and decodes).
+        scheduled: request id -> tokens run for it over the cell (prefill chunks and decodes;
+            a decided token the step did not run is taken back at the next decision).
         first_hit: request id -> prompt tokens served from the prefix cache at its first
             admission.
         high_water: request id -> the most ``computed_tokens`` it had at a decision.
@@ -92,6 +99,7 @@ class DecisionLog:
     last_stats: StepStats | None = None
     decisions: int = 0
     _lost_at: dict[str, int] = field(default_factory=dict, repr=False)
+    _unsettled: dict[str, tuple[int, int, int]] = field(default_factory=dict, repr=False)
 
     @hookimpl(wrapper=True)
     def superinfer_schedule(
@@ -155,8 +163,28 @@ class DecisionLog:
             self.admissions.append(
                 Admission(rid, state.now_s, True, view.slo.priority, view.arrival_s, 0)
             )
+        self._settle(views)
         for rid, n in decision.num_tokens.items():
             self.scheduled[rid] = self.scheduled.get(rid, 0) + n
+            view = views.get(rid)
+            if view is not None and rid not in decision.preempt:
+                self._unsettled[rid] = (view.computed_tokens, view.num_preemptions, n)
+
+    def _settle(self, views: dict[str, RequestView]) -> None:
+        """Take back the tokens of the previous decision that its step did not run.
+
+        An engine may run less than it was told: SGLang runs a new prompt's prefill batch
+        without the decodes (``sim:sglang``'s ``mixed_batches=False``), so a decode decided for
+        that step waits a step. What ran is read from the request's ``computed_tokens`` at the
+        next decision (unknown, so counted as run, for a request that finished or was
+        preempted in between).
+        """
+        for rid, (before, preemptions, n) in self._unsettled.items():
+            view = views.get(rid)
+            if view is not None and view.num_preemptions == preemptions:
+                ran = min(max(view.computed_tokens - before, 0), n)
+                self.scheduled[rid] -= n - ran
+        self._unsettled = {}
 
     def lost_tokens(self) -> int:
         """Tokens of progress recompute preemptions threw away (their ``computed_tokens``)."""

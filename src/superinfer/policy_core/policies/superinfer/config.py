@@ -84,7 +84,8 @@ class SuperInferConfig(BasePolicy):
         # keeps chat TTFT p99 near fcfs's at x0.3 and far under it from x0.6, where demotion let
         # hopeless requests queue (206 s at x1.0 in make bench)
         True,
-        "reject (instead of demoting) waiting requests that can no longer meet their SLO",
+        "reject (instead of demoting) waiting requests that can no longer meet their SLO, "
+        "when another waiting request of their tier or a higher one still can",
     )
     aging: bool = _opt(True, "lift requests queued longer than aging_s above every tier")
     aging_s: float = _opt(120.0, "queueing time after which a request is aged, s")
@@ -137,6 +138,7 @@ class SuperInferConfig(BasePolicy):
             "aged": 0,
             "rejected": 0,
             "first_token_trims": 0,
+            "hopeless_kept": 0,
         }
         self.estimator = OutputLengthEstimator(
             window=self.estimator_window, min_samples=self.estimator_min_samples

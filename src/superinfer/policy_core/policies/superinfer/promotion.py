@@ -66,13 +66,60 @@ class _Promotion(_Admission):
 
     def _run_due_checks(self, rep: _Replica, step: _Step, now: float) -> None:
         due = rep.due
+        hopeless: list[_Entry] = []
         while due and due[0][0] <= now:
             _, _, rid, version = heapq.heappop(due)
             e = self._entries.get(rid)
             if e is None or e.check_version != version or e.where not in (_WAITING, _SWAPPED):
                 continue
             outcome = self._check(rep, e, step, now)
-            if outcome:
+            if outcome == "hopeless" and self.reject_hopeless and e.where == _WAITING:
+                hopeless.append(e)
+            elif outcome:
                 self._apply_check(rep, e, outcome, step, now)
             else:
                 self._schedule_check(rep, e, now, checked=True)
+        if hopeless:
+            self._reject_under_pressure(rep, hopeless, step, now)
+
+    def _reject_under_pressure(
+        self, rep: _Replica, hopeless: list[_Entry], step: _Step, now: float
+    ) -> None:
+        """Reject the waiting requests found hopeless at this call, but only under pressure:
+        where a request of their tier or a higher one, waiting or running, can still meet its
+        SLO (a hopeless request served would take the step time or the seat that one needs).
+        Shedding is the answer to load, not to an engine step longer than a request's target:
+        a hopeless request without such a peer keeps its place (first in its tier: its target
+        is the earliest) and is checked again a typical step later (before its aging instant,
+        which that check still applies), so it is rejected once pressure appears (conformance
+        ``head_of_line``: the shorts arriving while a long batch prompt's step runs are
+        served, late, instead of all rejected).
+
+        ``rep.feasible[t]`` still counts every request of ``hopeless`` (none is marked yet), so
+        they are subtracted first. O(tiers + len(hopeless)), plus one pass over the running
+        set, stopping at the first peer, on a call where some tier has no waiting peer.
+        """
+        pending = [0] * self.num_tiers
+        for e in hopeless:
+            pending[e.tier] += 1
+        peers, at_or_above = 0, []
+        for t in range(self.num_tiers):
+            peers += rep.feasible[t] - pending[t]
+            at_or_above.append(peers)
+        running_best = self.num_tiers  # the best tier of a running request that is not lost
+        if any(at_or_above[e.tier] == 0 for e in hopeless):
+            entries = self._entries
+            for v in step.state.running:
+                r = entries.get(v.request_id)
+                if r is not None and not r.best_effort and r.tier < running_best:
+                    running_best = r.tier
+                    if running_best == 0:
+                        break
+        for e in hopeless:
+            if at_or_above[e.tier] > 0 or running_best <= e.tier:
+                self._apply_check(rep, e, "hopeless", step, now)
+            else:
+                self._counters["hopeless_kept"] += 1
+                e.check_version += 1  # its next check: a step from now
+                e.next_check_s = now + self._typical_step_s()
+                heapq.heappush(rep.due, (e.next_check_s, self._next_seq(), e.rid, e.check_version))

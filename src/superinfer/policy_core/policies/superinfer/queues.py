@@ -64,6 +64,8 @@ class _Queues(_Estimates):
                 (0 if e.best_effort else 1, e.weight, -e.key, seq, e.rid, e.version),
             )
             rep.count[e.tier] += 1
+            if not e.best_effort:
+                rep.feasible[e.tier] += 1
         else:
             heapq.heappush(rep.swap_heaps[e.tier], (e.key, seq, e.rid, e.version))
         self._schedule_check(rep, e, now, checked=checked)
@@ -73,6 +75,8 @@ class _Queues(_Estimates):
         if e.where == _WAITING:
             if rep.waiting.pop(e.rid, None) is not None and not e.aged:
                 rep.count[e.tier] -= 1
+                if not e.best_effort:
+                    rep.feasible[e.tier] -= 1
         elif e.where == _SWAPPED:
             rep.swapped.pop(e.rid, None)
         if e.stale:

@@ -99,6 +99,7 @@ class _Replica:
             [] for _ in range(num_tiers)
         ]
         self.count = [0] * num_tiers  # waiting (not aged) per tier
+        self.feasible = [0] * num_tiers  # waiting, neither aged nor best effort, per tier
         self.aged: list[tuple[float, int, str, int]] = []
         self.due: list[tuple[float, int, str, int]] = []
         self.passes = [0.0] * num_tiers
