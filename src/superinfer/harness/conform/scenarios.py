@@ -258,8 +258,9 @@ def _chunked_check(runs: Mapping[str, RunResult], scale: Scale, _: object) -> Ou
             bad,
             "requests unfinished",
             "== 0",
-            f"{n - bad - hopeless}/{n} finished ({hopeless} rejected as unattainable); KV "
-            "and queue at the end not observable over "
+            f"{n - bad - hopeless}/{n} finished"
+            + (f" ({hopeless} rejected as unattainable)" if hopeless else "")
+            + "; KV and queue at the end not observable over "
             "HTTP; preemptions not observable",
         )
     log = run.log
