@@ -40,6 +40,12 @@ from superinfer.cli_options import engine_option, key_values, split_names
 )
 @engine_option("http: engine setting of the http engine, repeatable (send_priority=true ...).")
 @click.option(
+    "--kv-policy",
+    default=None,
+    help="sim:vllm, sim:sglang, sim:trtllm: the prefix-cache placement plugin beside each "
+    "policy (e.g. priority, reuse); its columns are labelled POLICY+kv-NAME.",
+)
+@click.option(
     "--out",
     default="results/conformance",
     show_default=True,
@@ -47,7 +53,8 @@ from superinfer.cli_options import engine_option, key_values, split_names
     help="Folder of matrix.csv / matrix.md (this engine's columns replaced).",
 )
 def conform(engine: str, policies: str | None, scenarios: str | None, url: str | None,
-            backend: str, engine_options: tuple[str, ...], out: str) -> None:  # fmt: skip
+            backend: str, engine_options: tuple[str, ...], kv_policy: str | None,
+            out: str) -> None:  # fmt: skip
     """Run the conformance scenarios on ENGINE under each policy and merge the matrix."""
     from superinfer.harness.conform.manifest import record_runs
     from superinfer.harness.conform.runner import (
@@ -67,16 +74,24 @@ def conform(engine: str, policies: str | None, scenarios: str | None, url: str |
             raise UserError(
                 f"unknown scenario {unknown[0]!r}; scenarios: {', '.join(scenario_names())}"
             )
-    base = BenchConfig(cpu_kv_ratio=0.0, url=url, backend=backend,
+    if kv_policy is not None and (not engine.startswith("sim:") or engine == "sim:hf-cpu"):
+        raise UserError(
+            f"--kv-policy: {engine} has no placement hook the conformance run can drive "
+            "(sim:vllm, sim:sglang, sim:trtllm have)"
+        )
+    base = BenchConfig(cpu_kv_ratio=0.0, url=url, backend=backend, kv_policy=kv_policy,
                        engine_options=key_values(engine_options, "--engine-option"))  # fmt: skip
     rows, columns = [], []
     for policy in split_names(policies) or default_policies(engine):
+        label = f"{policy}+kv-{kv_policy}" if kv_policy else policy
         with open_target(engine, policy, base) as target:
             got = conform_rows(target, names, progress=lambda m: click.echo(m, err=True))
-        rows += got
-        columns.append((target.engine, policy))
         for r in got:
-            click.echo(f"{target.engine:10s} {policy:11s} {r['scenario']:27s} {r['passed']:15s} "
+            r["policy"] = label
+        rows += got
+        columns.append((target.engine, label))
+        for r in got:
+            click.echo(f"{target.engine:10s} {label:11s} {r['scenario']:27s} {r['passed']:15s} "
                        f"{r['value']!s:>8s} {r['unit']}")  # fmt: skip
     out_dir = Path(out)
     write_matrix(rows, out_dir)

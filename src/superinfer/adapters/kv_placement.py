@@ -1,6 +1,7 @@
 """Prefix-cache placement plugins behind ``superinfer_kv_placement``: the reuse predictor with the
 placement planner (``reuse``), and LRU / LFU / ARC / S3-FIFO through the same planner (``lru``,
-``lfu``, ``arc``, ``s3fifo``).
+``lfu``, ``arc``, ``s3fifo``), and priority-aware LRU (``priority``: SGLang's
+``--radix-eviction-policy priority`` for any engine).
 
 They are registered in the entry-point group ``superinfer.kv_policies`` and enabled with
 ``build_plugin_manager(policy, kv_policy="reuse")``. Each plugin is its pure policy of
@@ -19,13 +20,15 @@ from superinfer.policy_core.kv_placement import (
     ReusePlacementPolicy,
     S3FifoPlacementPolicy,
 )
-from superinfer.policy_core.types import PlacementDecision, PrefixNodeView
+from superinfer.policy_core.kv_priority import PriorityPlacementPolicy
+from superinfer.policy_core.types import PlacementDecision, PrefixNodeView, RequestView
 
 __all__ = [
     "KV_POLICIES",
     "ArcPlacement",
     "LFUPlacement",
     "LRUPlacement",
+    "PriorityPlacement",
     "ReusePlacement",
     "S3FifoPlacement",
 ]
@@ -77,8 +80,26 @@ class S3FifoPlacement(_PlacementHook, S3FifoPlacementPolicy):
     (S3-FIFO, Yang et al., SOSP 2023)."""
 
 
+class PriorityPlacement(_PlacementHook, PriorityPlacementPolicy):
+    """The ``priority`` plugin:
+    :class:`~superinfer.policy_core.kv_priority.PriorityPlacementPolicy`, which learns each SLO
+    class's urgency from the requests that arrive."""
+
+    @hookimpl
+    def superinfer_request_arrived(self, request: RequestView, now_s: float) -> None:
+        """Learn the urgency of the request's SLO class."""
+        self.observe_request(request)
+
+
 #: Placement plugins by the name their entry point has.
 KV_POLICIES: dict[str, type[PlacementPolicy]] = {
     cls.name: cls
-    for cls in (LRUPlacement, LFUPlacement, ReusePlacement, ArcPlacement, S3FifoPlacement)
+    for cls in (
+        LRUPlacement,
+        LFUPlacement,
+        ReusePlacement,
+        ArcPlacement,
+        S3FifoPlacement,
+        PriorityPlacement,
+    )
 }

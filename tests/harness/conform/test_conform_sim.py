@@ -274,3 +274,17 @@ def test_bench_report_warns_when_a_policy_ignores_a_field(tmp_path: Path) -> Non
         in report
     )
     assert json.loads((out / "manifest.json").read_text())["warnings"]
+
+
+@pytest.mark.parametrize("engine", SIM_GPU_ENGINES)
+def test_priority_placement_keeps_the_urgent_prefix(engine: str) -> None:
+    # the engines' own LRU lets the chat prefix go under 4,096 tokens of batch prompts; the
+    # priority plugin evicts batch nodes first and pins the chat prefix (kv_priority.py)
+    base = BenchConfig(cpu_kv_ratio=0.0, kv_policy="priority")
+    for policy in ("fcfs", "superinfer"):
+        with _target(engine, policy) as target:
+            (lru,) = conform_rows(target, ["kv_retention"])
+        with _target(engine, policy, base) as target:
+            (row,) = conform_rows(target, ["kv_retention"])
+        assert (lru["passed"], lru["value"]) == ("fail", 0.0), (engine, policy)
+        assert (row["passed"], row["value"]) == ("pass", 1.0), (engine, policy)
