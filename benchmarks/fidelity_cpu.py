@@ -16,17 +16,27 @@ not judged).
 Usage: ``python benchmarks/fidelity_cpu.py [--src DIR ...] [--out results/fidelity]`` (default
 ``--src results/engines-cpu``; ``--src results/engines-cpu --src
 results/engines-cpu/sglang-knee`` adds the SGLang knee run's loads).
+
+``--resim ENGINE [--sim-option KEY=VALUE ...]`` replays that simulated engine's rows against the
+same real rows first (``suites_engines.resimulate``: the run's arrivals, loads, SLOs and
+step-time fit, or ``--fit FILE``'s, plus the options, e.g. ``mechanics=sglang``), so a change to
+the simulator is scored on real runs already made.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
+from superinfer.harness.errors import UserError
+from superinfer.harness.suites_engines import resimulate
 from superinfer.harness.suites_engines_fidelity import fidelity, within_count
+from superinfer.harness.suites_engines_knee import with_seq_cost
+from superinfer.harness.suites_engines_options import SIM_OF
 from superinfer.harness.suites_engines_report import aggregate
 
 #: Simulated engine -> the file its rows go to.
@@ -53,6 +63,27 @@ def split(summary: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
+def _replay(
+    summary: pd.DataFrame, src: Path, engine: str, extra: dict[str, str], args: argparse.Namespace
+) -> pd.DataFrame:
+    """``summary`` with ``engine``'s simulated rows replayed (``--resim``), if ``src`` ran its
+    real engine."""
+    real = SIM_OF[engine]
+    if not (summary["engine"] == real).any():
+        return summary
+    fit = args.fit
+    donors = [d / f"{real}_step_time.json" for d in args.seq_cost_from]
+    donors = [d for d in donors if d.is_file()]
+    if donors:
+        fit = args.out / f"{real}_step_time_{src.name}.json"
+        own = src / f"{real}_step_time.json"
+        mine, theirs = json.loads(own.read_text()), json.loads(donors[0].read_text())
+        derived = with_seq_cost(mine, theirs, str(donors[0]))
+        fit.write_text(json.dumps(derived, indent=2) + "\n")
+    kept = summary[~summary["engine"].isin((engine, real))]
+    return pd.concat([kept, resimulate(src, engine, extra, fit)], ignore_index=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -63,13 +94,35 @@ def main(argv: list[str] | None = None) -> int:
         "(their loads must not overlap) [default: results/engines-cpu]",
     )
     ap.add_argument("--out", type=Path, default=Path("results/fidelity"))
+    ap.add_argument("--resim", choices=sorted(SIM_OF), action="append", default=[],
+                    help="replay this simulated engine first, repeatable")  # fmt: skip
+    ap.add_argument("--sim-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a simulator option of --resim, repeatable")  # fmt: skip
+    ap.add_argument("--fit", type=Path, default=None,
+                    help="--resim: this step-time fit instead of each run's own")  # fmt: skip
+    ap.add_argument("--seq-cost-from", type=Path, action="append", default=[], metavar="DIR",
+                    help="--resim: each run's own fit with the per-sequence decode cost of the "
+                    "fit of the first DIR that has one for that engine (a run with the batched "
+                    "pass), scaled by the ratio of the two fits' intercepts; written to --out; "
+                    "repeatable")  # fmt: skip
     args = ap.parse_args(argv)
+    extra = {}
+    for item in args.sim_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"error: --sim-option {item!r}: expected KEY=VALUE", file=sys.stderr)
+            return 2
+        extra[key] = value
     frames = []
+    args.out.mkdir(parents=True, exist_ok=True)
     for src in args.src or [Path("results/engines-cpu")]:
         path = src / "summary.csv"
         try:
-            frames.append(pd.read_csv(path))
-        except (OSError, ValueError) as exc:
+            summary = pd.read_csv(path)
+            for engine in args.resim:
+                summary = _replay(summary, src, engine, extra, args)
+            frames.append(summary)
+        except (OSError, ValueError, KeyError, UserError) as exc:
             print(f"error: {path}: {exc}", file=sys.stderr)
             return 2
     summary = pd.concat(frames, ignore_index=True)
@@ -81,7 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {', '.join(str(s) for s in args.src or [])}: {exc}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
     for name, rows in parts.items():
         rows.to_csv(args.out / name, index=False, float_format="%.6g")
         n_in, n_judged = within_count(rows)

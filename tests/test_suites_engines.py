@@ -356,3 +356,56 @@ def test_plot_takes_equal_repeats(tmp_path) -> None:
     assert (agg["mean"] - agg["min"]).iloc[0] < 0
     _plot(agg, tmp_path / "a.png")
     assert (tmp_path / "a.png").stat().st_size > 0
+
+
+def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path) -> None:
+    import dataclasses
+    import json
+    import shutil
+
+    from superinfer.harness.suites_engines import resimulate
+
+    calibration = "results/hf/step_time_fit.json"
+    opts = suite_options(
+        {
+            "suite.engines": "sim:hf-cpu",
+            "suite.loads.hf": "0.2",
+            "suite.duration_s": "15",
+            "suite.repeats": "2",
+            "suite.hf_step_time_file": calibration,
+        }
+    )
+    sim = run_engines(BenchConfig(seed=3), opts, tmp_path / "work").summary
+    # a run folder as the suite writes it: the real hf rows (hand-made here), the manifest's
+    # options and seed, the hf fit
+    real = sim.assign(engine="hf")
+    real.to_csv(tmp_path / "summary.csv", index=False)
+    manifest = {"seed": 3, "options": dataclasses.asdict(opts)}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    shutil.copy(calibration, tmp_path / "hf_step_time.json")
+    got = resimulate(tmp_path, "sim:hf-cpu")
+    replayed = got[got["engine"] == "sim:hf-cpu"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(replayed, sim.reset_index(drop=True), check_dtype=False)
+    assert (got["engine"] == "hf").sum() == len(real)
+    # other mechanics change the simulated rows, not the real ones
+    other = resimulate(tmp_path, "sim:hf-cpu", {"mechanics": "sglang"})
+    assert (other["engine"] == "hf").sum() == len(real)
+    assert not other[other["engine"] == "sim:hf-cpu"]["ttft_p50_ms"].equals(sim["ttft_p50_ms"])
+    with pytest.raises(UserError, match="not a simulated CPU engine"):
+        resimulate(tmp_path, "hf")
+    with pytest.raises(UserError, match="sglang_step_time.json: no such file"):
+        resimulate(tmp_path, "sim:sglang-cpu")
+
+
+def test_with_seq_cost_scales_the_donor_term_by_the_intercepts() -> None:
+    from superinfer.harness.suites_engines_knee import with_seq_cost
+
+    own = {"coefficients": {"intercept": 0.06, "num_tokens": 4e-4, "num_seqs": 0.0}, "source": "a"}
+    donor = {"coefficients": {"intercept": 0.08, "num_tokens": 5e-4, "num_seqs": 0.004}}
+    got = with_seq_cost(own, donor, "run-b")
+    assert got["coefficients"] == {"intercept": 0.06, "num_tokens": 4e-4, "num_seqs": 0.003}
+    assert got["source"] == (
+        "a; per-sequence decode cost 4.00 ms from run-b (batched pass) x 0.750, the ratio of "
+        "the two intercepts"
+    )
+    assert own["coefficients"]["num_seqs"] == 0.0  # not modified

@@ -30,6 +30,9 @@ def test_engine_options_parse_and_reject_unknown_keys() -> None:
         hf_options({"num_blocks": "x"})
     with pytest.raises(UserError, match="max_num_seqs must be >= 1, got 0"):
         hf_options({"max_num_seqs": "0"})
+    assert hf_options({"mechanics": "sglang"}).mechanics == "sglang"
+    with pytest.raises(UserError, match="mechanics='vllm': one of hf, sglang"):
+        hf_options({"mechanics": "vllm"})
 
 
 def test_cpu_engines_get_the_small_workload_by_default() -> None:

@@ -9,7 +9,7 @@ import pytest
 from superinfer.sim.config import SimConfig
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.hf_cpu import HOST_CPU, SIM_HF_CPU, SMOLLM2_135M, hf_cpu_sim_config
-from superinfer.sim.profiles import PROFILES, SIM_TRTLLM
+from superinfer.sim.profiles import PROFILES, SIM_SGLANG, SIM_TRTLLM
 from superinfer.sim.registry import (
     FAMILIES,
     HF_CPU,
@@ -70,6 +70,18 @@ def test_hf_cpu_config_is_what_run_sim_hf_cpu_cell_builds() -> None:
     assert got == want
     default = hf_cpu_sim_config()
     assert default.profile == SIM_HF_CPU
+    # SGLang's mechanics at the same limits: its prefill batches, admission and radix cache
+    sg = hf_cpu_sim_config(page_size_tokens=16, num_blocks=64, max_batch_tokens=512,
+                           max_num_seqs=8, mechanics="sglang").profile  # fmt: skip
+    assert (sg.name, sg.block_size_tokens, sg.token_budget, sg.max_num_seqs) == (
+        "sim:hf-cpu", 16, 512, 8,
+    )  # fmt: skip
+    assert (sg.mixed_batches, sg.admission, sg.prefix_cache) == (
+        SIM_SGLANG.mixed_batches, SIM_SGLANG.admission, "radix",
+    )  # fmt: skip
+    assert (sg.reserve_ratio_init, sg.cpu_kv_ratio, sg.kv_memory) == (0.7, 0.0, "utilization")
+    with pytest.raises(ValueError, match="mechanics 'x': one of hf, sglang"):
+        hf_cpu_sim_config(mechanics="x")
     assert default.num_gpu_blocks_override == 256
     assert (default.model, default.gpu, default.tp, default.replicas) == (
         SMOLLM2_135M,

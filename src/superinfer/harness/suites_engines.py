@@ -76,6 +76,7 @@ __all__ = [
     "batched_workload",
     "lone_workload",
     "mix_workload",
+    "resimulate",
     "run_engines",
     "run_engines_suite",
 ]
@@ -324,9 +325,13 @@ def _sim_cells(
     fit_file: Path,
     progress: Callable[[str], None],
     found: Mapping[str, tuple[float, ...]],
+    extra: Mapping[str, str] | None = None,
 ) -> list[pd.DataFrame]:
+    """The simulated rows of ``engine`` (``sim:hf-cpu`` or ``sim:sglang-cpu``) at the loads
+    ``found`` for its real engine, one frame per (repeat, load), with step time ``fit_file``;
+    ``extra``: more engine options of the simulator (``benchmarks/fidelity_resim.py``)."""
     limits = SIM_SGLANG_LIMITS if engine == SIM_SGLANG else {}
-    eopts = {**limits, "step_time_file": str(fit_file)}
+    eopts = {**limits, "step_time_file": str(fit_file), **(extra or {})}
     frames = []
     cfg = replace(
         _base(config, "sim:hf-cpu", "fcfs", engine_options=eopts),
@@ -467,6 +472,48 @@ def run_engines(
     probes = [*lones, *batched.values()]
     lone = pd.concat(probes, ignore_index=True) if probes else pd.DataFrame()
     return EnginesResult(summary, lone, info)
+
+
+def resimulate(
+    src: Path, engine: str, extra: Mapping[str, str] | None = None, fit: Path | None = None
+) -> pd.DataFrame:
+    """Replay the simulated rows of ``engine`` (``sim:hf-cpu`` or ``sim:sglang-cpu``) against
+    the real rows of a finished suite run in ``src`` (its ``summary.csv``, ``manifest.json`` and
+    ``<real engine>_step_time.json``), with more simulator options ``extra`` (e.g.
+    ``mechanics=sglang``): the same arrivals per repeat, loads, SLOs and step-time fit (or the
+    fit in ``fit``, e.g. one from a later run's lone and batched passes).
+
+    Returns:
+        ``src``'s summary rows of the real engine followed by the new simulated rows (the
+        columns of ``summary.csv``), for ``suites_engines_fidelity.fidelity``.
+
+    Raises:
+        UserError: ``src`` lacks a file, or ``engine`` is not a simulated CPU engine.
+    """
+    if engine not in SIM_OF:
+        raise UserError(f"{engine}: not a simulated CPU engine ({', '.join(SIM_OF)})")
+    real = SIM_OF[engine]
+    paths = [src / "summary.csv", src / "manifest.json", fit or src / f"{real}_step_time.json"]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise UserError(f"{missing[0]}: no such file (a `bench --suite engines` run folder?)")
+    summary = pd.read_csv(paths[0])
+    manifest = json.loads(paths[1].read_text())
+    known = {f.name for f in dataclasses.fields(SuiteOptions)}
+    kwargs: dict[str, Any] = {}
+    for key, value in manifest.get("options", {}).items():
+        if key in known:
+            if isinstance(value, list):
+                value = tuple(value)
+            elif isinstance(value, dict):
+                value = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
+            kwargs[key] = value
+    opts = SuiteOptions(**kwargs)
+    ran = summary[summary["engine"] == real]
+    found = {real: tuple(sorted(float(x) for x in ran["load"].unique()))}
+    config = BenchConfig(seed=int(manifest.get("seed", 0)))
+    frames = _sim_cells(config, engine, opts, paths[2], lambda _m: None, found, extra)
+    return pd.concat([ran, *frames], ignore_index=True)
 
 
 def run_engines_suite(

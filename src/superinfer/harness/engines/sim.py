@@ -218,6 +218,7 @@ def run_sim_hf_cpu_cell(
         num_blocks=opts.num_blocks,
         max_batch_tokens=opts.max_batch_tokens,
         max_num_seqs=opts.max_num_seqs,
+        mechanics=opts.mechanics,
     )
     pm = policy_manager(policy, config.policy_options.get(policy), plugins=plugins)
     wall = time.perf_counter()
@@ -245,5 +246,6 @@ def run_sim_hf_cpu_cell(
         "kv_capacity_gb": opts.num_blocks * block_bytes / 1e9,
         "step_time": step_time.to_dict(),
         "step_time_file": opts.step_time_file,
+        "mechanics": opts.mechanics,
     }
     return CellResult(df, peaks, timeline, info)
