@@ -1,7 +1,8 @@
 """CPU time per placement decision of the offline cache policies: one decision = serving one
 request's blocks and bringing the cache back within capacity (for ``adaptive``: its five shadow
 caches included). Measured with ``time.process_time`` (CPU time of this process, so a stopped or
-descheduled process does not inflate it), on each trace at HBM capacity 0.1 without a CPU tier.
+descheduled process does not inflate it), on each trace at each HBM capacity of ``--capacity``
+(a comma list; default 0.1) without a CPU tier.
 
 Writes ``results/cache/decision_cost.csv`` (trace, policy, capacity_frac, requests,
 block_references, cpu_s, us_per_request, us_per_block, load_avg_1m).
@@ -27,14 +28,15 @@ POLICIES = ("lru", "lfu", "arc", "s3fifo", "learned", "adaptive")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", default="mooncake,gen-multi-turn,gen-agentic")
-    parser.add_argument("--capacity", type=float, default=0.1)
+    parser.add_argument("--capacity", default="0.1", help="comma list of HBM fractions")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--out", default="results/cache")
     args = parser.parse_args()
     rows = []
-    for name in args.traces.split(","):
+    cells = [(n, float(c)) for n in args.traces.split(",") for c in args.capacity.split(",")]
+    for name, frac in cells:
         tr = load_cache_trace(name)
-        cap = max(1, int(args.capacity * tr.num_unique))
+        cap = max(1, int(frac * tr.num_unique))
         parent, depth = tr.parent.tolist(), tr.depth.tolist()
         off, flat, arrival = tr.offsets.tolist(), tr.blocks.tolist(), tr.arrival_s.tolist()
         for policy in args.policies.split(","):
@@ -45,7 +47,7 @@ def main() -> None:
                 cache.prefix_hit(blocks)
                 cache.request(blocks, arrival[r])
             cpu = time.process_time() - start
-            rows.append({"trace": name, "policy": policy, "capacity_frac": args.capacity,
+            rows.append({"trace": name, "policy": policy, "capacity_frac": frac,
                          "requests": tr.num_requests, "block_references": len(flat),
                          "cpu_s": round(cpu, 3), "us_per_request": 1e6 * cpu / tr.num_requests,
                          "us_per_block": 1e6 * cpu / len(flat),

@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 
 from superinfer.policy_core.types import KVLocation, Placement, PlacementDecision, PrefixNodeView
 
-__all__ = ["ScoreFn", "PlacementPlan", "PlacementPlanner", "parent_index"]
+__all__ = ["ScoreFn", "PlacementPlan", "PlacementPlanner", "eviction_order", "parent_index"]
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -261,6 +261,28 @@ def parent_index(nodes: Sequence[PrefixNodeView], index: Mapping[str, int]) -> I
         (index.get(nd.parent_id, -1) if nd.parent_id is not None else -1 for nd in nodes),
         np.int64,
         len(nodes),
+    )
+
+
+def eviction_order(
+    score: FloatArray | ScoreFn, parent: IntArray, depth: IntArray, need: int
+) -> IntArray:
+    """The first ``need`` nodes (one block each, all in HBM, none in use) that repeated leaf
+    eviction takes, in the order it takes them: what :meth:`PlacementPlanner.plan_arrays` drops
+    for ``needed_hbm_blocks=need`` without a CPU tier, ordered (its first ``k`` are the plan for
+    ``k``, as the eviction is greedy). Shapes as in :meth:`PlacementPlanner.plan_arrays`; fewer
+    than ``need`` when fewer nodes exist."""
+    n = len(parent)
+    every = np.ones(n, dtype=bool)
+    return _evict_leaves(
+        _Scores(score, parent),
+        depth,
+        parent,
+        np.ones(n, dtype=np.int64),
+        np.zeros(n, dtype=bool),
+        member=every,
+        eligible=every,
+        need=need,
     )
 
 

@@ -7,12 +7,14 @@ offers one call per request, :meth:`BlockCache.request`, which makes every block
 cached and returns the blocks that left to bring the cache back within ``capacity``.
 
 - :class:`HeapCache` -- LRU (key: last access instant) or LFU (key: accesses since insertion,
-  then last access), ties deeper first then by id, the placement planner's order.
-- :class:`ArcBlocks`, :class:`S3FifoBlocks` -- ARC and S3-FIFO
+  then last access), ties deeper first then by id, the placement planner's order; and
+  :class:`ArcBlocks`, :class:`S3FifoBlocks` -- ARC and S3-FIFO
   (:mod:`superinfer.policy_core.kv_baselines`), fed a request's blocks deepest first, so that
-  inside a request a parent is more recent than its child.
+  inside a request a parent is more recent than its child (all three in
+  :mod:`superinfer.policy_core.reuse_blocks`, re-exported here).
 - :class:`LearnedCache` -- the learned reuse predictor (:mod:`superinfer.policy_core.reuse`)
-  through the placement planner.
+  in the placement planner's eviction order, its O(cache) plan amortized over requests
+  (:mod:`superinfer.policy_core.reuse_learned`, re-exported here).
 - :class:`AdaptiveCache` -- the adaptive reuse predictor. It runs the simple policies above and
   the learned one as shadow caches of the same capacity on the same requests (ids only, no KV),
   scores each by its exponentially decayed prefix-hit blocks (half-life ``half_life_blocks``
@@ -24,9 +26,9 @@ cached and returns the blocks that left to bring the cache back within ``capacit
   another policy's score exceeds the leader's by ``switch_margin`` (in hit rate over the decayed
   window), so it adapts when the structure shifts. With a CPU tier, each shadow also keeps an LRU
   of its HBM victims as large as the CPU tier and is scored by its hits in both. The per-request
-  work is the simple shadow caches' (O(blocks) each, amortized), the learned one's (O(cache)
-  numpy work per eviction) and O(log cache) per eviction of its own; a switch costs one O(cache)
-  pass.
+  work is the simple shadow caches' (O(blocks) each, amortized), the learned one's (O(blocks)
+  plus an O(cache) plan every ``lookahead`` evictions) and O(log cache) per eviction of its own;
+  a switch costs one O(cache) pass.
 
 Pure: stdlib and numpy.
 """
@@ -40,12 +42,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-import numpy as np
-from numpy.typing import NDArray
-
-from superinfer.policy_core.kv_baselines import ArcCache, S3FifoCache
-from superinfer.policy_core.kv_placement_plan import PlacementPlanner
-from superinfer.policy_core.reuse import NodeColumns, ReusePredictor, ReusePredictorConfig
+from superinfer.policy_core.reuse_blocks import ArcBlocks, BlockCache, HeapCache, S3FifoBlocks
+from superinfer.policy_core.reuse_learned import LearnedCache
 
 __all__ = [
     "ADAPTIVE_EXPERTS",
@@ -58,140 +56,6 @@ __all__ = [
     "S3FifoBlocks",
     "make_block_cache",
 ]
-
-
-class BlockCache:
-    """A block cache of ``capacity`` blocks over a prefix forest.
-
-    Args:
-        capacity: blocks kept (>= 1).
-        parent: shape (U,), each block's parent id, -1 for a first block.
-        depth: shape (U,), each block's index in its prompts.
-    """
-
-    name = "base"
-
-    def __init__(self, capacity: int, parent: Sequence[int], depth: Sequence[int]) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        self.capacity = capacity
-        self.parent = list(parent)
-        self.depth = list(depth)
-        self.kids = [0] * len(self.parent)  # cached children per block
-
-    def __contains__(self, block: object) -> bool:
-        raise NotImplementedError
-
-    def prefix_hit(self, blocks: Sequence[int]) -> int:
-        """Leading blocks of ``blocks`` cached now."""
-        k = 0
-        while k < len(blocks) and blocks[k] in self:
-            k += 1
-        return k
-
-    def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
-        """Serve one request (blocks root first); returns the blocks that left the cache."""
-        raise NotImplementedError
-
-    def _entered(self, b: int) -> None:
-        p = self.parent[b]
-        if p >= 0:
-            self.kids[p] += 1
-
-    def _left(self, b: int) -> None:
-        p = self.parent[b]
-        if p >= 0:
-            self.kids[p] -= 1
-
-    def _leaf(self, b: int) -> bool:
-        return self.kids[b] == 0
-
-
-class HeapCache(BlockCache):
-    """LRU (``lfu=False``) or LFU with lazy heaps: the least key leaves first; a key never
-    increases from a parent to its child, so the least key is a leaf."""
-
-    def __init__(
-        self, capacity: int, parent: Sequence[int], depth: Sequence[int], *, lfu: bool = False
-    ) -> None:
-        super().__init__(capacity, parent, depth)
-        self.lfu = lfu
-        self.name = "lfu" if lfu else "lru"
-        self.key: list[tuple[float, ...] | None] = [None] * len(self.parent)
-        self.count = [0] * len(self.parent)
-        self.heap: list[tuple[float, ...]] = []
-        self.size = 0
-
-    def __contains__(self, block: object) -> bool:
-        return self.key[cast(int, block)] is not None
-
-    def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
-        for b in blocks:
-            if self.key[b] is None:
-                self.size += 1
-                self.count[b] = 1
-                self._entered(b)
-            else:
-                self.count[b] += 1
-            k = (
-                (self.count[b], now_s, -self.depth[b], b)
-                if self.lfu
-                else (now_s, -self.depth[b], b)
-            )
-            self.key[b] = k
-            heapq.heappush(self.heap, k)
-        out: list[int] = []
-        while self.size > self.capacity and self.heap:
-            entry = heapq.heappop(self.heap)
-            b = int(entry[-1])
-            if self.key[b] == entry:
-                self.key[b] = None
-                self.size -= 1
-                self._left(b)
-                out.append(b)
-        return out
-
-
-class _KeyedAlgo(BlockCache):
-    """A :mod:`kv_baselines` algorithm fed a request's blocks deepest first."""
-
-    algo: ArcCache[int] | S3FifoCache[int]
-
-    def __contains__(self, block: object) -> bool:
-        return block in self.algo
-
-    def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
-        out: list[int] = []
-        for b in reversed(blocks):
-            was = b in self.algo
-            gone = self.algo.access(b)
-            if not was:
-                self._entered(b)
-            for v in gone:
-                self._left(v)
-            out.extend(gone)
-        return out
-
-
-class ArcBlocks(_KeyedAlgo):
-    """ARC over blocks (leaves only)."""
-
-    name = "arc"
-
-    def __init__(self, capacity: int, parent: Sequence[int], depth: Sequence[int]) -> None:
-        super().__init__(capacity, parent, depth)
-        self.algo = ArcCache(capacity, evictable=self._leaf)
-
-
-class S3FifoBlocks(_KeyedAlgo):
-    """S3-FIFO over blocks (leaves only)."""
-
-    name = "s3fifo"
-
-    def __init__(self, capacity: int, parent: Sequence[int], depth: Sequence[int]) -> None:
-        super().__init__(capacity, parent, depth)
-        self.algo = S3FifoCache(capacity, evictable=self._leaf)
-
 
 #: The shadow policies of :class:`AdaptiveCache`, in tie-break order (first wins a tie).
 ADAPTIVE_EXPERTS = ("lru", "arc", "s3fifo", "lfu", "learned")
@@ -379,100 +243,6 @@ class AdaptiveCache(BlockCache):
             "switches": [f"{n}:{a}->{b}" for n, a, b in self.switches[:20]],
             "scores": {k: round(v, 1) for k, v in self.scores.items()},
         }
-
-
-class LearnedCache(BlockCache):
-    """The learned reuse predictor of :mod:`superinfer.policy_core.reuse` (logistic model of
-    P(reused within the cache's characteristic time), LRU until calibrated) evicting through the
-    :class:`~superinfer.policy_core.kv_placement_plan.PlacementPlanner`, as ``cache-eval``'s
-    ``predictor`` replays it without a CPU tier; O(cache) numpy work per eviction."""
-
-    name = "learned"
-
-    def __init__(
-        self,
-        capacity: int,
-        parent: Sequence[int],
-        depth: Sequence[int],
-        tokens: Sequence[int] | None = None,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(capacity, parent, depth)
-        u = len(self.parent)
-        self.model = ReusePredictor(ReusePredictorConfig(seed=seed))
-        self.planner = PlacementPlanner()
-        self._parent = np.asarray(self.parent, dtype=np.int64)
-        self._depth = np.asarray(self.depth, dtype=np.int64)
-        self._tokens = np.ones(u) if tokens is None else np.asarray(tokens, dtype=np.float64)
-        self.cached = np.zeros(u, dtype=bool)
-        self.last = np.full(u, -np.inf)
-        self.first = np.zeros(u)
-        self.accesses = np.zeros(u)
-        self.interval = np.full(u, np.nan)
-        self.pos = np.full(u, -1, dtype=np.int64)
-        self.size = 0
-
-    def __contains__(self, block: object) -> bool:
-        return bool(self.cached[cast(int, block)])
-
-    def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
-        b = np.asarray(blocks, dtype=np.int64)
-        w = self.model.config.interval_weight
-        seen = self.last[b] > -np.inf
-        gap = now_s - self.last[b]
-        old = self.interval[b]
-        self.interval[b] = np.where(
-            seen, np.where(np.isnan(old), gap, w * gap + (1 - w) * old), np.nan
-        )
-        self.first[b[~seen]] = now_s
-        self.last[b] = now_s
-        self.accesses[b] += 1
-        self.size += int((~self.cached[b]).sum())
-        self.cached[b] = True
-        need = self.size - self.capacity
-        if need <= 0:
-            return []
-        cached = np.flatnonzero(self.cached)
-        self.pos[cached] = np.arange(len(cached))
-        par = self._parent[cached]
-        ppos = np.where(par >= 0, self.pos[np.maximum(par, 0)], -1)
-        children = np.bincount(ppos[ppos >= 0], minlength=len(cached)).astype(np.float64)
-
-        def cols_of(idx: NDArray[np.int64]) -> NodeColumns:
-            c = cached[idx]
-            return NodeColumns(
-                age_s=now_s - self.last[c],
-                since_first_s=now_s - self.first[c],
-                num_accesses=self.accesses[c],
-                interval_ewma_s=self.interval[c],
-                depth=self._depth[c].astype(np.float64),
-                tokens_per_block=self._tokens[c],
-                num_children=children[idx],
-            )
-
-        self.model.learn(now_s, lambda keys: self.last[keys])
-        sample = self.model.sample_indices(len(cached))
-        self.model.add_samples(cached[sample], cols_of(sample), now_s)
-        plan = self.planner.plan_arrays(
-            score=lambda idx: self.model.scores(cols_of(idx)),
-            parent=ppos,
-            depth=self._depth[cached],
-            num_blocks=np.ones(len(cached), dtype=np.int64),
-            in_hbm=np.ones(len(cached), dtype=bool),
-            needed_hbm_blocks=need,
-            free_hbm_blocks=0,
-            free_cpu_blocks=0,
-            total_hbm_blocks=self.capacity,
-            has_cpu_tier=False,
-            calibrated=self.model.calibrated,
-            pins=False,
-        )
-        gone = cached[plan.drop]
-        self.cached[gone] = False
-        self.size -= len(gone)
-        self.model.observe_evictions(now_s - self.last[gone])
-        out: list[int] = gone.tolist()
-        return out
 
 
 def make_block_cache(

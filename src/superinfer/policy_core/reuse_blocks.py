@@ -1,0 +1,193 @@
+"""Block-level prefix caches that process whole requests: the simple policies.
+
+Every cache here holds KV blocks identified by dense ids ``0..U-1`` of a prefix forest
+(``parent[b]``: the block before ``b`` in every prompt holding it, -1 for a first block), keeps
+its HBM content prefix-closed (a block leaves only when none of its children is cached) and
+offers one call per request, :meth:`BlockCache.request`, which makes every block of the request
+cached and returns the blocks that left to bring the cache back within ``capacity``.
+
+- :class:`HeapCache` -- LRU (key: last access instant) or LFU (key: accesses since insertion,
+  then last access), ties deeper first then by id, the placement planner's order.
+- :class:`ArcBlocks`, :class:`S3FifoBlocks` -- ARC and S3-FIFO
+  (:mod:`superinfer.policy_core.kv_baselines`), fed a request's blocks deepest first, so that
+  inside a request a parent is more recent than its child.
+
+The learned predictor's cache is :class:`superinfer.policy_core.reuse_learned.LearnedCache`,
+the adaptive one's :class:`superinfer.policy_core.reuse_adaptive.AdaptiveCache`. Pure stdlib.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from typing import cast
+
+from superinfer.policy_core.kv_baselines import ArcCache, S3FifoCache
+
+__all__ = ["ArcBlocks", "BlockCache", "HeapCache", "S3FifoBlocks"]
+
+
+class BlockCache:
+    """A block cache of ``capacity`` blocks over a prefix forest.
+
+    Args:
+        capacity: blocks kept (>= 1).
+        parent: shape (U,), each block's parent id, -1 for a first block.
+        depth: shape (U,), each block's index in its prompts.
+    """
+
+    name = "base"
+
+    def __init__(self, capacity: int, parent: Sequence[int], depth: Sequence[int]) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.parent = list(parent)
+        self.depth = list(depth)
+        self.kids = [0] * len(self.parent)  # cached children per block
+
+    def __contains__(self, block: object) -> bool:
+        raise NotImplementedError
+
+    def prefix_hit(self, blocks: Sequence[int]) -> int:
+        """Leading blocks of ``blocks`` cached now."""
+        k = 0
+        while k < len(blocks) and blocks[k] in self:
+            k += 1
+        return k
+
+    def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
+        """Serve one request (blocks root first); returns the blocks that left the cache."""
+        raise NotImplementedError
+
+    def content(self) -> list[int]:
+        """The cached blocks, by id (O(U))."""
+        return [b for b in range(len(self.parent)) if b in self]
+
+    def _entered(self, b: int) -> None:
+        p = self.parent[b]
+        if p >= 0:
+            self.kids[p] += 1
+
+    def _left(self, b: int) -> None:
+        p = self.parent[b]
+        if p >= 0:
+            self.kids[p] -= 1
+
+    def _leaf(self, b: int) -> bool:
+        return self.kids[b] == 0
+
+
+class HeapCache(BlockCache):
+    """LRU (``lfu=False``) or LFU with lazy heaps: the least key leaves first; a key never
+    increases from a parent to its child, so the least key is a leaf."""
+
+    def __init__(
+        self, capacity: int, parent: Sequence[int], depth: Sequence[int], *, lfu: bool = False
+    ) -> None:
+        super().__init__(capacity, parent, depth)
+        self.lfu = lfu
+        self.name = "lfu" if lfu else "lru"
+        self.key: list[tuple[float, ...] | None] = [None] * len(self.parent)
+        self.count = [0] * len(self.parent)
+        self.heap: list[tuple[float, ...]] = []
+        self.size = 0
+
+    def __contains__(self, block: object) -> bool:
+        return self.key[cast(int, block)] is not None
+
+    def prefix_hit(self, blocks: Sequence[int]) -> int:
+        key, k, n = self.key, 0, len(blocks)
+        while k < n and key[blocks[k]] is not None:
+            k += 1
+        return k
+
+    def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
+        # The bookkeeping of BlockCache._entered / _left inlined (the hottest loop of a replay).
+        key, count, depth, parent, kids = self.key, self.count, self.depth, self.parent, self.kids
+        heap, push, lfu = self.heap, heapq.heappush, self.lfu
+        size = self.size
+        for b in blocks:
+            if key[b] is None:
+                size += 1
+                count[b] = 1
+                p = parent[b]
+                if p >= 0:
+                    kids[p] += 1
+            else:
+                count[b] += 1
+            k = (count[b], now_s, -depth[b], b) if lfu else (now_s, -depth[b], b)
+            key[b] = k
+            push(heap, k)
+        out: list[int] = []
+        pop = heapq.heappop
+        while size > self.capacity and heap:
+            entry = pop(heap)
+            v = int(entry[-1])
+            if key[v] == entry:
+                key[v] = None
+                size -= 1
+                p = parent[v]
+                if p >= 0:
+                    kids[p] -= 1
+                out.append(v)
+        self.size = size
+        return out
+
+
+class _KeyedAlgo(BlockCache):
+    """A :mod:`kv_baselines` algorithm fed a request's blocks deepest first."""
+
+    algo: ArcCache[int] | S3FifoCache[int]
+    #: The algorithm's dicts whose keys are the cached blocks (membership without a call).
+    _held: tuple[Mapping[int, object], Mapping[int, object]]
+
+    def __contains__(self, block: object) -> bool:
+        return block in self.algo
+
+    def prefix_hit(self, blocks: Sequence[int]) -> int:
+        m1, m2 = self._held
+        k, n = 0, len(blocks)
+        while k < n and (blocks[k] in m1 or blocks[k] in m2):
+            k += 1
+        return k
+
+    def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
+        out: list[int] = []
+        m1, m2 = self._held
+        access, parent, kids = self.algo.access, self.parent, self.kids
+        for b in reversed(blocks):
+            was = b in m1 or b in m2
+            gone = access(b)
+            if not was:
+                p = parent[b]
+                if p >= 0:
+                    kids[p] += 1
+            for v in gone:
+                p = parent[v]
+                if p >= 0:
+                    kids[p] -= 1
+            out.extend(gone)
+        return out
+
+
+class ArcBlocks(_KeyedAlgo):
+    """ARC over blocks (leaves only)."""
+
+    name = "arc"
+
+    def __init__(self, capacity: int, parent: Sequence[int], depth: Sequence[int]) -> None:
+        super().__init__(capacity, parent, depth)
+        self.algo = ArcCache(capacity, evictable=self._leaf)
+        self._held = (self.algo.t1, self.algo.t2)
+
+
+class S3FifoBlocks(_KeyedAlgo):
+    """S3-FIFO over blocks (leaves only)."""
+
+    name = "s3fifo"
+
+    def __init__(self, capacity: int, parent: Sequence[int], depth: Sequence[int]) -> None:
+        super().__init__(capacity, parent, depth)
+        self.algo = S3FifoCache(capacity, evictable=self._leaf)
+        self._held = (self.algo.freq, {})
