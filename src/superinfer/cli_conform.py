@@ -61,6 +61,7 @@ def conform(engine: str, policies: str | None, scenarios: str | None, url: str |
         conform_rows,
         default_policies,
         open_target,
+        takes_kv_policy,
         write_matrix,
     )
     from superinfer.harness.conform.scenarios import scenario_names
@@ -74,7 +75,7 @@ def conform(engine: str, policies: str | None, scenarios: str | None, url: str |
             raise UserError(
                 f"unknown scenario {unknown[0]!r}; scenarios: {', '.join(scenario_names())}"
             )
-    if kv_policy is not None and (not engine.startswith("sim:") or engine == "sim:hf-cpu"):
+    if kv_policy is not None and not takes_kv_policy(engine):
         raise UserError(
             f"--kv-policy: {engine} has no placement hook the conformance run can drive "
             "(sim:vllm, sim:sglang, sim:trtllm have)"

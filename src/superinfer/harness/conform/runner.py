@@ -101,6 +101,16 @@ def _kind(engine: str) -> str:
         raise UserError(f"unknown engine {engine!r} for conform; engines: {known}") from None
 
 
+def takes_kv_policy(engine: str) -> bool:
+    """Whether ``engine``'s conformance runs can drive a placement plugin (``--kv-policy``): the
+    simulated GPU engines, whose prefix cache asks ``superinfer_kv_placement``.
+
+    Raises:
+        UserError: an unknown engine.
+    """
+    return _kind(engine) == "sim-gpu"
+
+
 def _declared(engine: str, policy: str) -> frozenset[str] | None:
     kind = _kind(engine)
     if kind in ("live", "llamacpp"):
