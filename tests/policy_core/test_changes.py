@@ -61,11 +61,13 @@ def test_the_tracker_names_arrivals_departures_moves_and_changed_views_exactly()
     assert second.changes == StepChanges(
         tracker.series, 2, 1,
         waiting=QueueChanges(arrived=frozenset({"d"}), left=frozenset({"b"})),
-        running=QueueChanges(arrived=frozenset({"b"}), changed=frozenset({"c"})),
+        running=QueueChanges(arrived=frozenset({"b"}), changed=frozenset({"c"}),
+                             irregular=frozenset({"c"})),  # a prefill's progress: irregular
     )  # fmt: skip
     third = tracker.stamp(_state(waiting=[replace(a, prefix_hit_tokens=16), d]))
     assert third.changes is not None
-    assert third.changes.waiting == QueueChanges(changed=frozenset({"a"}))
+    assert third.changes.waiting == QueueChanges(changed=frozenset({"a"}),
+                                                 irregular=frozenset({"a"}))  # fmt: skip
     assert third.changes.running == QueueChanges(left=frozenset({"b", "c"}))
     assert assert_change_sets_exact([first, second, third]) == 3
     assert ViewTracker().series != tracker.series
