@@ -6,7 +6,8 @@ definition it must equal, and the policy side that keeps queue orders from it.
   ``queue_of``, ``changes``). The diff runs in C-level dict and identity operations, so it
   costs a few tens of ns per queued request and allocates nothing per request; only views that
   are new objects are compared field by field (an engine that caches views, as the
-  simulator does, makes an unchanged request cost one identity check).
+  simulator does, makes an unchanged request cost one identity check), which also sorts each
+  change into a decode advance or an irregular one (:func:`decode_advance`).
 * :func:`diff_states`: the definition: the difference of two full snapshots, by value. Tests
   check every engine's change set against it.
 * :class:`RankedQueue` (policies): one queue of one replica kept in key order across states,

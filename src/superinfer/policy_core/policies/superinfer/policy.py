@@ -70,7 +70,9 @@ class SuperInferPolicy(_Rotation):
     def schedule(self, state: StepState) -> ScheduleDecision:
         """Decide one step of ``state.replica``.
 
-        Work per call: one pass over ``state.running``; heap operations for the requests whose
+        Work per call: a visit of the running requests the change set names (arrivals,
+        irregular changes, due checks, decodes at a KV-block or quantum boundary; all of them
+        without a usable change set: ``running.py``); heap operations for the requests whose
         checks fall due, that are admitted, resumed, preempted or shed; a scan of
         ``state.waiting`` only when the policy's books disagree with it (a request it was not
         told about) or to read the new views of requests it preempted.
