@@ -261,3 +261,26 @@ def test_every_policy_decides_the_same_with_and_without_change_sets(name: str, s
             s1.now_s, s1.waiting, s1.running, s1.swapped)  # fmt: skip
         assert d0 == d1
     assert any(d.preempt for _, d in plain) or name in ("lpm", "fcfs")
+
+
+def test_superinfer_resynchronizes_when_a_hook_forgets_a_request_still_running() -> None:
+    """An abort the engine has not yet carried out (the request still runs in the next state):
+    the running books rebuild and decide as without change sets (the request is adopted)."""
+    decisions = []
+    for stamp in (False, True):
+        policy = make_policy(available_policies()["superinfer"].load(), {}, "superinfer")
+        tracker = ViewTracker()
+        first = [_decoding("a", 1), _decoding("b", 1)]
+        for v in first:
+            policy.on_request_arrived(v, 0.0)
+        out = []
+        for step, views in enumerate([first, [_decoding("a", 2), _decoding("b", 2)]]):
+            state = _state(running=views, now=float(step))
+            out.append(policy.schedule(tracker.stamp(state) if stamp else state))
+            if step == 0:
+                policy.on_request_aborted(first[0], 0.5, "client gone")
+        decisions.append(out)
+        if stamp:
+            assert policy.__dict__["_run_rebuilds"] == 2
+    assert decisions[0] == decisions[1]
+    assert decisions[1][1].num_tokens == {"a": 1, "b": 1}

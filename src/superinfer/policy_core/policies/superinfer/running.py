@@ -50,6 +50,9 @@ class _RunBooks:
         self.tpot: dict[float, _TpotHeap] = {}  # TPOT target (s) -> its decodes' keys
         self.tkey: dict[str, tuple[float, float, int]] = {}  # id -> its (tpot, first, g) key
         self.last_out: tuple[str, ...] = ()  # ids the last decision preempted
+        self.gone: list[str] = []  # ids in ``order`` whose entry a hook forgot since
+        self.bs = 16  # the state's block size, tokens
+        self.growers: list[tuple[int, _Entry, int]] = []  # (position, entry, blocks) this call
         self.positions = itertools.count()
 
 
@@ -100,6 +103,14 @@ class _Running(_Promotion):
             books = store[rep.index] = _RunBooks(self.num_tiers)
         return books
 
+    def _forget(self, rid: str) -> None:
+        e = self._entries.get(rid)
+        if e is not None:
+            books = self.__dict__.get("_run_books", {}).get(e.replica)
+            if books is not None and rid in books.order:
+                books.gone.append(rid)
+        super()._forget(rid)
+
     def _scan_running(
         self, rep: _Replica, step: _Step, now: float
     ) -> tuple[_Decodes, list[_Entry], float, int]:
@@ -108,17 +119,17 @@ class _Running(_Promotion):
         decodes, s, and the KV blocks the decodes' next tokens need."""
         state = step.state
         books = self._books(rep)
-        growers: list[tuple[int, _Entry, int]] = []
+        books.growers = []
         visit = self._visit_running
-        todo = self._advance_books(rep, books, state, now, growers)
+        todo = self._advance_books(rep, books, state)
         visited: list[_Entry] = []
         if todo is None:  # rebuild: visit every running request, as without a change set
             self.__dict__["_run_rebuilds"] = self.__dict__.get("_run_rebuilds", 0) + 1
-            growers.clear()
             books = self.__dict__["_run_books"][rep.index] = _RunBooks(self.num_tiers)
+            books.bs = state.block_size_tokens
             rep.run_due = []
             for v in state.running:
-                visited.append(visit(rep, step, books, v, now, growers))
+                visited.append(visit(rep, step, books, v, now))
             rep.run_due = [
                 (e.next_check_s, e.rid, e.check_version) for e in visited if e.next_check_s < _INF
             ]
@@ -127,7 +138,7 @@ class _Running(_Promotion):
             views, order = state.views, books.order
             assert views is not None  # _advance_books checked
             for rid in sorted(todo, key=order.__getitem__):
-                visit(rep, step, books, views[rid], now, growers)
+                visit(rep, step, books, views[rid], now)
         ch = state.changes
         books.at = None if ch is None or state.views is None else (ch.series, ch.seq)
         due = rep.run_due
@@ -140,6 +151,7 @@ class _Running(_Promotion):
             heapq.heappop(due)
         rep.next_running_check_s = due[0][0] if due else _INF
         step.worst_tier = max((t for t, c in enumerate(books.run_count) if c), default=-1)
+        growers = books.growers
         growers.sort(key=lambda g: g[0])
         order = books.order
         if books.prefilling:
@@ -157,24 +169,20 @@ class _Running(_Promotion):
 
     # -- the books --------------------------------------------------------------------------
 
-    def _advance_books(
-        self,
-        rep: _Replica,
-        books: _RunBooks,
-        state: StepState,
-        now: float,
-        growers: list[tuple[int, _Entry, int]],
-    ) -> set[str] | None:
+    def _advance_books(self, rep: _Replica, books: _RunBooks, state: StepState) -> set[str] | None:
         """Bring ``books`` to ``state`` by its change set; returns the ids to visit (the decodes
-        looked at on the way are filed, those needing a KV block added to ``growers``), or
-        ``None`` when the books must be rebuilt from the whole running queue."""
-        ch, views = state.changes, state.views
+        looked at on the way are filed, those needing a KV block added to ``books.growers``),
+        or ``None`` when the books must be rebuilt from the whole running queue."""
+        ch, views, now = state.changes, state.views, state.now_s
         if ch is None or views is None or books.at is None or (ch.series, ch.base_seq) != books.at:
             return None
         rc = ch.running
         left, irregular, order, prefilling = rc.left, rc.irregular, books.order, books.prefilling
-        if any(rid not in left for rid in books.last_out):
-            return None  # the engine did not carry out a preemption: resynchronize
+        if any(rid not in left for rid in books.last_out) or any(
+            rid not in left for rid in books.gone
+        ):
+            return None  # a preemption not carried out, or an end still running: resynchronize
+        books.gone.clear()
         routine = len(order) - len(prefilling)
         for rids in (left, irregular):
             for rid in rids:
@@ -231,7 +239,7 @@ class _Running(_Promotion):
             else:
                 for t in [t for t in buckets if t <= clock]:
                     look.extend(buckets.pop(t))
-        bs = state.block_size_tokens
+        books.bs = state.block_size_tokens
         for rid, version in look:
             if ver.get(rid) != version or rid in todo:
                 continue
@@ -245,7 +253,7 @@ class _Running(_Promotion):
             if e.aged or service >= e.demote_at:
                 todo.add(rid)
                 continue
-            self._file_decode(books, e, v, version, service, bs, growers)
+            self._file_decode(books, e, v, version, service)
         return todo
 
     def _drop_running(self, books: _RunBooks, rid: str) -> None:
@@ -267,31 +275,22 @@ class _Running(_Promotion):
             if members is not None:
                 members.discard(rid)
 
-    def _file_decode(
-        self,
-        books: _RunBooks,
-        e: _Entry,
-        v: RequestView,
-        version: int,
-        service: int,
-        bs: int,
-        growers: list[tuple[int, _Entry, int]],
-    ) -> None:
+    def _file_decode(self, books: _RunBooks, e: _Entry, v: RequestView, ver: int, sv: int) -> None:
         """Put decode ``e`` in the bucket of the clock at which its KV block fills or its
         quantum runs out, or among the hot ones if its next token needs a block now."""
-        computed, kb = v.computed_tokens, v.kv_blocks
+        computed, kb, bs = v.computed_tokens, v.kv_blocks, books.bs
         grow = -(-(computed + 1) // bs) - kb  # = step_blocks(v, 1, admit=False)
         if grow > 0:
-            growers.append((books.order[e.rid], e, grow))
+            books.growers.append((books.order[e.rid], e, grow))
             kb += grow  # what it holds once its next token ran
         ahead = kb * bs - computed  # >= 1 here
-        left = e.demote_at - service  # > 0 here
+        left = e.demote_at - sv  # > 0 here (sv: its service, tokens)
         if left < ahead:
             ahead = max(1, math.ceil(left))
         if grow > 0:  # looked at again next call if nothing ran, else at clock + ahead
-            books.hot.append((e.rid, version, books.clock + ahead))
+            books.hot.append((e.rid, ver, books.clock + ahead))
         else:
-            books.buckets.setdefault(books.clock + ahead, []).append((e.rid, version))
+            books.buckets.setdefault(books.clock + ahead, []).append((e.rid, ver))
 
     def _visit_running(
         self,
@@ -300,7 +299,6 @@ class _Running(_Promotion):
         books: _RunBooks,
         v: RequestView,
         now: float,
-        growers: list[tuple[int, _Entry, int]],
     ) -> _Entry:
         """The full pass's work for one running request (refresh, demotion, due check), then
         its place in the books."""
@@ -344,7 +342,7 @@ class _Running(_Promotion):
         if generated and v.prompt_tokens + generated - computed == 1:
             books.dec_count[t] += 1
             service = computed - v.cached_tokens + e.lost_tokens
-            self._file_decode(books, e, v, version, service, step.state.block_size_tokens, growers)
+            self._file_decode(books, e, v, version, service)
             tpot, first = e.tpot_s, v.first_token_s
             if tpot is not None and first is not None and not e.best_effort:
                 g = generated - books.clock
