@@ -7,8 +7,8 @@ an engine would call it, and time advances by a roofline-like step time. Only th
 call is timed (``time.perf_counter_ns``); building the state and applying the decision are not.
 KV memory is ample, so nothing is preempted. Like every engine here, the double hands the policy
 its id -> view map and the change set since its previous state (``StepState.views``,
-``queue_of``, ``changes``: ``policy_core.changes.ViewTracker``, issue 21), built outside the
-timed call.
+``queue_of``, ``changes``, decode advances included: ``policy_core.changes.ViewTracker``, issue
+21), built outside the timed call.
 
 Writes ``results/benchmarks/policy_overhead.csv`` with columns ``policy, n_running, n_waiting,
 median_us, p99_us`` (wall clock, ``time.perf_counter_ns``), then ``cpu_median_us, cpu_p99_us``

@@ -16,6 +16,7 @@ from superinfer.policy_core.changes import (
     RankedQueue,
     SortedKeys,
     ViewTracker,
+    decode_advance,
     diff_states,
 )
 from superinfer.policy_core.types import (
@@ -61,14 +62,50 @@ def test_the_tracker_names_arrivals_departures_moves_and_changed_views_exactly()
     assert second.changes == StepChanges(
         tracker.series, 2, 1,
         waiting=QueueChanges(arrived=frozenset({"d"}), left=frozenset({"b"})),
-        running=QueueChanges(arrived=frozenset({"b"}), changed=frozenset({"c"})),
+        running=QueueChanges(arrived=frozenset({"b"}), changed=frozenset({"c"}),
+                             irregular=frozenset({"c"})),  # a prefill's progress: irregular
     )  # fmt: skip
     third = tracker.stamp(_state(waiting=[replace(a, prefix_hit_tokens=16), d]))
     assert third.changes is not None
-    assert third.changes.waiting == QueueChanges(changed=frozenset({"a"}))
+    assert third.changes.waiting == QueueChanges(changed=frozenset({"a"}),
+                                                 irregular=frozenset({"a"}))  # fmt: skip
     assert third.changes.running == QueueChanges(left=frozenset({"b", "c"}))
     assert assert_change_sets_exact([first, second, third]) == 3
     assert ViewTracker().series != tracker.series
+
+
+def _decoding(rid: str, generated: int, kv_blocks: int = 7) -> RequestView:
+    """A decoding view: prompt 100, ``generated`` tokens, all but the last with KV."""
+    return RequestView(rid, 0.0, 100, 50, CHAT, computed_tokens=99 + generated,
+                       generated_tokens=generated, first_token_s=1.0,
+                       kv_blocks=kv_blocks)  # fmt: skip
+
+
+def test_decode_advance_is_the_tokens_a_decode_ran_and_nothing_else() -> None:
+    a = _decoding("a", 3)
+    assert decode_advance(a, a) == 0
+    assert decode_advance(a, _decoding("a", 5)) == 2
+    assert decode_advance(a, _decoding("a", 5, kv_blocks=8)) == 2  # a block more: still
+    assert decode_advance(a, replace(_decoding("a", 5), kv_blocks=6)) == -1  # fewer blocks
+    assert decode_advance(a, _decoding("a", 2)) == -1  # backwards
+    assert decode_advance(a, replace(a, generated_tokens=4)) == -1  # no KV for a token
+    assert decode_advance(a, replace(_decoding("a", 4), tier=1)) == -1  # another field
+    assert decode_advance(a, replace(_decoding("a", 4), num_preemptions=1)) == -1
+    prefill = _view("p", 0.0, computed=10)
+    assert decode_advance(prefill, replace(prefill, computed_tokens=20)) == -1  # not decoding
+    tracker = ViewTracker()
+    b, c, p = _decoding("b", 1), _decoding("c", 1), _view("p", 0.0)
+    tracker.stamp(_state(running=[b, c, p]))
+    second = tracker.stamp(
+        _state(running=[_decoding("b", 2), _decoding("c", 4), replace(p, computed_tokens=8)])
+    )
+    assert second.changes is not None
+    assert second.changes.running == QueueChanges(
+        changed=frozenset({"b", "c", "p"}), irregular=frozenset({"p"}), min_advance=1,
+        max_advance=3)  # fmt: skip
+    third = tracker.stamp(_state(running=[_decoding("b", 2), _decoding("c", 4, kv_blocks=9)]))
+    assert third.changes is not None  # c: a block, no token (an advance of 0)
+    assert third.changes.running == QueueChanges(left=frozenset({"p"}), changed=frozenset({"c"}))
 
 
 def test_a_state_without_views_builds_its_map_on_demand() -> None:
@@ -100,8 +137,14 @@ def test_tracker_change_sets_equal_the_snapshot_difference_over_random_steps(
                 elif roll < 0.25:
                     dest = queues[rng.randrange(3)]
                     dest[rid] = q.pop(rid)  # moved (possibly to the same queue's end)
-                elif roll < 0.45:
+                elif roll < 0.35:
                     q[rid] = replace(q[rid], computed_tokens=q[rid].computed_tokens + 1)
+                elif roll < 0.45:  # decode steps (the first one makes it a decode), a block
+                    v, d = q[rid], rng.choice([0, 1, 1, 2])
+                    tokens = v.prompt_tokens + v.generated_tokens + d
+                    q[rid] = replace(v, computed_tokens=tokens - 1,
+                                     generated_tokens=v.generated_tokens + d,
+                                     kv_blocks=v.kv_blocks + rng.randint(0, 1))  # fmt: skip
                 elif roll < 0.55:
                     q[rid] = replace(q[rid])  # a new object with the same value
         state = tracker.stamp(_state(*(list(q.values()) for q in queues), now=float(count)))
@@ -209,6 +252,8 @@ def test_every_policy_decides_the_same_with_and_without_change_sets(name: str, s
             assert assert_change_sets_exact(s for s, _ in engine.decisions) == len(engine.decisions)
             for rq in policy.__dict__.get("_ranked_queues", {}).values():
                 assert rq.rebuilds == 1  # built once, then kept from the change sets
+            if name in ("superinfer", "oracle"):  # the running pass, kept from the change sets
+                assert policy.__dict__["_run_rebuilds"] == 1
     plain, stamped = runs
     assert len(plain) == len(stamped) > 50
     for (s0, d0), (s1, d1) in zip(plain, stamped, strict=True):
@@ -216,3 +261,26 @@ def test_every_policy_decides_the_same_with_and_without_change_sets(name: str, s
             s1.now_s, s1.waiting, s1.running, s1.swapped)  # fmt: skip
         assert d0 == d1
     assert any(d.preempt for _, d in plain) or name in ("lpm", "fcfs")
+
+
+def test_superinfer_resynchronizes_when_a_hook_forgets_a_request_still_running() -> None:
+    """An abort the engine has not yet carried out (the request still runs in the next state):
+    the running books rebuild and decide as without change sets (the request is adopted)."""
+    decisions = []
+    for stamp in (False, True):
+        policy = make_policy(available_policies()["superinfer"].load(), {}, "superinfer")
+        tracker = ViewTracker()
+        first = [_decoding("a", 1), _decoding("b", 1)]
+        for v in first:
+            policy.on_request_arrived(v, 0.0)
+        out = []
+        for step, views in enumerate([first, [_decoding("a", 2), _decoding("b", 2)]]):
+            state = _state(running=views, now=float(step))
+            out.append(policy.schedule(tracker.stamp(state) if stamp else state))
+            if step == 0:
+                policy.on_request_aborted(first[0], 0.5, "client gone")
+        decisions.append(out)
+        if stamp:
+            assert policy.__dict__["_run_rebuilds"] == 2
+    assert decisions[0] == decisions[1]
+    assert decisions[1][1].num_tokens == {"a": 1, "b": 1}

@@ -33,6 +33,7 @@ LAYERS = (
     "preemption",
     "admission",
     "promotion",
+    "running",
     "budget",
     "rotation",
     "policy",

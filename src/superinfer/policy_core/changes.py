@@ -6,7 +6,8 @@ definition it must equal, and the policy side that keeps queue orders from it.
   ``queue_of``, ``changes``). The diff runs in C-level dict and identity operations, so it
   costs a few tens of ns per queued request and allocates nothing per request; only views that
   are new objects are compared field by field (an engine that caches views, as the
-  simulator does, makes an unchanged request cost one identity check).
+  simulator does, makes an unchanged request cost one identity check), which also sorts each
+  change into a decode advance or an irregular one (:func:`decode_advance`).
 * :func:`diff_states`: the definition: the difference of two full snapshots, by value. Tests
   check every engine's change set against it.
 * :class:`RankedQueue` (policies): one queue of one replica kept in key order across states,
@@ -20,20 +21,84 @@ from __future__ import annotations
 import itertools
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from itertools import compress
 from operator import attrgetter, is_not
 from typing import Any
 
 from superinfer.policy_core.types import Queue, QueueChanges, RequestView, StepChanges, StepState
 
-__all__ = ["QUEUES", "RankedQueue", "SortedKeys", "ViewTracker", "diff_states", "ranked"]
+__all__ = [
+    "QUEUES",
+    "RankedQueue",
+    "SortedKeys",
+    "ViewTracker",
+    "decode_advance",
+    "diff_states",
+    "ranked",
+]
 
 #: The three queues, in ``StepState`` field order.
 QUEUES = (Queue.WAITING, Queue.RUNNING, Queue.SWAPPED)
 _EMPTY = QueueChanges()
 _rid = attrgetter("request_id")
 _SERIES = itertools.count(1)
+
+
+#: Every ``RequestView`` field but the three a decode step moves (``decode_advance``).
+_STILL = attrgetter(
+    *(
+        f.name
+        for f in fields(RequestView)
+        if f.name not in ("computed_tokens", "generated_tokens", "kv_blocks")
+    )
+)
+
+
+def decode_advance(before: RequestView, after: RequestView) -> int:
+    """Tokens ``after`` is ahead of ``before`` by decode steps alone, or -1 if it is not.
+
+    A decode advance (``QueueChanges``): ``before`` was decoding (``generated_tokens > 0``,
+    ``pending_tokens == 1``), ``computed_tokens`` and ``generated_tokens`` both grew by the same
+    ``d >= 0``, ``kv_blocks`` did not shrink and every other field is equal; returns ``d``.
+    """
+    d = after.computed_tokens - before.computed_tokens
+    if (
+        d < 0
+        or after.generated_tokens - before.generated_tokens != d
+        or after.kv_blocks < before.kv_blocks
+        or not before.generated_tokens
+        or before.prompt_tokens + before.generated_tokens - before.computed_tokens != 1
+        or _STILL(before) != _STILL(after)
+    ):
+        return -1
+    return d
+
+
+def _queue_changes(
+    arrived: frozenset[str],
+    left: frozenset[str],
+    pairs: Iterator[tuple[str, RequestView, RequestView]],
+) -> QueueChanges:
+    """The ``QueueChanges`` of ``(id, before, after)`` pairs of ids present at both states (the
+    pairs may include unchanged views)."""
+    changed, irregular = [], []
+    least, most = -1, 0
+    for rid, old, new in pairs:
+        d = decode_advance(old, new)
+        if d < 0:
+            if old != new:
+                changed.append(rid)
+                irregular.append(rid)
+        elif d or old.kv_blocks != new.kv_blocks:
+            changed.append(rid)
+            if d > most:
+                most = d
+            if d < least or least < 0:
+                least = d
+    return QueueChanges(
+        arrived, left, frozenset(changed), frozenset(irregular), max(least, 0), most
+    )
 
 
 def _queue_views(state: StepState, queue: Queue) -> tuple[RequestView, ...]:
@@ -52,11 +117,16 @@ def diff_states(before: StepState | None, after: StepState) -> tuple[QueueChange
     for q in QUEUES:
         old = {} if before is None else {v.request_id: v for v in _queue_views(before, q)}
         new = {v.request_id: v for v in _queue_views(after, q)}
+        changed = frozenset(r for r in new if r in old and new[r] != old[r])
+        advances = [decode_advance(old[r], new[r]) for r in changed]
         out.append(
             QueueChanges(
                 arrived=frozenset(r for r in new if r not in old),
                 left=frozenset(r for r in old if r not in new),
-                changed=frozenset(r for r in new if r in old and new[r] != old[r]),
+                changed=changed,
+                irregular=frozenset(r for r, d in zip(changed, advances, strict=True) if d < 0),
+                min_advance=min((d for d in advances if d >= 0), default=0),
+                max_advance=max((d for d in advances if d >= 0), default=0),
             )
         )
     return tuple(out)
@@ -91,12 +161,11 @@ class ViewTracker:
                 parts.append(_EMPTY)
             else:
                 arrived = frozenset(r for r in fresh if r not in old)
-                changed = frozenset(r for r in fresh if r not in arrived and cur[r] != old[r])
                 parts.append(
-                    QueueChanges(
-                        arrived=arrived,
-                        left=frozenset(old.keys() - cur.keys()) if len(old) else frozenset(),
-                        changed=changed,
+                    _queue_changes(
+                        arrived,
+                        frozenset(old.keys() - cur.keys()) if len(old) else frozenset(),
+                        ((r, old[r], cur[r]) for r in fresh if r not in arrived),
                     )
                 )
             self._prev[i] = cur

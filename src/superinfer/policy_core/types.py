@@ -237,15 +237,32 @@ class QueueChanges:
     Sets of request ids, without order (a policy that needs one sorts them); a request that moved
     between queues is in ``left`` of one and ``arrived`` of the other.
 
+    A *decode advance* is the change of a request that was decoding (``generated_tokens > 0``
+    and ``pending_tokens == 1``) and only ran decode steps since: ``computed_tokens`` and
+    ``generated_tokens`` both grew by the same ``d >= 0``, ``kv_blocks`` did not shrink, and every
+    other field is equal (``policy_core.changes.decode_advance``). Every running request's view
+    changes at every decode step, so ``irregular`` lets a policy look only at the views whose
+    change it cannot predict, and bound the rest by ``max_advance``.
+
     Attributes:
         arrived: in this queue now, not in it at the previous state.
         left: in this queue at the previous state, not now.
         changed: in this queue at both, with views that differ (``!=``: any field).
+        irregular: of ``changed``, the ids whose change is not a decode advance.
+        min_advance: the smallest ``d`` of the decode advances in ``changed`` (0 if none).
+        max_advance: the largest ``d`` of the decode advances in ``changed`` (0 if none): no
+            request of ``changed - irregular`` gained more tokens than this. When both are equal
+            and ``changed - irregular`` holds every request that was decoding at both states,
+            every such request ran exactly ``max_advance`` decode steps (the running pass of
+            ``superinfer`` then advances one clock instead of visiting each).
     """
 
     arrived: frozenset[str] = frozenset()
     left: frozenset[str] = frozenset()
     changed: frozenset[str] = frozenset()
+    irregular: frozenset[str] = frozenset()
+    min_advance: int = 0
+    max_advance: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +311,12 @@ class StepState:
       maps the same ids to their queue (a request is in one queue only);
     * ``changes`` is exactly the difference of this state's queues and those of the state
       ``(changes.series, changes.base_seq)``: per queue, ``arrived`` = ids now minus ids then,
-      ``left`` = ids then minus ids now, ``changed`` = ids in both whose views are unequal;
+      ``left`` = ids then minus ids now, ``changed`` = ids in both whose views are unequal,
+      ``irregular`` = the ids of ``changed`` whose change is not a decode advance (see
+      ``QueueChanges``), and ``min_advance`` / ``max_advance`` = the fewest / most tokens a
+      decode advance in ``changed`` added (0 if none); so a request in none of ``arrived`` /
+      ``irregular`` of its queue has the previous state's view, or that view advanced by at
+      most ``max_advance`` decode tokens;
     * a state that shows only part of the queues (a probe of one request, a retraction point
       without the waiting queue) has ``changes = None`` and does not advance the series.
 
@@ -394,9 +416,10 @@ class ScheduleDecision:
     def __post_init__(self) -> None:
         if self.max_repeat_steps < 1:
             raise ValueError(f"max_repeat_steps must be >= 1, got {self.max_repeat_steps}")
-        for rid, n in self.num_tokens.items():
-            if n <= 0:
-                raise ValueError(f"num_tokens[{rid!r}] must be > 0, got {n}")
+        if self.num_tokens and min(self.num_tokens.values()) <= 0:  # C-level, then the culprit
+            for rid, n in self.num_tokens.items():
+                if n <= 0:
+                    raise ValueError(f"num_tokens[{rid!r}] must be > 0, got {n}")
 
     @property
     def total_tokens(self) -> int:

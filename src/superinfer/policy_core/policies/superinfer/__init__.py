@@ -35,7 +35,8 @@ the most urgent request goes first (earliest TTFT deadline, or least slack for a
   beyond that the least important one is rejected with a reason.
 
 Per-call work is incremental: the policy keeps per-replica, per-tier heaps updated from the
-lifecycle hooks and its own decisions, walks ``state.running`` once, and reads queued views
+lifecycle hooks and its own decisions, visits the running requests the change set says need it
+(``running``; all of them without a usable change set), and reads queued views
 through the engine's id -> view map (``StepState.views``; without one, ``state.waiting`` and
 ``state.swapped`` in one pass, into an index, in calls that admit or resume; see
 :meth:`SuperInferPolicy.schedule`). Every rule
@@ -51,7 +52,9 @@ top of one inheritance chain through them):
 * ``preemption``: the victim ranking, swap or recompute, making room, KV shortage relief;
 * ``admission``: admitting and resuming into a step; bounded queues and shedding;
 * ``promotion``: aging, best-effort demotion (or rejection), deadline-aware promotion;
-* ``budget``: the pass over running requests, decodes, TPOT protection and the TTFT boost;
+* ``running``: the running pass (refresh, demotion, due checks, decodes), kept across calls from
+  the change set's decode advances;
+* ``budget``: one token per decode, TPOT protection and the TTFT boost;
 * ``rotation``: stride scheduling of prefill tokens across tiers, rotation through HBM,
   prefetch of promoted swapped requests;
 * ``policy``: :class:`SuperInferPolicy`, the lifecycle hooks and ``schedule()``.

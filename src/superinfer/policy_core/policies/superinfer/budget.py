@@ -1,19 +1,18 @@
-"""Step budget and TPOT protection: the one pass over the running requests (demotion, due
-checks, decodes and their KV growth), one token per decode, and the prefill allowance that keeps
-TPOT-class decodes on target, grown for a TTFT-urgent prefill against the decodes' credit."""
+"""Step budget and TPOT protection: one token per decode (the running pass that finds them is
+``running.py``), and the prefill allowance that keeps TPOT-class decodes on target, grown for a
+TTFT-urgent prefill against the decodes' credit."""
 
 from __future__ import annotations
 
-from superinfer.policy_core.policies.superinfer.promotion import _Promotion
 from superinfer.policy_core.policies.superinfer.records import (
     _INF,
-    _RUNNING,
     _WAITING,
     _decode_blocks,
     _Entry,
     _Replica,
     _Step,
 )
+from superinfer.policy_core.policies.superinfer.running import _Decodes, _Running
 
 #: Bound on a token or step count derived from SLO seconds: 2**62, beyond any step budget (ints
 #: far below) and any prompt length a result file can hold (int64).
@@ -33,89 +32,36 @@ def _count(x: float) -> int:
     return int(min(max(x, -_MAX_COUNT), _MAX_COUNT))
 
 
-class _StepBudget(_Promotion):
+class _StepBudget(_Running):
     """Layer 6: how many tokens decodes and prefills get this step."""
 
-    def _scan_running(
-        self, rep: _Replica, step: _Step, now: float
-    ) -> tuple[list[_Entry], list[_Entry], float, int]:
-        """One pass over ``state.running``: refresh views, demote, run due checks, and collect
-        the decodes, the prefills, the smallest TPOT allowance and the KV blocks the decodes
-        need. This loop is most of a call's cost; it keeps per-request work to a few compares."""
-        entries = self._entries
-        bs = step.state.block_size_tokens
-        decodes: list[_Entry] = []
-        prefills: list[_Entry] = []
-        cap = _INF
-        need = 0
-        worst = -1
-        next_check = _INF
-        last = self.num_tiers - 1
-        for v in step.state.running:
-            e = entries.get(v.request_id)
-            if e is None or e.where != _RUNNING:
-                e = self._adopt(rep, v)
-                self._make_resident(e, v)
-            e.view = v
-            computed = v.computed_tokens
-            if e.aged and v.first_token_s is not None:
-                e.aged = False  # aging bounds the wait for the first token: that wait is over
-                self._set_tier(e, e.tier)
-            # an aged request keeps the top tier until its first token
-            if not e.aged and computed - v.cached_tokens + e.lost_tokens >= e.demote_at:
-                self._set_tier(e, min(e.tier + 1, last))
-                self._counters["demotions"] += 1
-                step.changed.append(e)
-                e.next_check_s = now  # its promotion rule may apply now
-            if now >= e.next_check_s:
-                outcome = self._check(rep, e, step, now)
-                if outcome:
-                    self._apply_check(rep, e, outcome, step, now)
-                else:
-                    self._schedule_check(rep, e, now, checked=True)
-            if e.next_check_s < next_check:
-                next_check = e.next_check_s
-            if e.tier > worst:
-                worst = e.tier
-            generated = v.generated_tokens
-            if generated and v.prompt_tokens + generated - computed == 1:
-                decodes.append(e)
-                grow = -(-(computed + 1) // bs) - v.kv_blocks  # = step_blocks(v, 1, admit=False)
-                if grow > 0:
-                    need += grow
-                tpot = e.tpot_s
-                first = v.first_token_s
-                if tpot is not None and first is not None and not e.best_effort:
-                    allowance = tpot * generated - (now - first)
-                    if allowance < cap:
-                        cap = allowance
-            else:
-                prefills.append(e)
-        step.worst_tier = worst
-        rep.next_running_check_s = next_check
-        return decodes, prefills, cap, need
-
-    def _schedule_decodes(
-        self, rep: _Replica, step: _Step, decodes: list[_Entry], need: int
-    ) -> None:
+    def _schedule_decodes(self, rep: _Replica, step: _Step, decodes: _Decodes, need: int) -> None:
         """One token for every decode that was not preempted; each is charged to its tier's
         stride pass, so decodes count against their tier's share of the budget."""
         bs = step.state.block_size_tokens
         passes, weights = rep.passes, self._weights
         if step.preempt or len(decodes) > step.budget:
-            decodes = [e for e in decodes if e.rid not in step.preempt][: max(step.budget, 0)]
-            need = sum(max(_decode_blocks(e.view, bs), 0) for e in decodes)
-        step.tokens.update(dict.fromkeys([e.rid for e in decodes], 1))
-        step.budget -= len(decodes)
-        if need:
-            for e in decodes:
-                grow = _decode_blocks(e.view, bs)
-                if grow > 0:
+            chosen = [e for e in decodes if e.rid not in step.preempt][: max(step.budget, 0)]
+            need = sum(max(_decode_blocks(e.view, bs), 0) for e in chosen)
+            step.tokens.update(dict.fromkeys([e.rid for e in chosen], 1))
+            step.budget -= len(chosen)
+            if need:
+                for e in chosen:
+                    grow = _decode_blocks(e.view, bs)
+                    if grow > 0:
+                        step.new_blocks[e.rid] = grow
+                step.free -= need
+            per_tier = [0] * self.num_tiers
+            for e in chosen:
+                per_tier[e.tier] += 1
+        else:  # every decode runs: no per-request work beyond the KV blocks some need
+            step.tokens.update(dict.fromkeys(decodes.ids, 1))
+            step.budget -= len(decodes)
+            if need:
+                for e, grow in decodes.growers:
                     step.new_blocks[e.rid] = grow
-            step.free -= need
-        per_tier = [0] * self.num_tiers
-        for e in decodes:
-            per_tier[e.tier] += 1
+                step.free -= need
+            per_tier = decodes.per_tier
         for t, count in enumerate(per_tier):
             if count:
                 passes[t] += count / weights[t]
@@ -134,7 +80,7 @@ class _StepBudget(_Promotion):
         self,
         rep: _Replica,
         step: _Step,
-        decodes: list[_Entry],
+        decodes: _Decodes,
         prefills: list[_Entry],
         allow: int,
         now: float,

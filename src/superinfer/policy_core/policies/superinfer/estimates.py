@@ -133,3 +133,5 @@ class _Estimates(SuperInferConfig):
         e.check_version += 1
         if queued and when < _INF:
             heapq.heappush(rep.due, (when, self._next_seq(), e.rid, e.check_version))
+        elif when < _INF:  # the running pass visits it then (running.py)
+            heapq.heappush(rep.run_due, (when, e.rid, e.check_version))

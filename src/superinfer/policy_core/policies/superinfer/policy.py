@@ -70,7 +70,9 @@ class SuperInferPolicy(_Rotation):
     def schedule(self, state: StepState) -> ScheduleDecision:
         """Decide one step of ``state.replica``.
 
-        Work per call: one pass over ``state.running``; heap operations for the requests whose
+        Work per call: a visit of the running requests the change set names (arrivals,
+        irregular changes, due checks, decodes at a KV-block or quantum boundary; all of them
+        without a usable change set: ``running.py``); heap operations for the requests whose
         checks fall due, that are admitted, resumed, preempted or shed; a scan of
         ``state.waiting`` only when the policy's books disagree with it (a request it was not
         told about) or to read the new views of requests it preempted.
@@ -110,7 +112,7 @@ class SuperInferPolicy(_Rotation):
         if self.first_token_guard:
             self._guard_first_tokens(rep, step, decodes)
         if cpu and self.rotation:
-            self._rotate_proactively(rep, step, self._running_entries(state))
+            self._rotate_proactively(rep, step)
         self._shed(rep, step)
         return self._finish(rep, step, now)
 
@@ -126,7 +128,8 @@ class SuperInferPolicy(_Rotation):
                     e.reported_tier = e.tier
         repeat = 1
         quiet = not (step.admit or step.resume or step.preempt or step.reject)
-        if quiet and step.tokens and all(n == 1 for n in step.tokens.values()):
+        self._books(rep).last_out = tuple(step.preempt)
+        if quiet and step.tokens and max(step.tokens.values()) == 1:
             # Repeat no further than the next check that could change the decision.
             horizon = min(rep.next_running_check_s, rep.due[0][0] if rep.due else _INF)
             per_step = max(self._typical_step_s(), 1e-6)

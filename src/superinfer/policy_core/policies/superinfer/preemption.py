@@ -70,12 +70,10 @@ class _Preemption(_Queues):
             return False
         if 0 <= rank_below and step.worst_tier <= rank_below:
             return False  # nothing runs in a worse tier
-        state = step.state
         candidates = [
             x
-            for x in (self._entries.get(v.request_id) for v in state.running)
-            if x is not None
-            and x.where == _RUNNING
+            for x in self._running_entries(step.state)
+            if x.where == _RUNNING
             and x is not e
             and x.rid not in step.preempt
             and not x.aged

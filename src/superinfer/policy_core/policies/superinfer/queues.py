@@ -172,5 +172,13 @@ class _Queues(_Estimates):
         e.next_check_s = -_INF
 
     def _running_entries(self, state: StepState) -> list[_Entry]:
+        """The entries of ``state.running``, in its order, each with the state's view (the
+        running pass refreshes only the views it visits: running.py)."""
         entries = self._entries
-        return [entries[v.request_id] for v in state.running if v.request_id in entries]
+        out = []
+        for v in state.running:
+            e = entries.get(v.request_id)
+            if e is not None:
+                e.view = v
+                out.append(e)
+        return out

@@ -108,6 +108,7 @@ class _Replica:
         self.prefill_chunk_tokens = 0.0  # last step's prefill allowance (for estimates)
         self.num_decodes = 0
         self.next_running_check_s = _INF
+        self.run_due: list[tuple[float, str, int]] = []  # running checks: (when, id, version)
         self.unreported: list[_Entry] = []  # new entries whose tier the engine has not seen
         self.token_budget = 1 << 30  # the replica's step token budget, once a state showed it
 

@@ -16,6 +16,7 @@ from superinfer.policy_core.policies.superinfer.records import (
     _Replica,
     _Step,
 )
+from superinfer.policy_core.policies.superinfer.running import _Decodes
 
 
 class _Rotation(_StepBudget):
@@ -87,7 +88,7 @@ class _Rotation(_StepBudget):
         if low > 1e9:  # keep the virtual times small; only differences matter
             rep.passes = [p - low for p in passes]
 
-    def _guard_first_tokens(self, rep: _Replica, step: _Step, decodes: list[_Entry]) -> int:
+    def _guard_first_tokens(self, rep: _Replica, step: _Step, decodes: _Decodes) -> int:
         """Trim worse-tier prefill tokens so the step ends before the tightest first-token
         deadline among the TTFT-class prefills it completes; returns the tokens trimmed.
 
@@ -176,7 +177,7 @@ class _Rotation(_StepBudget):
     def _pending_after(self, step: _Step, e: _Entry) -> int:
         return e.view.pending_tokens - step.tokens.get(e.rid, 0)
 
-    def _rotate_proactively(self, rep: _Replica, step: _Step, running: list[_Entry]) -> None:
+    def _rotate_proactively(self, rep: _Replica, step: _Step) -> None:
         """Swap out residents of worse tiers whose slice is used while better-tier work waits
         and HBM is below the watermark, within the link's bytes for this step."""
         state = step.state
@@ -193,6 +194,7 @@ class _Rotation(_StepBudget):
         )
         if best_waiting is None:
             return
+        running = self._running_entries(state)
         for e in sorted(running, key=self._victim_rank, reverse=True):
             if e.tier <= best_waiting or e.rid in step.preempt or e.aged:
                 continue

@@ -1,0 +1,395 @@
+"""The running pass made proportional to what changed (issue 21).
+
+Every running view changes at every step, but a decode's change is predictable, and
+``StepState.changes`` names the changes that are not decode advances (``irregular``) and how far
+the others went (``min_advance``, ``max_advance``). When every decode advanced by the same ``D``
+tokens (*lockstep*), the books advance one clock by ``D`` and visit only arrivals, irregular
+changes (a prefill that ran), due checks (``_Replica.run_due``) and decodes whose KV block fills
+or quantum runs out at this clock (buckets keyed by that clock value): a decode is looked at once
+per KV block. The smallest TPOT allowance is a heap per TPOT target of ``first_token_s + tpot *
+(generated_tokens - clock)``, constant in lockstep. Any other state (no usable change set, a
+missed state, decodes out of step, arrivals not at the tail, a preemption not carried out)
+visits every running request and rebuilds the books; the decision is the full pass's either way
+(``tests/policy_core/test_changes.py`` compares the two).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+from superinfer.policy_core.policies.superinfer.promotion import _Promotion
+from superinfer.policy_core.policies.superinfer.records import (
+    _INF,
+    _RUNNING,
+    _Entry,
+    _Replica,
+    _Step,
+)
+from superinfer.policy_core.types import RequestView, StepState
+
+_VERSIONS = itertools.count(1)
+
+
+class _RunBooks:
+    """One replica's running set as of the last state the policy saw (see the module doc)."""
+
+    def __init__(self, num_tiers: int) -> None:
+        self.at: tuple[int, int] | None = None  # (series, seq) of that state
+        self.order: dict[str, int] = {}  # id -> position, increasing along state.running
+        self.ver: dict[str, int] = {}  # id -> version of its bucket and TPOT items
+        self.tier: dict[str, int] = {}  # id -> the tier it is counted in
+        self.prefilling: dict[str, None] = {}  # running requests that are not decoding
+        self.run_count = [0] * num_tiers  # running requests per tier
+        self.dec_count = [0] * num_tiers  # decodes per tier
+        self.clock = 0  # decode tokens every lockstep decode has run since the rebuild
+        self.buckets: dict[int, list[tuple[str, int]]] = {}  # clock -> (id, version) to look at
+        # decodes needing a KV block at their last look: (id, version, clock of the next look)
+        self.hot: list[tuple[str, int, int]] = []
+        self.tpot: dict[float, _TpotHeap] = {}  # TPOT target (s) -> its decodes' keys
+        self.tkey: dict[str, tuple[float, float, int]] = {}  # id -> its (tpot, first, g) key
+        self.last_out: tuple[str, ...] = ()  # ids the last decision preempted
+        self.gone: list[str] = []  # ids in ``order`` whose entry a hook forgot since
+        self.bs = 16  # the state's block size, tokens
+        self.growers: list[tuple[int, _Entry, int]] = []  # (position, entry, blocks) this call
+        self.positions = itertools.count()
+
+
+class _TpotHeap:
+    """Decodes of one TPOT target keyed by ``(first_token_s + tpot * g, first_token_s, g)``
+    with ``g = generated_tokens - clock``; ids with one key share one heap item."""
+
+    __slots__ = ("heap", "members")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, float, int]] = []
+        self.members: dict[tuple[float, int], set[str]] = {}
+
+
+class _Decodes:
+    """The step's decodes in ``state.running`` order: ids, per-tier counts, and the ones whose
+    next token needs a KV block; iterating yields their entries with this state's views."""
+
+    __slots__ = ("ids", "per_tier", "growers", "_owner", "_state", "_list")
+
+    def __init__(self, ids, per_tier, growers, owner, state) -> None:  # noqa: ANN001
+        self.ids: dict[str, None] = ids
+        self.per_tier: list[int] = per_tier
+        self.growers: list[tuple[_Entry, int]] = growers
+        self._owner: _Running = owner
+        self._state: StepState = state
+        self._list: list[_Entry] | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self):  # noqa: ANN204 - an iterator of _Entry
+        if self._list is None:
+            get, views = self._owner._entries.__getitem__, self._state.view_map()
+            self._list = [get(rid) for rid in self.ids]
+            for e in self._list:
+                e.view = views[e.rid]
+        return iter(self._list)
+
+
+class _Running(_Promotion):
+    """Layer 5b: the running pass, incremental where the change set allows."""
+
+    def _books(self, rep: _Replica) -> _RunBooks:
+        store: dict[int, _RunBooks] = self.__dict__.setdefault("_run_books", {})
+        books = store.get(rep.index)
+        if books is None:
+            books = store[rep.index] = _RunBooks(self.num_tiers)
+        return books
+
+    def _forget(self, rid: str) -> None:
+        e = self._entries.get(rid)
+        if e is not None:
+            books = self.__dict__.get("_run_books", {}).get(e.replica)
+            if books is not None and rid in books.order:
+                books.gone.append(rid)
+        super()._forget(rid)
+
+    def _scan_running(
+        self, rep: _Replica, step: _Step, now: float
+    ) -> tuple[_Decodes, list[_Entry], float, int]:
+        """Visit the running requests that need it (module doc); returns the decodes, the
+        prefills (both in ``state.running`` order), the smallest TPOT allowance among the
+        decodes, s, and the KV blocks the decodes' next tokens need."""
+        state = step.state
+        books = self._books(rep)
+        books.growers = []
+        visit = self._visit_running
+        todo = self._advance_books(rep, books, state)
+        visited: list[_Entry] = []
+        if todo is None:  # rebuild: visit every running request, as without a change set
+            self.__dict__["_run_rebuilds"] = self.__dict__.get("_run_rebuilds", 0) + 1
+            books = self.__dict__["_run_books"][rep.index] = _RunBooks(self.num_tiers)
+            books.bs = state.block_size_tokens
+            rep.run_due = []
+            for v in state.running:
+                visited.append(visit(rep, step, books, v, now))
+            rep.run_due = [
+                (e.next_check_s, e.rid, e.check_version) for e in visited if e.next_check_s < _INF
+            ]
+            heapq.heapify(rep.run_due)
+        elif todo:
+            views, order = state.views, books.order
+            assert views is not None  # _advance_books checked
+            for rid in sorted(todo, key=order.__getitem__):
+                visit(rep, step, books, views[rid], now)
+        ch = state.changes
+        books.at = None if ch is None or state.views is None else (ch.series, ch.seq)
+        due = rep.run_due
+        entries = self._entries
+        while due:  # the first live item is the soonest check of a running request
+            _, rid, cv = due[0]
+            e = entries.get(rid)
+            if e is not None and e.check_version == cv and rid in books.order:
+                break
+            heapq.heappop(due)
+        rep.next_running_check_s = due[0][0] if due else _INF
+        step.worst_tier = max((t for t, c in enumerate(books.run_count) if c), default=-1)
+        growers = books.growers
+        growers.sort(key=lambda g: g[0])
+        order = books.order
+        if books.prefilling:
+            ids = dict.fromkeys(order)
+            for rid in books.prefilling:
+                del ids[rid]
+            prefills = [entries[r] for r in sorted(books.prefilling, key=order.__getitem__)]
+        else:
+            ids, prefills = dict.fromkeys(order), []
+        decodes = _Decodes(ids, list(books.dec_count), [(e, g) for _, e, g in growers], self, state)
+        if todo is None:
+            decodes._list = [e for e in visited if e.rid in ids]
+        cap = self._tpot_cap(books, state, now)
+        return decodes, prefills, cap, sum(g for *_, g in growers)
+
+    # -- the books --------------------------------------------------------------------------
+
+    def _advance_books(self, rep: _Replica, books: _RunBooks, state: StepState) -> set[str] | None:
+        """Bring ``books`` to ``state`` by its change set; returns the ids to visit (the decodes
+        looked at on the way are filed, those needing a KV block added to ``books.growers``),
+        or ``None`` when the books must be rebuilt from the whole running queue."""
+        ch, views, now = state.changes, state.views, state.now_s
+        if ch is None or views is None or books.at is None or (ch.series, ch.base_seq) != books.at:
+            return None
+        rc = ch.running
+        left, irregular, order, prefilling = rc.left, rc.irregular, books.order, books.prefilling
+        if any(rid not in left for rid in books.last_out) or any(
+            rid not in left for rid in books.gone
+        ):
+            return None  # a preemption not carried out, or an end still running: resynchronize
+        books.gone.clear()
+        routine = len(order) - len(prefilling)
+        for rids in (left, irregular):
+            for rid in rids:
+                if rid not in order:
+                    return None
+                if rid not in prefilling:
+                    routine -= 1
+        advanced = len(rc.changed) - len(irregular)
+        if advanced == 0:
+            step_tokens = 0
+        elif advanced == routine and rc.min_advance == rc.max_advance:
+            step_tokens = rc.max_advance
+        else:
+            return None  # the decodes did not advance together
+        arrived = rc.arrived
+        running = state.running
+        n = len(arrived)
+        if n and any(v.request_id not in arrived for v in running[len(running) - n :]):
+            return None  # arrivals not at the tail: the order must be rebuilt
+        if len(running) != len(order) - len(left) + n:
+            return None
+        for rid in left:
+            self._drop_running(books, rid)
+        for v in running[len(running) - n :] if n else ():
+            order[v.request_id] = next(books.positions)
+        books.clock += step_tokens
+        # who is visited: arrivals, irregular changes, due checks, decodes at a bucket's clock
+        # (a prefill that ran is irregular; one that did not has the view it had)
+        todo = set(arrived)
+        todo.update(irregular)
+        entries = self._entries
+        due = rep.run_due
+        while due and due[0][0] <= now:
+            _, rid, cv = heapq.heappop(due)
+            e = entries.get(rid)
+            if e is not None and e.check_version == cv and rid in order:
+                todo.add(rid)
+        clock, buckets, ver = books.clock, books.buckets, books.ver
+        if step_tokens:  # the decodes that needed a block ran, so the engine allocated it
+            look = []
+            for rid, version, at in books.hot:
+                if ver.get(rid) == version:
+                    if at <= clock:
+                        look.append((rid, version))
+                    else:
+                        buckets.setdefault(at, []).append((rid, version))
+        else:  # nothing ran: they still need it
+            look = [(rid, version) for rid, version, _ in books.hot]
+        books.hot = []
+        if step_tokens:
+            if step_tokens <= len(buckets):
+                for t in range(clock - step_tokens + 1, clock + 1):
+                    look.extend(buckets.pop(t, ()))
+            else:
+                for t in [t for t in buckets if t <= clock]:
+                    look.extend(buckets.pop(t))
+        books.bs = state.block_size_tokens
+        for rid, version in look:
+            if ver.get(rid) != version or rid in todo:
+                continue
+            e = entries.get(rid)
+            if e is None:  # forgotten while the engine still runs it: the visit adopts it
+                todo.add(rid)
+                continue
+            v = e.view = views[rid]
+            computed = v.computed_tokens
+            service = computed - v.cached_tokens + e.lost_tokens
+            if e.aged or service >= e.demote_at:
+                todo.add(rid)
+                continue
+            self._file_decode(books, e, v, version, service)
+        return todo
+
+    def _drop_running(self, books: _RunBooks, rid: str) -> None:
+        del books.order[rid]
+        books.ver.pop(rid, None)
+        if (t := books.tier.pop(rid, None)) is None:
+            return
+        books.run_count[t] -= 1
+        if rid in books.prefilling:
+            del books.prefilling[rid]
+        else:
+            books.dec_count[t] -= 1
+            self._untpot(books, rid)
+
+    def _untpot(self, books: _RunBooks, rid: str) -> None:
+        key = books.tkey.pop(rid, None)
+        if key is not None:
+            members = books.tpot[key[0]].members.get(key[1:])
+            if members is not None:
+                members.discard(rid)
+
+    def _file_decode(self, books: _RunBooks, e: _Entry, v: RequestView, ver: int, sv: int) -> None:
+        """Put decode ``e`` in the bucket of the clock at which its KV block fills or its
+        quantum runs out, or among the hot ones if its next token needs a block now."""
+        computed, kb, bs = v.computed_tokens, v.kv_blocks, books.bs
+        grow = -(-(computed + 1) // bs) - kb  # = step_blocks(v, 1, admit=False)
+        if grow > 0:
+            books.growers.append((books.order[e.rid], e, grow))
+            kb += grow  # what it holds once its next token ran
+        ahead = kb * bs - computed  # >= 1 here
+        left = e.demote_at - sv  # > 0 here (sv: its service, tokens)
+        if left < ahead:
+            ahead = max(1, math.ceil(left))
+        if grow > 0:  # looked at again next call if nothing ran, else at clock + ahead
+            books.hot.append((e.rid, ver, books.clock + ahead))
+        else:
+            books.buckets.setdefault(books.clock + ahead, []).append((e.rid, ver))
+
+    def _visit_running(
+        self,
+        rep: _Replica,
+        step: _Step,
+        books: _RunBooks,
+        v: RequestView,
+        now: float,
+    ) -> _Entry:
+        """The full pass's work for one running request (refresh, demotion, due check), then
+        its place in the books."""
+        e = self._entries.get(v.request_id)
+        if e is None or e.where != _RUNNING:
+            e = self._adopt(rep, v)
+            self._make_resident(e, v)
+        e.view = v
+        computed = v.computed_tokens
+        if e.aged and v.first_token_s is not None:
+            e.aged = False  # aging bounds the wait for the first token: that wait is over
+            self._set_tier(e, e.tier)
+        # an aged request keeps the top tier until its first token
+        if not e.aged and computed - v.cached_tokens + e.lost_tokens >= e.demote_at:
+            self._set_tier(e, min(e.tier + 1, self.num_tiers - 1))
+            self._counters["demotions"] += 1
+            step.changed.append(e)
+            e.next_check_s = now  # its promotion rule may apply now
+        if now >= e.next_check_s:
+            outcome = self._check(rep, e, step, now)
+            if outcome:
+                self._apply_check(rep, e, outcome, step, now)
+            else:
+                self._schedule_check(rep, e, now, checked=True)
+        # its place in the books
+        rid = e.rid
+        if rid not in books.order:
+            books.order[rid] = next(books.positions)
+        old = books.tier.get(rid)
+        if old is not None:
+            books.run_count[old] -= 1
+            if rid in books.prefilling:
+                del books.prefilling[rid]
+            else:
+                books.dec_count[old] -= 1
+                self._untpot(books, rid)
+        t = books.tier[rid] = e.tier
+        books.run_count[t] += 1
+        version = books.ver[rid] = next(_VERSIONS)
+        generated = v.generated_tokens
+        if generated and v.prompt_tokens + generated - computed == 1:
+            books.dec_count[t] += 1
+            service = computed - v.cached_tokens + e.lost_tokens
+            self._file_decode(books, e, v, version, service)
+            tpot, first = e.tpot_s, v.first_token_s
+            if tpot is not None and first is not None and not e.best_effort:
+                g = generated - books.clock
+                heap = books.tpot.get(tpot)
+                if heap is None:
+                    heap = books.tpot[tpot] = _TpotHeap()
+                members = heap.members.get((first, g))
+                if members is None:
+                    members = heap.members[(first, g)] = set()
+                    heapq.heappush(heap.heap, (first + tpot * g, first, g))
+                members.add(rid)
+                books.tkey[rid] = (tpot, first, g)
+        else:
+            books.prefilling[rid] = None
+        return e
+
+    def _tpot_cap(self, books: _RunBooks, state: StepState, now: float) -> float:
+        """The smallest ``tpot * generated - (now - first_token_s)`` among the decodes with a
+        TPOT target (not best effort), computed for the few keys at the bottom of each heap."""
+        cap = _INF
+        if state.views is not None:
+            view_of = state.views.__getitem__
+        else:  # a rebuild without the engine's map: every running entry was just refreshed
+            entries = self._entries
+            view_of = lambda rid: entries[rid].view  # noqa: E731
+        for tpot, th in books.tpot.items():
+            heap, members = th.heap, th.members
+            while heap and not members.get(heap[0][1:]):
+                _, first, g = heapq.heappop(heap)
+                members.pop((first, g), None)
+            if not heap:
+                continue
+            limit = heap[0][0] + 1e-6 + 1e-12 * abs(heap[0][0])
+            stack = [0]
+            n = len(heap)
+            while stack:  # every key within rounding of the smallest (a heap walk)
+                i = stack.pop()
+                u, first, g = heap[i]
+                if u > limit:
+                    continue
+                ids = members.get((first, g))
+                if ids:
+                    v = view_of(next(iter(ids)))
+                    allowance = tpot * v.generated_tokens - (now - first)
+                    if allowance < cap:
+                        cap = allowance
+                for c in (2 * i + 1, 2 * i + 2):
+                    if c < n:
+                        stack.append(c)
+        return cap
