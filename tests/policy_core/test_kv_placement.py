@@ -111,6 +111,7 @@ def test_the_kv_policy_entry_points_name_the_plugins() -> None:
         "reuse": "superinfer.adapters.kv_placement:ReusePlacement",
         "arc": "superinfer.adapters.kv_placement:ArcPlacement",
         "s3fifo": "superinfer.adapters.kv_placement:S3FifoPlacement",
+        "priority": "superinfer.adapters.kv_placement:PriorityPlacement",
     }
     for name, target in targets.items():
         module, attr = target.split(":")
