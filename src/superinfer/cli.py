@@ -66,8 +66,9 @@ def cli() -> None:
               help="CPU-tier KV capacity as a multiple of HBM KV capacity [default: the engine "
               "profile's; 0 disables swap and prefix offload].")
 @click.option("--kv-policy", default=None,
-              help="Prefix-cache placement policy: lru, lfu or reuse (the learned reuse "
-              "predictor) [default: the engine's own eviction order].")
+              help="Prefix-cache placement policy: lru, lfu, arc, s3fifo, reuse (the learned "
+              "reuse predictor) or priority (least urgent SLO class first) [default: the "
+              "engine's own eviction order].")
 @click.option("--kv-quant/--no-kv-quant", default=False, show_default=True,
               help="Per-request KV precision from the quantization planner (fp16 -> int8 -> int4 "
               "under memory pressure, chat never below int8); off: every request stores FP16 KV.")
@@ -254,7 +255,8 @@ def _calibrate_gpu(out: str | None, install: bool) -> None:
               help="Policy name [sglang: the config's, else fcfs; native, lpm, priority: SGLang's "
               "own scheduling, no plugin; hf: superinfer if registered, else fcfs].")
 @click.option("--kv-policy", "serve_kv_policy", default=None,
-              help="sglang: prefix-cache placement policy through the plugin (lru, lfu, reuse).")
+              help="sglang: prefix-cache placement policy through the plugin (lru, lfu, arc, "
+              "s3fifo, reuse, priority).")
 @click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
               help="Policy option; repeatable.")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
