@@ -166,9 +166,9 @@ class DecisionLog:
         self._settle(views)
         for rid, n in decision.num_tokens.items():
             self.scheduled[rid] = self.scheduled.get(rid, 0) + n
-            view = views.get(rid)
-            if view is not None and rid not in decision.preempt:
-                self._unsettled[rid] = (view.computed_tokens, view.num_preemptions, n)
+            seen = views.get(rid)
+            if seen is not None and rid not in decision.preempt:
+                self._unsettled[rid] = (seen.computed_tokens, seen.num_preemptions, n)
 
     def _settle(self, views: dict[str, RequestView]) -> None:
         """Take back the tokens of the previous decision that its step did not run.

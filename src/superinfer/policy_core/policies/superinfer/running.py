@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections.abc import Iterator
 
 from superinfer.policy_core.policies.superinfer.promotion import _Promotion
 from superinfer.policy_core.policies.superinfer.records import (
@@ -73,7 +74,8 @@ class _Decodes:
 
     __slots__ = ("ids", "per_tier", "growers", "_owner", "_state", "_list")
 
-    def __init__(self, ids, per_tier, growers, owner, state) -> None:  # noqa: ANN001
+    def __init__(self, ids: dict[str, None], per_tier: list[int], growers: list[tuple[_Entry, int]],
+                 owner: _Running, state: StepState) -> None:  # fmt: skip
         self.ids: dict[str, None] = ids
         self.per_tier: list[int] = per_tier
         self.growers: list[tuple[_Entry, int]] = growers
@@ -84,7 +86,7 @@ class _Decodes:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __iter__(self):  # noqa: ANN204 - an iterator of _Entry
+    def __iter__(self) -> Iterator[_Entry]:
         if self._list is None:
             get, views = self._owner._entries.__getitem__, self._state.view_map()
             self._list = [get(rid) for rid in self.ids]
