@@ -87,11 +87,10 @@ def conform(engine: str, policies: str | None, scenarios: str | None, url: str |
         label = f"{policy}+kv-{kv_policy}" if kv_policy else policy
         with open_target(engine, policy, base) as target:
             got = conform_rows(target, names, progress=lambda m: click.echo(m, err=True))
-        for r in got:
-            r["policy"] = label
         rows += got
         columns.append((target.engine, label))
         for r in got:
+            r["policy"] = label
             click.echo(f"{target.engine:10s} {label:11s} {r['scenario']:27s} {r['passed']:15s} "
                        f"{r['value']!s:>8s} {r['unit']}")  # fmt: skip
     out_dir = Path(out)

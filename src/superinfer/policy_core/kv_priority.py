@@ -9,12 +9,13 @@ inserted or matched it, ``radix_cache.py``) and TensorRT-LLM's prioritized LRU
 ``superinfer_kv_placement`` hook. A node's urgency is that of the most urgent SLO class among the
 requests that touched it (``PrefixNodeView.slo_classes``); a class's urgency is the most urgent
 ``SLO.priority`` (lower is more urgent) the policy has seen a request of that class arrive with.
-Beyond that order (which alone lets the last urgent prefix go once running low-priority requests
-need the room: 25% of ``kv_retention``'s prefix kept on ``sim:vllm``), the most urgent class's
-nodes, most recently used first, are pinned up to ``max_pinned_frac`` of HBM once requests of
-a less urgent class have arrived: the engine then frees the rest among unpinned nodes and, if still
-short, preempts, so a high-priority shared prefix survives low-priority pressure (conformance
-``kv_retention``, vLLM #47802) while lower-priority work keeps the other 80% of HBM.
+Beyond that order (which alone kept only 25% of ``kv_retention``'s prefix under ``superinfer``
+on ``sim:vllm`` in a development run), the most urgent class's nodes, most recently used first,
+are pinned up to ``max_pinned_frac`` of HBM once requests of a less urgent class have arrived:
+the engine then frees the rest among unpinned nodes and, if still short, preempts
+(``hookspecs.superinfer_kv_placement``), so a high-priority shared prefix survives low-priority
+pressure (conformance ``kv_retention``, vLLM #47802) while lower-priority work keeps the rest of
+HBM.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class PriorityPlacementPolicy(PlacementPolicy):
     name: ClassVar[str] = "priority"
 
     _rank: dict[str, int] = field(default_factory=dict, init=False, repr=False)
-    _nodes: tuple[PrefixNodeView, ...] = field(default=(), init=False, repr=False)
+    _ranks: NDArray[np.float64] | None = field(default=None, init=False, repr=False)
 
     def observe_request(self, request: RequestView) -> None:
         """Learn the urgency of ``request``'s SLO class (its ``slo.priority``; lower is more
@@ -74,27 +75,29 @@ class PriorityPlacementPolicy(PlacementPolicy):
         total_hbm_blocks: int,
     ) -> PlacementDecision:
         """:meth:`PlacementPolicy.decide` with scores from each node's class urgency."""
-        self._nodes = nodes
+        ranks = self._ranks = self.node_ranks(nodes)  # read by _scores, once per call
         try:
             decision = super().decide(
                 nodes, now_s, free_hbm_blocks, free_cpu_blocks, needed_hbm_blocks, total_hbm_blocks
             )
         finally:
-            self._nodes = ()
-        pins = self._urgent_pins(nodes, total_hbm_blocks)
+            self._ranks = None
+        pins = self._urgent_pins(nodes, ranks, total_hbm_blocks)
         if not pins:
             return decision
         actions = dict(decision.actions)
         actions.update((node_id, Placement.PIN) for node_id in pins)
         return PlacementDecision(actions=actions, prefetch=decision.prefetch)
 
-    def _urgent_pins(self, nodes: tuple[PrefixNodeView, ...], total_hbm_blocks: int) -> list[str]:
-        """Ids of the most urgent class's HBM nodes to pin: most recently used first (parents
-        before children on ties), while their blocks fit ``max_pinned_frac`` of HBM; none until
-        a request of a less urgent class has arrived."""
+    def _urgent_pins(
+        self, nodes: tuple[PrefixNodeView, ...], ranks: NDArray[np.float64], total_hbm_blocks: int
+    ) -> list[str]:
+        """Ids of the most urgent class's HBM nodes to pin (``ranks``: :meth:`node_ranks` of
+        ``nodes``): most recently used first (parents before children on ties), while their
+        blocks fit ``max_pinned_frac`` of HBM; none until a request of a less urgent class has
+        arrived."""
         if not nodes:
             return []
-        ranks = self.node_ranks(nodes)
         top = ranks.min()
         if top >= max(self._rank.values(), default=0):
             return []  # no less urgent class has arrived: nothing to protect these nodes from
@@ -126,5 +129,6 @@ class PriorityPlacementPolicy(PlacementPolicy):
     def _scores(
         self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
     ) -> tuple[FloatArray | ScoreFn, FloatArray | ScoreFn | None, bool]:
-        score: FloatArray = -self.node_ranks(self._nodes) * _RANK_SPAN - cols.age_s
+        assert self._ranks is not None, "_scores runs inside decide"
+        score: FloatArray = -self._ranks * _RANK_SPAN - cols.age_s
         return score, None, False

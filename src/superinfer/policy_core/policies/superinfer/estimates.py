@@ -92,6 +92,13 @@ class _Estimates(SuperInferConfig):
             return due, prefill + rem * self._typical_step_s(), -_INF
         return _INF, 0.0, -_INF
 
+    def _check_queued_at(self, rep: _Replica, e: _Entry, when: float) -> None:
+        """Check queued ``e`` at ``when`` (none if infinite): any earlier check goes stale."""
+        e.next_check_s = when
+        e.check_version += 1
+        if when < _INF:
+            heapq.heappush(rep.due, (when, self._next_seq(), e.rid, e.check_version))
+
     def _schedule_check(
         self, rep: _Replica, e: _Entry, now: float, *, checked: bool = False
     ) -> None:
@@ -129,9 +136,10 @@ class _Estimates(SuperInferConfig):
             when = _INF
         if not queued and when < _INF:
             when = min(when, now + self.recheck_s)
+        if queued:
+            self._check_queued_at(rep, e, when)
+            return
         e.next_check_s = when
         e.check_version += 1
-        if queued and when < _INF:
-            heapq.heappush(rep.due, (when, self._next_seq(), e.rid, e.check_version))
-        elif when < _INF:  # the running pass visits it then (running.py)
+        if when < _INF:  # the running pass visits it then (running.py)
             heapq.heappush(rep.run_due, (when, e.rid, e.check_version))

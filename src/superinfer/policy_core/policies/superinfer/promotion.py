@@ -97,7 +97,7 @@ class _Promotion(_Admission):
 
         ``rep.feasible[t]`` still counts every request of ``hopeless`` (none is marked yet), so
         they are subtracted first. O(tiers + len(hopeless)), plus one pass over the running
-        set, stopping at the first peer, on a call where some tier has no waiting peer.
+        set (stopping at a tier-0 peer) on a call where some tier has no waiting peer.
         """
         pending = [0] * self.num_tiers
         for e in hopeless:
@@ -120,6 +120,4 @@ class _Promotion(_Admission):
                 self._apply_check(rep, e, "hopeless", step, now)
             else:
                 self._counters["hopeless_kept"] += 1
-                e.check_version += 1  # its next check: a step from now
-                e.next_check_s = now + self._typical_step_s()
-                heapq.heappush(rep.due, (e.next_check_s, self._next_seq(), e.rid, e.check_version))
+                self._check_queued_at(rep, e, now + self._typical_step_s())

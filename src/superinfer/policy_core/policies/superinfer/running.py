@@ -261,8 +261,11 @@ class _Running(_Promotion):
     def _drop_running(self, books: _RunBooks, rid: str) -> None:
         del books.order[rid]
         books.ver.pop(rid, None)
-        if (t := books.tier.pop(rid, None)) is None:
-            return
+        if (t := books.tier.pop(rid, None)) is not None:
+            self._unfile(books, rid, t)
+
+    def _unfile(self, books: _RunBooks, rid: str, t: int) -> None:
+        """Take ``rid`` out of tier ``t``'s running counts (and the TPOT heap, as a decode)."""
         books.run_count[t] -= 1
         if rid in books.prefilling:
             del books.prefilling[rid]
@@ -331,12 +334,7 @@ class _Running(_Promotion):
             books.order[rid] = next(books.positions)
         old = books.tier.get(rid)
         if old is not None:
-            books.run_count[old] -= 1
-            if rid in books.prefilling:
-                del books.prefilling[rid]
-            else:
-                books.dec_count[old] -= 1
-                self._untpot(books, rid)
+            self._unfile(books, rid, old)
         t = books.tier[rid] = e.tier
         books.run_count[t] += 1
         version = books.ver[rid] = next(_VERSIONS)
