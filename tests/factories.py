@@ -64,6 +64,7 @@ def make_state(
     kv_block_bytes: int = 0,
     link_bytes_per_s: float = 0.0,
     replica: int = 0,
+    mixed_batches: bool = True,
 ) -> StepState:
     """A replica state with the given queues (no CPU tier unless ``total_cpu_blocks`` > 0)."""
     return StepState(
@@ -82,4 +83,5 @@ def make_state(
         kv_block_bytes=kv_block_bytes,
         link_bytes_per_s=link_bytes_per_s,
         replica=replica,
+        mixed_batches=mixed_batches,
     )

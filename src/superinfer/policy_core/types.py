@@ -347,6 +347,11 @@ class StepState:
             (0 without a CPU tier).
         replica: index of the replica this state describes (0 for a single engine); one policy
             object may serve every replica of a cluster.
+        mixed_batches: a step may run prefill chunks beside decodes. ``False``: a step that runs
+            any prefill runs only prefill, and the running decodes wait for the next step, so a
+            prefill step delays every decode by its whole duration (SGLang 0.5.23 without
+            ``--enable-mixed-chunk``: ``Scheduler.get_next_batch_to_run`` runs a new prefill
+            batch before the running decode batch; ``Scheduler.is_mixed_chunk``).
         views: request id -> view of every request in the three queues, or ``None``.
         queue_of: request id -> the queue holding it (the same ids as ``views``), or ``None``.
         changes: what changed since the previous state of the engine's series, or ``None``.
@@ -372,6 +377,7 @@ class StepState:
     views: Mapping[str, RequestView] | None = None
     queue_of: Mapping[str, Queue] | None = None
     changes: StepChanges | None = None
+    mixed_batches: bool = True
 
     def view_map(self) -> Mapping[str, RequestView]:
         """``views``, or the same map built from the queues (one pass) when the engine gave none."""

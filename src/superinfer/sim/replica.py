@@ -194,6 +194,7 @@ class Replica:
             kv_block_bytes=self.kv_block_bytes,
             link_bytes_per_s=self.link.bytes_per_s if self.cpu_total_blocks else 0.0,
             replica=self.index,
+            mixed_batches=self.profile.mixed_batches,
         )
         return self.views.stamp(state)
 

@@ -198,6 +198,7 @@ class SGLangAdapter:
                 priority_scheduling=scheduler.enable_priority_scheduling,
                 low_priority_values_first=scheduler.schedule_low_priority_values_first,
                 kv_cache_dtype=str(getattr(args, "kv_cache_dtype", "auto")),
+                mixed_chunk=bool(getattr(scheduler, "is_mixed_chunk", False)),
             ),
         )
         if not scheduler.enable_priority_scheduling:

@@ -213,6 +213,9 @@ class EngineLimits:
         priority_scheduling: ``--enable-priority-scheduling``.
         low_priority_values_first: ``--schedule-low-priority-values-first``.
         kv_cache_dtype: ``--kv-cache-dtype`` (one per engine; for the precision log).
+        mixed_chunk: ``Scheduler.is_mixed_chunk`` (``--enable-mixed-chunk`` with chunked
+            prefill): a prefill batch carries the running decodes; off by default, so a
+            prefill batch runs alone (``StepState.mixed_batches``).
     """
 
     page_size: int = 1
@@ -221,6 +224,7 @@ class EngineLimits:
     priority_scheduling: bool = True
     low_priority_values_first: bool = False
     kv_cache_dtype: str = "auto"
+    mixed_chunk: bool = False
 
 
 def resolve_slo(req: Any, config: AdapterConfig) -> SLO:
@@ -318,7 +322,8 @@ def step_state(
     SGLang has no swap of a running request's KV (a preempted or retracted request is recomputed:
     ``mem_cache/common.py::release_kv_cache(checkpoint=False)``), so ``swapped`` is empty and the
     CPU tier and link bandwidth are reported as 0. The token budget is SGLang's prefill budget plus
-    one token per running request, the decode batch it runs beside it.
+    one token per running request, its decode batch (run in the same batch only with mixed chunk,
+    ``limits.mixed_chunk``; else in the next one: ``mixed_batches``).
     """
     return StepState(
         now_s=clock.now_s,
@@ -333,6 +338,7 @@ def step_state(
         block_size_tokens=limits.page_size,
         token_budget=limits.max_prefill_tokens + len(running),
         max_num_seqs=limits.max_running_requests,
+        mixed_batches=limits.mixed_chunk,
     )
 
 
