@@ -314,6 +314,39 @@ class TestTPOTProtection:
         assert plain.num_tokens["urgent"] == 700 and boosted.num_tokens["urgent"] == 800
 
 
+class TestTPOTProtectionWithoutMixedBatches:
+    """``StepState.mixed_batches = False`` (SGLang's prefill-first batches): a prefill step runs
+    alone, so it and the decode step after it must fit the smallest TPOT allowance."""
+
+    def _decide(self, first_token_s: float, **options: object) -> ScheduleDecision:
+        p = policy(**{"prior_decode_seq_s": 0.0, **options})
+        dec = decoding("dec", 32, 2, first_token_s=first_token_s)
+        new = make_view("new", prompt=2000, arrival_s=10.0)
+        arrive(p, make_view("dec", prompt=32), new)
+        state = make_state(running=[dec], waiting=[new], mixed_batches=False)
+        return decide(p, state)
+
+    def test_the_prefill_step_and_the_next_decode_step_fit_the_allowance(self) -> None:
+        # allowance 0.1 * 2 - (10.0 - 9.9) = 0.1 s; 0.09 s less a decode step (A) and the
+        # prefill step's own A: (0.09 - 0.04) / B = 500 tokens (mixed: 700, test above)
+        d = self._decide(9.9)
+        allowance = 0.1 * 2 - (10.0 - 9.9)
+        expected = int((allowance * 0.9 - A - A) / B)
+        assert expected == 500 and dict(d.num_tokens) == {"dec": 1, "new": expected}
+
+    def test_below_min_prefill_tokens_the_step_decodes_and_the_boost_stays_off(self) -> None:
+        # allowance 0.2 - 0.15 = 0.05 s: (0.045 - 0.04) / B = 50 tokens < 256: no prefill step,
+        # though the new request's TTFT is due (a boost would borrow on a mixed engine)
+        d = self._decide(9.85)
+        assert dict(d.num_tokens) == {"dec": 1} and d.admit == ()
+        mixed = policy(ttft_boost=False)
+        dec = decoding("dec", 32, 2, first_token_s=9.85)
+        new = make_view("new", prompt=2000, arrival_s=10.0)
+        arrive(mixed, make_view("dec", prompt=32), new)
+        floor = decide(mixed, make_state(running=[dec], waiting=[new]))
+        assert dict(floor.num_tokens) == {"dec": 1, "new": 256}  # min_prefill_tokens
+
+
 class TestFirstTokenGuard:
     """A chat whose whole prompt fits in the step is not made late by a batch prompt's chunk."""
 

@@ -24,7 +24,10 @@ the most urgent request goes first (earliest TTFT deadline, or least slack for a
   tokens are sized so the step ends within the smallest TPOT allowance among them
   (``tpot * generated - time since first token``, i.e. what keeps its mean TPOT on target),
   the Sarathi-Serve idea (Agrawal et al., OSDI 2024) driven by SLO slack instead of a constant.
-  A TTFT-urgent prefill may grow the step further, against the decodes' TPOT credit.
+  A TTFT-urgent prefill may grow the step further, against the decodes' TPOT credit. On an
+  engine whose prefill steps run alone (``StepState.mixed_batches`` false: SGLang's default),
+  the prefill step and the decode step after it must both fit the allowance, a prefill step
+  under ``min_prefill_tokens`` gives way to a decode step, and there is no boost.
 * **Rotation through HBM** (RotaSched in SuperInfer, MLSys 2026, made engine-agnostic): with a
   CPU KV tier, running requests of worse tiers that have had their slice of service are swapped
   out proactively when better-tier work is blocked or HBM runs low, within the link's bytes per

@@ -68,11 +68,23 @@ class _StepBudget(_Running):
 
     def _prefill_allowance(self, step: _Step, num_decodes: int, cap_s: float) -> int:
         """Prefill tokens this step may run: all of the budget, or with TPOT-class decodes
-        running, what fits in ``tpot_safety`` of their smallest allowance."""
+        running, what fits in ``tpot_safety`` of their smallest allowance.
+
+        With mixed batches the decodes run in the same step, so the step (prefill plus decodes)
+        must fit; at least ``min_prefill_tokens`` always may. Without them
+        (``StepState.mixed_batches`` false: SGLang's prefill-first batches) a prefill step
+        runs alone and the decodes' next token comes after it and one decode step, so both must
+        fit, and a prefill step shorter than ``min_prefill_tokens`` is not worth its fixed cost:
+        the step decodes instead (0), banking TPOT credit for a later, larger prefill step.
+        """
         if cap_s == _INF:
             return step.budget
         model = self.step_time
         room_s = cap_s * self.tpot_safety - model.step_s(0.0, num_decodes)
+        if not step.state.mixed_batches:
+            room_s -= model.base_s  # the prefill step's own fixed cost
+            tokens = _count(room_s / model.prefill_token_s) if room_s > 0 else 0
+            return tokens if tokens >= self.min_prefill_tokens else 0
         tokens = _count(room_s / model.prefill_token_s) if room_s > 0 else 0
         return max(self.min_prefill_tokens, tokens)
 

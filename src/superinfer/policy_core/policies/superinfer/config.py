@@ -46,10 +46,14 @@ class SuperInferConfig(BasePolicy):
         0.9, "fraction of the smallest TPOT allowance a step may take (TPOT protection)"
     )
     min_prefill_tokens: int = _opt(
-        256, "prefill tokens a step may always run, whatever the TPOT allowance"
+        256,
+        "prefill tokens a step may always run, whatever the TPOT allowance (an engine without "
+        "mixed batches: the smallest prefill step worth running; below it the step decodes)",
     )
     ttft_boost: bool = _opt(
-        True, "grow prefill chunks for a TTFT-urgent prefill when decodes have TPOT credit"
+        True,
+        "grow prefill chunks for a TTFT-urgent prefill when decodes have TPOT credit (engines "
+        "with mixed batches only: elsewhere a prefill step delays every decode)",
     )
     ttft_plan_fraction: float = _opt(
         0.6, "the TTFT boost plans a prefill to end within this fraction of its slack"

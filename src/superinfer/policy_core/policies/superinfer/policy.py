@@ -104,7 +104,7 @@ class SuperInferPolicy(_Rotation):
             self._relieve_shortage(rep, step, self._running_entries(state), need)
         self._schedule_decodes(rep, step, decodes, need)
         prefill_allow = self._prefill_allowance(step, len(decodes), cap_s)
-        if self.ttft_boost and prefill_allow < step.budget:
+        if self.ttft_boost and state.mixed_batches and prefill_allow < step.budget:
             prefill_allow = self._ttft_boost(rep, step, decodes, prefills, prefill_allow, now)
         rep.prefill_chunk_tokens = float(prefill_allow)
         rep.num_decodes = len(decodes)
