@@ -12,7 +12,8 @@ from superinfer.policy_core.policies.superinfer.records import (
     _SWAPPED,
     _WAITING,
     _Entry,
-    _entry_key,
+    _Lane,
+    _LaneItem,
     _Replica,
     _Step,
 )
@@ -23,19 +24,17 @@ class _Rotation(_StepBudget):
     """Layer 7: who gets the prefill tokens, and who rotates out of HBM."""
 
     def _allocate_prefill(
-        self, rep: _Replica, step: _Step, prefills: list[_Entry], allow: int, cpu: bool
+        self, rep: _Replica, step: _Step, lanes: list[list[_LaneItem]], allow: int, cpu: bool
     ) -> None:
         """Hand ``allow`` prefill tokens out: aged requests first, then the tiers by stride
         scheduling on their weights; inside a tier, running prefills continue before swapped
-        requests resume and before waiting ones are admitted, each in urgency order."""
+        requests resume and before waiting ones are admitted, each in urgency order.
+
+        ``lanes`` are the running books' (``_scan_running``), kept sorted across calls, so a
+        call reads only the front of each: O(tiers + requests served)."""
         k = self.num_tiers
-        ongoing: list[list[_Entry]] = [[] for _ in range(k)]
-        for p in prefills:
-            if p.rid not in step.preempt:
-                ongoing[p.tier].append(p)
-        for group in ongoing:
-            if len(group) > 1:
-                group.sort(key=_entry_key)
+        skip = frozenset(step.preempt)  # preempted before the rotation: not in its lanes
+        ongoing = [_Lane(lane, self._entries, skip) for lane in lanes]
         left = allow
         while left > 0:
             aged = self._peek(rep.aged, _WAITING, _SWAPPED)
@@ -61,9 +60,11 @@ class _Rotation(_StepBudget):
             if not tiers:
                 break
             t = min(tiers, key=lambda i: (passes[i], i))
-            while ongoing[t] and ongoing[t][0].rid in step.preempt:
-                ongoing[t].pop(0)  # made room for a better tier earlier in this step
-            e = ongoing[t][0] if ongoing[t] else None
+            lane = ongoing[t]
+            e = lane.head()
+            while e is not None and e.rid in step.preempt:
+                lane.pop()  # made room for a better tier earlier in this step
+                e = lane.head()
             if e is None and cpu:
                 e = self._peek(rep.swap_heaps[t], _SWAPPED)
             if e is None:
@@ -80,9 +81,9 @@ class _Rotation(_StepBudget):
             passes[t] += given / weights[t]
             if self._pending_after(step, e) <= 0:
                 if not was_queued:
-                    ongoing[t].pop(0)
+                    lane.pop()
             elif was_queued:
-                ongoing[t].insert(0, e)  # a request admitted mid-prefill keeps the next turn
+                lane.push(e)  # a request admitted mid-prefill keeps the next turn
             demand[t] = self._has_demand(rep, ongoing, t, cpu)
         low = min(passes)
         if low > 1e9:  # keep the virtual times small; only differences matter
@@ -167,8 +168,8 @@ class _Rotation(_StepBudget):
         """A TTFT-class request still within its target's reach and before its first token."""
         return e.ttft_s is not None and not e.best_effort and e.view.first_token_s is None
 
-    def _has_demand(self, rep: _Replica, ongoing: list[list[_Entry]], t: int, cpu: bool) -> bool:
-        if ongoing[t]:
+    def _has_demand(self, rep: _Replica, ongoing: list[_Lane], t: int, cpu: bool) -> bool:
+        if ongoing[t].head() is not None:
             return True
         if cpu and self._peek(rep.swap_heaps[t], _SWAPPED) is not None:
             return True
