@@ -7,6 +7,7 @@ from __future__ import annotations
 from superinfer.policy_core.policies.superinfer.records import (
     _INF,
     _WAITING,
+    _awaits_first_token,
     _decode_blocks,
     _Entry,
     _LaneItem,
@@ -78,18 +79,15 @@ class _StepBudget(_Running):
         return max(self.min_prefill_tokens, tokens)
 
     def _urgent_prefill(self, step: _Step, lanes: list[list[_LaneItem]]) -> _Entry | None:
-        """The running prefill awaiting its first token (TTFT class, not best effort, not
-        preempted) with the smallest key, the first in ``state.running`` order among equal
-        keys: the first such one of each lane (sorted by key, then that order), the best of
-        those."""
+        """The running prefill awaiting its first token (TTFT class, not best effort) and not
+        preempted with the smallest key, the first in ``state.running`` order among equal keys:
+        the best of the first such one of each of the books' ``ttft_lanes`` (sorted by key,
+        then that order)."""
         entries, preempt = self._entries, step.preempt
         best: tuple[float, int, str] | None = None
         for lane in lanes:
             for item in lane:
-                e = entries[item[2]]
-                if e.ttft_s is None or e.best_effort or e.view.first_token_s is not None:
-                    continue
-                if e.rid not in preempt:
+                if item[2] not in preempt and _awaits_first_token(entries[item[2]]):
                     if best is None or item < best:
                         best = item
                     break
@@ -100,7 +98,7 @@ class _StepBudget(_Running):
         rep: _Replica,
         step: _Step,
         decodes: _Decodes,
-        lanes: list[list[_LaneItem]],
+        ttft_lanes: list[list[_LaneItem]],
         allow: int,
         now: float,
     ) -> int:
@@ -113,7 +111,7 @@ class _StepBudget(_Running):
         probability ``1 - credit_quantile`` (the estimator's conditional quantile): a longer step
         now is repaid by the faster steps it still has to come.
         """
-        urgent = self._urgent_prefill(step, lanes)
+        urgent = self._urgent_prefill(step, ttft_lanes)
         for e in [self._peek(heap, _WAITING) for heap in rep.heaps]:  # the head of each tier
             if e is None or e.ttft_s is None or e.best_effort or e.view.first_token_s is not None:
                 continue

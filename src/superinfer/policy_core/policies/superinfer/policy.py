@@ -105,7 +105,8 @@ class SuperInferPolicy(_Rotation):
         self._schedule_decodes(rep, step, decodes, need)
         prefill_allow = self._prefill_allowance(step, len(decodes), cap_s)
         if self.ttft_boost and prefill_allow < step.budget:
-            prefill_allow = self._ttft_boost(rep, step, decodes, lanes, prefill_allow, now)
+            ttft_lanes = self._books(rep).ttft_lanes
+            prefill_allow = self._ttft_boost(rep, step, decodes, ttft_lanes, prefill_allow, now)
         rep.prefill_chunk_tokens = float(prefill_allow)
         rep.num_decodes = len(decodes)
         self._allocate_prefill(rep, step, lanes, min(prefill_allow, step.budget), cpu)

@@ -126,6 +126,8 @@ class _RunBooks:
         # per tier (the one counted in), its prefilling requests in the order the prefill
         # rotation serves them: (key, position, id), sorted (``_Lane``)
         self.lanes: list[list[_LaneItem]] = [[] for _ in range(num_tiers)]
+        # the same for the ones awaiting a first token with a TTFT target, not best effort
+        self.ttft_lanes: list[list[_LaneItem]] = [[] for _ in range(num_tiers)]
         self.run_count = [0] * num_tiers  # running requests per tier
         self.dec_count = [0] * num_tiers  # decodes per tier
         self.clock = 0  # decode tokens every lockstep decode has run since the rebuild
@@ -156,17 +158,28 @@ class _TpotHeap:
 _LaneItem = tuple[float, int, str]
 
 
+def _awaits_first_token(e: _Entry) -> bool:
+    """A TTFT-class request still within its target's reach and before its first token."""
+    return e.ttft_s is not None and not e.best_effort and e.view.first_token_s is None
+
+
 def _file_prefill(books: _RunBooks, e: _Entry, t: int) -> None:
-    """Put running ``e`` in tier ``t``'s lane; its key does not change while it runs (the key
-    is set when a request is queued: ``_Queues._enqueue``)."""
+    """Put running ``e`` in tier ``t``'s lanes. Its key does not change while it runs (the key
+    is set when a request is queued: ``_Queues._enqueue``), nor does it start or stop awaiting
+    its first token while it prefills without a visit (a prefill that ran is an irregular
+    change, a running request turns best effort only in a visit)."""
     item = books.prefilling[e.rid] = (e.key, books.order[e.rid], e.rid)
     insort(books.lanes[t], item)
+    if _awaits_first_token(e):
+        insort(books.ttft_lanes[t], item)
 
 
 def _unfile_prefill(books: _RunBooks, rid: str, t: int) -> None:
     item = books.prefilling.pop(rid)
-    lane = books.lanes[t]
-    del lane[bisect_left(lane, item)]
+    for lane in (books.lanes[t], books.ttft_lanes[t]):
+        i = bisect_left(lane, item)
+        if i < len(lane) and lane[i] == item:
+            del lane[i]
 
 
 class _Lane:

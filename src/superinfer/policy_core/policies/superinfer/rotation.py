@@ -11,6 +11,7 @@ from superinfer.policy_core.policies.superinfer.records import (
     _RUNNING,
     _SWAPPED,
     _WAITING,
+    _awaits_first_token,
     _Entry,
     _Lane,
     _LaneItem,
@@ -56,10 +57,12 @@ class _Rotation(_StepBudget):
             active[t] = demand[t]
         blocked = [False] * k
         while left > 0:
-            tiers = [t for t in range(k) if demand[t] and not blocked[t]]
-            if not tiers:
+            t = -1  # the tier with demand, not blocked, with the smallest pass (then index)
+            for i in range(k):
+                if demand[i] and not blocked[i] and (t < 0 or passes[i] < passes[t]):
+                    t = i
+            if t < 0:
                 break
-            t = min(tiers, key=lambda i: (passes[i], i))
             lane = ongoing[t]
             e = lane.head()
             while e is not None and e.rid in step.preempt:
@@ -118,7 +121,7 @@ class _Rotation(_StepBudget):
             prefill += n
             pieces.append((e, n))
             ttft = e.ttft_s
-            if n >= v.pending_tokens and ttft is not None and self._awaits_first_token(e):
+            if n >= v.pending_tokens and ttft is not None and _awaits_first_token(e):
                 d = e.arrival_s + ttft
                 if d < deadline:
                     deadline, urgent_tier = d, e.tier
@@ -132,7 +135,7 @@ class _Rotation(_StepBudget):
         donors = [
             (e, n - (1 if e.rid in started else 0))
             for e, n in pieces
-            if e.tier > urgent_tier and not self._awaits_first_token(e)
+            if e.tier > urgent_tier and not _awaits_first_token(e)
         ]
         if sum(g for _, g in donors) < excess:
             return 0  # out of reach even so: keep the throughput
@@ -162,11 +165,6 @@ class _Rotation(_StepBudget):
             trimmed += cut
         self._counters["first_token_trims"] += 1
         return trimmed
-
-    @staticmethod
-    def _awaits_first_token(e: _Entry) -> bool:
-        """A TTFT-class request still within its target's reach and before its first token."""
-        return e.ttft_s is not None and not e.best_effort and e.view.first_token_s is None
 
     def _has_demand(self, rep: _Replica, ongoing: list[_Lane], t: int, cpu: bool) -> bool:
         if ongoing[t].head() is not None:

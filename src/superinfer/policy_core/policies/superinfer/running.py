@@ -146,8 +146,8 @@ class _Running(_Promotion):
             return None
         rc = ch.running
         left, irregular, order, prefilling = rc.left, rc.irregular, books.order, books.prefilling
-        if any(rid not in left for rid in books.last_out) or any(
-            rid not in left for rid in books.gone
+        if (books.last_out and not left.issuperset(books.last_out)) or (
+            books.gone and not left.issuperset(books.gone)
         ):
             return None  # a preemption not carried out, or an end still running: resynchronize
         books.gone.clear()
