@@ -5,7 +5,24 @@ or prefill (``max_num_seqs = n_running``, so a request is admitted only when one
 ``n_waiting`` wait (arrivals top the queue up after every step), every lifecycle hook fires as
 an engine would call it, and time advances by a roofline-like step time. Only the ``schedule``
 call is timed (``time.perf_counter_ns``); building the state and applying the decision are not.
-KV memory is ample, so nothing is preempted. Like every engine here, the double hands the policy
+KV memory is ample, so nothing is preempted.
+
+The double is a saturated engine, not a sized one: the queue is topped up to ``n_waiting``
+after every step, so arrivals equal what leaves it (admissions and rejections) and a request
+waits ``n_waiting`` / admissions per second, minutes at these sizes: every chat request's TTFT
+is out of reach by the time its turn could come (``superinfer`` and ``oracle`` reject them as
+hopeless), and the batch requests in ``superinfer``'s queue are mostly aged. That is the
+regime the rows time. The step time is ``BASE_STEP_S + PREFILL_TOKEN_S * prefill tokens +
+DECODE_SEQ_S * decodes`` at 256 running, with both per-unit costs divided by ``n_running / 256``
+above it (a larger engine), so a full batch's step takes as long at every size; the first fill
+spreads its arrivals over the ``FILL_SPAN_S`` before the start; and the calls of the first
+``--warmup-s`` simulated seconds are not timed (the first fill's chat requests are rejected in
+the first calls, and their replacements arrive at one instant, so rejections come in waves
+for some seconds). ``--legacy-double`` runs the double as it was before (per-unit costs of the
+256 engine at every size: 2,560 decodes took 0.28 s a step, 2.8x the chat TPOT target, and
+``superinfer``'s TPOT protection drained the running set to a few hundred; a 60 s fill span and
+no ``--warmup-s``, so at 2,560 running the timed calls began 20 calls in, among the
+rejection waves). Like every engine here, the double hands the policy
 its id -> view map and the change set since its previous state (``StepState.views``,
 ``queue_of``, ``changes``, decode advances included: ``policy_core.changes.ViewTracker``, issue
 21), built outside the timed call.
@@ -28,7 +45,7 @@ shedding (with the default bound of 4,096 per tier they would shed at the 10x si
 Usage::
 
     python benchmarks/policy_overhead.py [--calls 2000] [--repeats 3] [--policies fcfs,superinfer]
-        [--sizes 256x4096,2560x40960] [--out DIR] [--plot-only]
+        [--sizes 256x4096,2560x40960] [--warmup-s 30] [--legacy-double] [--out DIR] [--plot-only]
 """
 
 from __future__ import annotations
@@ -64,6 +81,18 @@ BLOCK_TOKENS = 16
 SIZES = ((64, 1024), (256, 4096), (1024, 16384), (2560, 40960))
 #: Timed calls are ``--calls`` at this many running requests and fewer in proportion above it.
 CALLS_AT_RUNNING = 256
+#: The double's step time, s: ``BASE_STEP_S + PREFILL_TOKEN_S * prefill tokens + DECODE_SEQ_S *
+#: decodes`` at ``REFERENCE_RUNNING`` running requests; both per-unit costs shrink in proportion
+#: at larger sizes (a larger engine), so a full batch's step takes as long at every size.
+BASE_STEP_S, PREFILL_TOKEN_S, DECODE_SEQ_S = 0.02, 1.4e-4, 1e-4
+REFERENCE_RUNNING = 256
+#: The first fill's arrivals are spread over this many seconds before the start (a queue
+#: built up over time), longer than ``superinfer``'s ``aging_s``: its steady state at these
+#: sizes, where the queue never drains, has the oldest requests aged from the start.
+FILL_SPAN_S = 180.0
+#: Untimed simulated seconds before the timed calls (``--warmup-s``): past the initial queue's
+#: transient (module docstring).
+WARMUP_S = 30.0
 #: Options that make a policy's row time scheduling rather than shedding (module docstring).
 BENCH_OPTIONS: dict[str, dict[str, str]] = {
     "superinfer": {"max_waiting_per_tier": str(1 << 20)},
@@ -104,8 +133,22 @@ class _Req:
 class _Engine:
     """A one-replica engine double: queues, decisions applied exactly, hooks fired."""
 
-    def __init__(self, policy: Any, specs: Iterator[_Req], n_running: int, n_waiting: int) -> None:
+    def __init__(
+        self,
+        policy: Any,
+        specs: Iterator[_Req],
+        n_running: int,
+        n_waiting: int,
+        *,
+        legacy: bool = False,
+    ) -> None:
         self.policy = policy
+        # Step costs per token and per decode, s: a full batch costs the same at every size
+        # (module docstring); the legacy double kept the 256-running engine's costs at every
+        # size, so 2,560 decodes took 0.28 s a step, 2.8x the chat TPOT target.
+        scale = 1.0 if legacy else REFERENCE_RUNNING / n_running
+        self.fill_span_s = 60.0 if legacy else FILL_SPAN_S
+        self.prefill_token_s, self.decode_seq_s = PREFILL_TOKEN_S * scale, DECODE_SEQ_S * scale
         self.specs = iter(specs)
         self.n_running, self.n_waiting = n_running, n_waiting
         self.now = 0.0
@@ -129,7 +172,9 @@ class _Engine:
         missing = self.n_waiting - len(self.waiting)
         for i in range(missing):
             req = next(self.specs)
-            req.arrival_s = self.now - (60.0 * (missing - i) / missing if first else 0.0)
+            req.arrival_s = self.now - (
+                self.fill_span_s * (missing - i) / missing if first else 0.0
+            )
             self.waiting[req.rid] = req
             self.policy.on_request_arrived(req.make_view(), req.arrival_s)
 
@@ -179,7 +224,7 @@ class _Engine:
                     req.first_token_s = self.now
                 if req.generated >= req.output:
                     finished.append(req)
-        duration = 0.02 + 1.4e-4 * prefill + 1e-4 * decode
+        duration = BASE_STEP_S + self.prefill_token_s * prefill + self.decode_seq_s * decode
         self.now += duration
         for req in finished:
             del self.running[req.rid]
@@ -226,9 +271,18 @@ class _Specs:
 
 
 def measure(
-    name: str, n_running: int, n_waiting: int, calls: int, warmup: int
+    name: str,
+    n_running: int,
+    n_waiting: int,
+    calls: int,
+    warmup: int,
+    *,
+    warmup_s: float = 0.0,
+    legacy: bool = False,
 ) -> tuple[list[float], list[float]]:
-    """Wall-clock and thread-CPU microseconds of each timed ``schedule`` call of ``name``."""
+    """Wall-clock and thread-CPU microseconds of each timed ``schedule`` call of ``name``,
+    after ``warmup`` untimed calls and then as many more as it takes to reach ``warmup_s`` of
+    simulated time (``legacy``: the double before its step costs scaled with size)."""
     specs = _Specs(seed=0)
     first = next(specs)  # the oracle is built before the engine draws the rest
     cls = available_policies()[name].load()
@@ -236,19 +290,22 @@ def measure(
     if getattr(cls, "needs_output_lengths", False):
         extra["output_tokens"] = specs.lengths  # filled as requests are drawn
     policy = make_policy(cls, BENCH_OPTIONS.get(name, {}), name, extra=extra)
-    engine = _Engine(policy, itertools.chain([first], specs), n_running, n_waiting)
-    wall, cpu = [], []
-    for i in range(warmup + calls):
+    engine = _Engine(policy, itertools.chain([first], specs), n_running, n_waiting, legacy=legacy)
+    wall: list[float] = []
+    cpu: list[float] = []
+    i = 0
+    while len(wall) < calls:
         state = engine.state()
         c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
         decision = policy.schedule(state)
         t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
         if i < 3:
             check_decision(state, decision)
-        if i >= warmup:
+        if i >= warmup and state.now_s >= warmup_s:
             wall.append((t1 - t0) / 1e3)
             cpu.append((c1 - c0) / 1e3)
         engine.apply(decision)
+        i += 1
     return wall, cpu
 
 
@@ -325,6 +382,18 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(f"{r}x{w}" for r, w in SIZES),
         help="comma-separated RUNNINGxWAITING sizes; calls shrink in proportion to RUNNING",
     )
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=WARMUP_S,
+        help="untimed simulated seconds first (after --warmup calls)",
+    )
+    parser.add_argument(
+        "--legacy-double",
+        action="store_true",
+        help="the double before issue 21's third pass: step costs not scaled with size, "
+        "no --warmup-s (reproduces the earlier rows)",
+    )
     parser.add_argument("--plot-only", action="store_true", help="redraw the plot from the csv")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -346,7 +415,15 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             best = None
             for run in range(args.repeats):
-                us, cpu = measure(name, n_running, n_waiting, calls, warmup)
+                us, cpu = measure(
+                    name,
+                    n_running,
+                    n_waiting,
+                    calls,
+                    warmup,
+                    warmup_s=0.0 if args.legacy_double else args.warmup_s,
+                    legacy=args.legacy_double,
+                )
                 row = _row(name, n_running, n_waiting, us, cpu)
                 runs.append({**row, "run": run})
                 if best is None or row["median_us"] < best["median_us"]:

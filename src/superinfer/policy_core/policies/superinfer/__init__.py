@@ -48,7 +48,8 @@ and default is tabulated in ``docs/policies.md``.
 Modules, bottom layer first (each imports only the ones before it; the policy class is the
 top of one inheritance chain through them):
 
-* ``records``: what is remembered per request and per replica, and the decision being built;
+* ``records``: what is remembered per request and per replica, the running books and their
+  prefill lanes (sorted across calls), and the decision being built;
 * ``config``: the hyperparameters (``--policy-opt``), their validation, the initial books;
 * ``estimates``: remaining output, work left, the in-tier key, when a request is next checked;
 * ``queues``: initial tier (skip-join), tier changes, the waiting and swapped heaps per tier;

@@ -34,6 +34,8 @@ class _Admission(_Preemption):
             return 0
         if queued:
             e.view = v
+            if step.seats <= 0 and 0 <= rank_below and step.worst_tier <= rank_below:
+                return 0  # no free seat, and no worse tier runs to make one (_make_room)
         given = step.tokens.get(rid, 0)
         n = min(unit, v.pending_tokens - given, step.budget)
         if n <= 0:

@@ -7,8 +7,10 @@ from __future__ import annotations
 from superinfer.policy_core.policies.superinfer.records import (
     _INF,
     _WAITING,
+    _awaits_first_token,
     _decode_blocks,
     _Entry,
+    _LaneItem,
     _Replica,
     _Step,
 )
@@ -88,12 +90,27 @@ class _StepBudget(_Running):
         tokens = _count(room_s / model.prefill_token_s) if room_s > 0 else 0
         return max(self.min_prefill_tokens, tokens)
 
+    def _urgent_prefill(self, step: _Step, lanes: list[list[_LaneItem]]) -> _Entry | None:
+        """The running prefill awaiting its first token (TTFT class, not best effort) and not
+        preempted with the smallest key, the first in ``state.running`` order among equal keys:
+        the best of the first such one of each of the books' ``ttft_lanes`` (sorted by key,
+        then that order)."""
+        entries, preempt = self._entries, step.preempt
+        best: tuple[float, int, str] | None = None
+        for lane in lanes:
+            for item in lane:
+                if item[2] not in preempt and _awaits_first_token(entries[item[2]]):
+                    if best is None or item < best:
+                        best = item
+                    break
+        return None if best is None else entries[best[2]]
+
     def _ttft_boost(
         self,
         rep: _Replica,
         step: _Step,
         decodes: _Decodes,
-        prefills: list[_Entry],
+        ttft_lanes: list[list[_LaneItem]],
         allow: int,
         now: float,
     ) -> int:
@@ -106,9 +123,8 @@ class _StepBudget(_Running):
         probability ``1 - credit_quantile`` (the estimator's conditional quantile): a longer step
         now is repaid by the faster steps it still has to come.
         """
-        urgent = None
-        heads = [self._peek(heap, _WAITING) for heap in rep.heaps]
-        for e in [*prefills, *heads]:
+        urgent = self._urgent_prefill(step, ttft_lanes)
+        for e in [self._peek(heap, _WAITING) for heap in rep.heaps]:  # the head of each tier
             if e is None or e.ttft_s is None or e.best_effort or e.view.first_token_s is not None:
                 continue
             if e.rid not in step.preempt and (urgent is None or e.key < urgent.key):

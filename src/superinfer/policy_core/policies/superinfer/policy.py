@@ -99,16 +99,17 @@ class SuperInferPolicy(_Rotation):
             swap_in_bytes=link_step if cpu else 0.0,
         )
         self._run_due_checks(rep, step, now)
-        decodes, prefills, cap_s, need = self._scan_running(rep, step, now)
+        decodes, lanes, cap_s, need = self._scan_running(rep, step, now)
         if need > step.free:
             self._relieve_shortage(rep, step, self._running_entries(state), need)
         self._schedule_decodes(rep, step, decodes, need)
         prefill_allow = self._prefill_allowance(step, len(decodes), cap_s)
         if self.ttft_boost and state.mixed_batches and prefill_allow < step.budget:
-            prefill_allow = self._ttft_boost(rep, step, decodes, prefills, prefill_allow, now)
+            ttft_lanes = self._books(rep).ttft_lanes
+            prefill_allow = self._ttft_boost(rep, step, decodes, ttft_lanes, prefill_allow, now)
         rep.prefill_chunk_tokens = float(prefill_allow)
         rep.num_decodes = len(decodes)
-        self._allocate_prefill(rep, step, prefills, min(prefill_allow, step.budget), cpu)
+        self._allocate_prefill(rep, step, lanes, min(prefill_allow, step.budget), cpu)
         if self.first_token_guard:
             self._guard_first_tokens(rep, step, decodes)
         if cpu and self.rotation:

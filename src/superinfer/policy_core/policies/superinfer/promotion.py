@@ -15,6 +15,9 @@ from superinfer.policy_core.policies.superinfer.records import (
     _Step,
 )
 
+#: The counter each check outcome adds to.
+_COUNTER = {"age": "aged", "hopeless": "best_effort", "promote": "promotions"}
+
 
 class _Promotion(_Admission):
     """Layer 5: aging, best-effort demotion and deadline-aware promotion."""
@@ -45,9 +48,7 @@ class _Promotion(_Admission):
             return
         if queued:
             self._dequeue(rep, e)
-        self._counters[
-            {"age": "aged", "hopeless": "best_effort", "promote": "promotions"}[outcome]
-        ] += 1
+        self._counters[_COUNTER[outcome]] += 1
         if outcome == "age":
             e.aged = True
             self._set_tier(e, 0)

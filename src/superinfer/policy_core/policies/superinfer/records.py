@@ -1,10 +1,14 @@
 """What the ``superinfer`` policy remembers: one record per live request, per-replica queues
-(waiting and swapped heaps per tier, the aged and due heaps, the stride passes) and the decision
-being built for one call. Data only; the classes that use them are the other modules here."""
+(waiting and swapped heaps per tier, the aged and due heaps, the stride passes), the running
+books (``running.py``) and the decision being built for one call. Data only; the classes that
+use them are the other modules here."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from bisect import bisect_left, insort
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from superinfer.policy_core.types import PreemptMode, RequestView, StepState
@@ -82,10 +86,6 @@ class _Entry:
         self.next_check_s = _INF
 
 
-def _entry_key(e: _Entry) -> float:
-    return e.key
-
-
 class _Replica:
     """Per-replica queues: waiting and swapped heaps per tier, aged and due heaps."""
 
@@ -111,6 +111,114 @@ class _Replica:
         self.run_due: list[tuple[float, str, int]] = []  # running checks: (when, id, version)
         self.unreported: list[_Entry] = []  # new entries whose tier the engine has not seen
         self.token_budget = 1 << 30  # the replica's step token budget, once a state showed it
+
+
+class _RunBooks:
+    """One replica's running set as of the last state the policy saw (see the module doc)."""
+
+    def __init__(self, num_tiers: int) -> None:
+        self.at: tuple[int, int] | None = None  # (series, seq) of that state
+        self.order: dict[str, int] = {}  # id -> position, increasing along state.running
+        self.ver: dict[str, int] = {}  # id -> version of its bucket and TPOT items
+        self.tier: dict[str, int] = {}  # id -> the tier it is counted in
+        # running requests that are not decoding: id -> its item in ``lanes``
+        self.prefilling: dict[str, _LaneItem] = {}
+        # per tier (the one counted in), its prefilling requests in the order the prefill
+        # rotation serves them: (key, position, id), sorted (``_Lane``)
+        self.lanes: list[list[_LaneItem]] = [[] for _ in range(num_tiers)]
+        # the same for the ones awaiting a first token with a TTFT target, not best effort
+        self.ttft_lanes: list[list[_LaneItem]] = [[] for _ in range(num_tiers)]
+        self.run_count = [0] * num_tiers  # running requests per tier
+        self.dec_count = [0] * num_tiers  # decodes per tier
+        self.clock = 0  # decode tokens every lockstep decode has run since the rebuild
+        self.buckets: dict[int, list[tuple[str, int]]] = {}  # clock -> (id, version) to look at
+        # decodes needing a KV block at their last look: (id, version, clock of the next look)
+        self.hot: list[tuple[str, int, int]] = []
+        self.tpot: dict[float, _TpotHeap] = {}  # TPOT target (s) -> its decodes' keys
+        self.tkey: dict[str, tuple[float, float, int]] = {}  # id -> its (tpot, first, g) key
+        self.last_out: tuple[str, ...] = ()  # ids the last decision preempted
+        self.gone: list[str] = []  # ids in ``order`` whose entry a hook forgot since
+        self.bs = 16  # the state's block size, tokens
+        self.growers: list[tuple[int, _Entry, int]] = []  # (position, entry, blocks) this call
+        self.positions = itertools.count()
+
+
+class _TpotHeap:
+    """Decodes of one TPOT target keyed by ``(first_token_s + tpot * g, first_token_s, g)``
+    with ``g = generated_tokens - clock``; ids with one key share one heap item."""
+
+    __slots__ = ("heap", "members")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, float, int]] = []
+        self.members: dict[tuple[float, int], set[str]] = {}
+
+
+#: A running prefill in its tier's lane: ``(_Entry.key, position in state.running, id)``.
+_LaneItem = tuple[float, int, str]
+
+
+def _awaits_first_token(e: _Entry) -> bool:
+    """A TTFT-class request still within its target's reach and before its first token."""
+    return e.ttft_s is not None and not e.best_effort and e.view.first_token_s is None
+
+
+def _file_prefill(books: _RunBooks, e: _Entry, t: int) -> None:
+    """Put running ``e`` in tier ``t``'s lanes. Its key does not change while it runs (the key
+    is set when a request is queued: ``_Queues._enqueue``), nor does it start or stop awaiting
+    its first token while it prefills without a visit (a prefill that ran is an irregular
+    change, a running request turns best effort only in a visit)."""
+    item = books.prefilling[e.rid] = (e.key, books.order[e.rid], e.rid)
+    insort(books.lanes[t], item)
+    if _awaits_first_token(e):
+        insort(books.ttft_lanes[t], item)
+
+
+def _unfile_prefill(books: _RunBooks, rid: str, t: int) -> None:
+    item = books.prefilling.pop(rid)
+    for lane in (books.lanes[t], books.ttft_lanes[t]):
+        i = bisect_left(lane, item)
+        if i < len(lane) and lane[i] == item:
+            del lane[i]
+
+
+class _Lane:
+    """One tier's running prefills for one call, in urgency order (``key``, then
+    ``state.running`` order, as a stable sort by key would give): the books' lane read from the
+    front, with the requests admitted mid-prefill in this call pushed ahead of it. Requests
+    preempted before the call's rotation began are skipped; ones preempted during it stay
+    until the rotation pops them (``_Rotation._allocate_prefill``)."""
+
+    __slots__ = ("_items", "_i", "_front", "_entries", "_skip")
+
+    def __init__(
+        self, items: list[_LaneItem], entries: dict[str, _Entry], skip: Container[str]
+    ) -> None:
+        self._items, self._i, self._front = items, 0, []
+        self._entries, self._skip = entries, skip
+
+    def head(self) -> _Entry | None:
+        """The first request, or ``None`` when the lane is empty."""
+        if self._front:
+            return self._front[-1]
+        items, skip = self._items, self._skip
+        while self._i < len(items):
+            rid = items[self._i][2]
+            if rid not in skip:
+                return self._entries[rid]
+            self._i += 1
+        return None
+
+    def pop(self) -> None:
+        """Drop the first request (``head()`` must have returned it)."""
+        if self._front:
+            self._front.pop()
+        else:
+            self._i += 1
+
+    def push(self, e: _Entry) -> None:
+        """Put ``e`` first (a request admitted mid-prefill keeps the next turn)."""
+        self._front.append(e)
 
 
 @dataclass

@@ -11,8 +11,10 @@ from superinfer.policy_core.policies.superinfer.records import (
     _RUNNING,
     _SWAPPED,
     _WAITING,
+    _awaits_first_token,
     _Entry,
-    _entry_key,
+    _Lane,
+    _LaneItem,
     _Replica,
     _Step,
 )
@@ -23,19 +25,17 @@ class _Rotation(_StepBudget):
     """Layer 7: who gets the prefill tokens, and who rotates out of HBM."""
 
     def _allocate_prefill(
-        self, rep: _Replica, step: _Step, prefills: list[_Entry], allow: int, cpu: bool
+        self, rep: _Replica, step: _Step, lanes: list[list[_LaneItem]], allow: int, cpu: bool
     ) -> None:
         """Hand ``allow`` prefill tokens out: aged requests first, then the tiers by stride
         scheduling on their weights; inside a tier, running prefills continue before swapped
-        requests resume and before waiting ones are admitted, each in urgency order."""
+        requests resume and before waiting ones are admitted, each in urgency order.
+
+        ``lanes`` are the running books' (``_scan_running``), kept sorted across calls, so a
+        call reads only the front of each: O(tiers + requests served)."""
         k = self.num_tiers
-        ongoing: list[list[_Entry]] = [[] for _ in range(k)]
-        for p in prefills:
-            if p.rid not in step.preempt:
-                ongoing[p.tier].append(p)
-        for group in ongoing:
-            if len(group) > 1:
-                group.sort(key=_entry_key)
+        skip = frozenset(step.preempt)  # preempted before the rotation: not in its lanes
+        ongoing = [_Lane(lane, self._entries, skip) for lane in lanes]
         left = allow
         while left > 0:
             aged = self._peek(rep.aged, _WAITING, _SWAPPED)
@@ -57,13 +57,17 @@ class _Rotation(_StepBudget):
             active[t] = demand[t]
         blocked = [False] * k
         while left > 0:
-            tiers = [t for t in range(k) if demand[t] and not blocked[t]]
-            if not tiers:
+            t = -1  # the tier with demand, not blocked, with the smallest pass (then index)
+            for i in range(k):
+                if demand[i] and not blocked[i] and (t < 0 or passes[i] < passes[t]):
+                    t = i
+            if t < 0:
                 break
-            t = min(tiers, key=lambda i: (passes[i], i))
-            while ongoing[t] and ongoing[t][0].rid in step.preempt:
-                ongoing[t].pop(0)  # made room for a better tier earlier in this step
-            e = ongoing[t][0] if ongoing[t] else None
+            lane = ongoing[t]
+            e = lane.head()
+            while e is not None and e.rid in step.preempt:
+                lane.pop()  # made room for a better tier earlier in this step
+                e = lane.head()
             if e is None and cpu:
                 e = self._peek(rep.swap_heaps[t], _SWAPPED)
             if e is None:
@@ -80,9 +84,9 @@ class _Rotation(_StepBudget):
             passes[t] += given / weights[t]
             if self._pending_after(step, e) <= 0:
                 if not was_queued:
-                    ongoing[t].pop(0)
+                    lane.pop()
             elif was_queued:
-                ongoing[t].insert(0, e)  # a request admitted mid-prefill keeps the next turn
+                lane.push(e)  # a request admitted mid-prefill keeps the next turn
             demand[t] = self._has_demand(rep, ongoing, t, cpu)
         low = min(passes)
         if low > 1e9:  # keep the virtual times small; only differences matter
@@ -117,7 +121,7 @@ class _Rotation(_StepBudget):
             prefill += n
             pieces.append((e, n))
             ttft = e.ttft_s
-            if n >= v.pending_tokens and ttft is not None and self._awaits_first_token(e):
+            if n >= v.pending_tokens and ttft is not None and _awaits_first_token(e):
                 d = e.arrival_s + ttft
                 if d < deadline:
                     deadline, urgent_tier = d, e.tier
@@ -131,7 +135,7 @@ class _Rotation(_StepBudget):
         donors = [
             (e, n - (1 if e.rid in started else 0))
             for e, n in pieces
-            if e.tier > urgent_tier and not self._awaits_first_token(e)
+            if e.tier > urgent_tier and not _awaits_first_token(e)
         ]
         if sum(g for _, g in donors) < excess:
             return 0  # out of reach even so: keep the throughput
@@ -162,13 +166,8 @@ class _Rotation(_StepBudget):
         self._counters["first_token_trims"] += 1
         return trimmed
 
-    @staticmethod
-    def _awaits_first_token(e: _Entry) -> bool:
-        """A TTFT-class request still within its target's reach and before its first token."""
-        return e.ttft_s is not None and not e.best_effort and e.view.first_token_s is None
-
-    def _has_demand(self, rep: _Replica, ongoing: list[list[_Entry]], t: int, cpu: bool) -> bool:
-        if ongoing[t]:
+    def _has_demand(self, rep: _Replica, ongoing: list[_Lane], t: int, cpu: bool) -> bool:
+        if ongoing[t].head() is not None:
             return True
         if cpu and self._peek(rep.swap_heaps[t], _SWAPPED) is not None:
             return True

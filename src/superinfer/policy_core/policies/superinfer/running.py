@@ -19,53 +19,24 @@ import heapq
 import itertools
 import math
 from collections.abc import Iterator
+from itertools import filterfalse
 
 from superinfer.policy_core.policies.superinfer.promotion import _Promotion
 from superinfer.policy_core.policies.superinfer.records import (
     _INF,
     _RUNNING,
     _Entry,
+    _file_prefill,
+    _LaneItem,
     _Replica,
+    _RunBooks,
     _Step,
+    _TpotHeap,
+    _unfile_prefill,
 )
 from superinfer.policy_core.types import RequestView, StepState
 
 _VERSIONS = itertools.count(1)
-
-
-class _RunBooks:
-    """One replica's running set as of the last state the policy saw (see the module doc)."""
-
-    def __init__(self, num_tiers: int) -> None:
-        self.at: tuple[int, int] | None = None  # (series, seq) of that state
-        self.order: dict[str, int] = {}  # id -> position, increasing along state.running
-        self.ver: dict[str, int] = {}  # id -> version of its bucket and TPOT items
-        self.tier: dict[str, int] = {}  # id -> the tier it is counted in
-        self.prefilling: dict[str, None] = {}  # running requests that are not decoding
-        self.run_count = [0] * num_tiers  # running requests per tier
-        self.dec_count = [0] * num_tiers  # decodes per tier
-        self.clock = 0  # decode tokens every lockstep decode has run since the rebuild
-        self.buckets: dict[int, list[tuple[str, int]]] = {}  # clock -> (id, version) to look at
-        # decodes needing a KV block at their last look: (id, version, clock of the next look)
-        self.hot: list[tuple[str, int, int]] = []
-        self.tpot: dict[float, _TpotHeap] = {}  # TPOT target (s) -> its decodes' keys
-        self.tkey: dict[str, tuple[float, float, int]] = {}  # id -> its (tpot, first, g) key
-        self.last_out: tuple[str, ...] = ()  # ids the last decision preempted
-        self.gone: list[str] = []  # ids in ``order`` whose entry a hook forgot since
-        self.bs = 16  # the state's block size, tokens
-        self.growers: list[tuple[int, _Entry, int]] = []  # (position, entry, blocks) this call
-        self.positions = itertools.count()
-
-
-class _TpotHeap:
-    """Decodes of one TPOT target keyed by ``(first_token_s + tpot * g, first_token_s, g)``
-    with ``g = generated_tokens - clock``; ids with one key share one heap item."""
-
-    __slots__ = ("heap", "members")
-
-    def __init__(self) -> None:
-        self.heap: list[tuple[float, float, int]] = []
-        self.members: dict[tuple[float, int], set[str]] = {}
 
 
 class _Decodes:
@@ -115,10 +86,11 @@ class _Running(_Promotion):
 
     def _scan_running(
         self, rep: _Replica, step: _Step, now: float
-    ) -> tuple[_Decodes, list[_Entry], float, int]:
-        """Visit the running requests that need it (module doc); returns the decodes, the
-        prefills (both in ``state.running`` order), the smallest TPOT allowance among the
-        decodes, s, and the KV blocks the decodes' next tokens need."""
+    ) -> tuple[_Decodes, list[list[_LaneItem]], float, int]:
+        """Visit the running requests that need it (module doc); returns the decodes (in
+        ``state.running`` order), the prefills' lanes (per tier, in the order the rotation
+        serves them: ``records._Lane``), the smallest TPOT allowance among the decodes, s, and
+        the KV blocks the decodes' next tokens need."""
         state = step.state
         books = self._books(rep)
         books.growers = []
@@ -155,19 +127,13 @@ class _Running(_Promotion):
         step.worst_tier = max((t for t, c in enumerate(books.run_count) if c), default=-1)
         growers = books.growers
         growers.sort(key=lambda g: g[0])
-        order = books.order
-        if books.prefilling:
-            ids = dict.fromkeys(order)
-            for rid in books.prefilling:
-                del ids[rid]
-            prefills = [entries[r] for r in sorted(books.prefilling, key=order.__getitem__)]
-        else:
-            ids, prefills = dict.fromkeys(order), []
+        order, prefilling = books.order, books.prefilling
+        ids = dict.fromkeys(filterfalse(prefilling.__contains__, order) if prefilling else order)
         decodes = _Decodes(ids, list(books.dec_count), [(e, g) for _, e, g in growers], self, state)
         if todo is None:
             decodes._list = [e for e in visited if e.rid in ids]
         cap = self._tpot_cap(books, state, now)
-        return decodes, prefills, cap, sum(g for *_, g in growers)
+        return decodes, books.lanes, cap, sum(g for *_, g in growers)
 
     # -- the books --------------------------------------------------------------------------
 
@@ -180,8 +146,8 @@ class _Running(_Promotion):
             return None
         rc = ch.running
         left, irregular, order, prefilling = rc.left, rc.irregular, books.order, books.prefilling
-        if any(rid not in left for rid in books.last_out) or any(
-            rid not in left for rid in books.gone
+        if (books.last_out and not left.issuperset(books.last_out)) or (
+            books.gone and not left.issuperset(books.gone)
         ):
             return None  # a preemption not carried out, or an end still running: resynchronize
         books.gone.clear()
@@ -268,7 +234,7 @@ class _Running(_Promotion):
         """Take ``rid`` out of tier ``t``'s running counts (and the TPOT heap, as a decode)."""
         books.run_count[t] -= 1
         if rid in books.prefilling:
-            del books.prefilling[rid]
+            _unfile_prefill(books, rid, t)
         else:
             books.dec_count[t] -= 1
             self._untpot(books, rid)
@@ -356,7 +322,7 @@ class _Running(_Promotion):
                 members.add(rid)
                 books.tkey[rid] = (tpot, first, g)
         else:
-            books.prefilling[rid] = None
+            _file_prefill(books, e, t)
         return e
 
     def _tpot_cap(self, books: _RunBooks, state: StepState, now: float) -> float:
