@@ -185,7 +185,6 @@ class SGLangAdapter:
     def on_scheduler_init(self, _result: Any, scheduler: Any, *_: Any, **__: Any) -> None:
         """AFTER ``Scheduler.__init__``: read the settings the views report; pick the clock
         (:func:`.view.clock_for`: wall when this scheduler decides alone, for ``auto``)."""
-        args = scheduler.server_args
         self.clock = clock_for(self.config, scheduler)
         self.engine = _SchedulerPort(scheduler)
         self.bind(
@@ -197,7 +196,7 @@ class SGLangAdapter:
                 max_running_requests=scheduler.max_running_requests,
                 priority_scheduling=scheduler.enable_priority_scheduling,
                 low_priority_values_first=scheduler.schedule_low_priority_values_first,
-                kv_cache_dtype=str(getattr(args, "kv_cache_dtype", "auto")),
+                kv_cache_dtype=str(getattr(scheduler.server_args, "kv_cache_dtype", "auto")),
                 mixed_chunk=bool(getattr(scheduler, "is_mixed_chunk", False)),
             ),
         )
