@@ -32,6 +32,8 @@ from typing import Any
 
 import pandas as pd
 
+from superinfer.harness.report.results import write_atomic
+
 COLUMNS = [
     "run", "engine", "policy", "load", "repeat", "steps", "policy_calls", "policy_ms",
     "forward_ms", "step_ms", "policy_us_per_call", "policy_share_of_forward",
@@ -120,10 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no real-engine cell with policy time in the runs given", file=sys.stderr)
         return 2
     table = pd.DataFrame(rows, columns=COLUMNS)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    table.to_csv(tmp, index=False, float_format="%.6g")
-    tmp.replace(args.out)
+    write_atomic(args.out, lambda p: table.to_csv(p, index=False, float_format="%.6g"))
     mine = table[table["policy"] == "superinfer"]
     for (run, engine), part in mine.groupby(["run", "engine"], sort=False):
         col = "policy_share_of_step" if engine == "hf" else "policy_share_of_forward"

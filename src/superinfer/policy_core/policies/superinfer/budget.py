@@ -82,13 +82,14 @@ class _StepBudget(_Running):
         if cap_s == _INF:
             return step.budget
         model = self.step_time
+        mixed = step.state.mixed_batches
         room_s = cap_s * self.tpot_safety - model.step_s(0.0, num_decodes)
-        if not step.state.mixed_batches:
+        if not mixed:
             room_s -= model.base_s  # the prefill step's own fixed cost
-            tokens = _count(room_s / model.prefill_token_s) if room_s > 0 else 0
-            return tokens if tokens >= self.min_prefill_tokens else 0
         tokens = _count(room_s / model.prefill_token_s) if room_s > 0 else 0
-        return max(self.min_prefill_tokens, tokens)
+        if mixed:
+            return max(self.min_prefill_tokens, tokens)
+        return tokens if tokens >= self.min_prefill_tokens else 0
 
     def _urgent_prefill(self, step: _Step, lanes: list[list[_LaneItem]]) -> _Entry | None:
         """The running prefill awaiting its first token (TTFT class, not best effort) and not
