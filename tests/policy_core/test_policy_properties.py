@@ -129,14 +129,21 @@ workloads = st.lists(
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spec=workloads, cpu=st.booleans(), budget=st.sampled_from([64, 512, 2048]))
+@given(
+    spec=workloads,
+    cpu=st.booleans(),
+    budget=st.sampled_from([64, 512, 2048]),
+    fraction=st.sampled_from([0.0, 0.005]),
+)
 def test_no_request_waits_beyond_the_aging_bound(
-    spec: list[tuple[float, int, int, SLO]], cpu: bool, budget: int
+    spec: list[tuple[float, int, int, SLO]], cpu: bool, budget: int, fraction: float
 ) -> None:
-    """Every wait (arrival or preemption to admission) is at most ``aging_s``, plus one step per
-    request that can be ahead of it among the aged, plus the steps a running request needs to
-    finish and free its seat (aged requests preempt nobody): its prefill in chunks of
-    ``min_prefill_tokens`` and its output, one token a step. Every request finishes."""
+    """Every wait (arrival or preemption to admission) is at most its aging bound (``aging_s``;
+    a deadline class: at most ``aging_deadline_fraction`` of its deadline budget where that is
+    longer, 3 s of BATCH's 600 s at 0.005), plus one step per request that can be ahead of it
+    among the aged, plus the steps a running request needs to finish and free its seat (aged
+    requests preempt nobody): its prefill in chunks of ``min_prefill_tokens`` and its output,
+    one token a step. Every request finishes."""
     aging_s, step_s = 1.0, 0.05
     reqs = [
         Req(f"q{i}", arrival, prompt, output, slo)
@@ -144,7 +151,12 @@ def test_no_request_waits_beyond_the_aging_bound(
     ]
     engine = EngineDouble(
         # demotion, not rejection (issue 18's default): the bound is about requests that wait
-        SuperInferPolicy(aging_s=aging_s, min_prefill_tokens=16, reject_hopeless=False),
+        SuperInferPolicy(
+            aging_s=aging_s,
+            aging_deadline_fraction=fraction,
+            min_prefill_tokens=16,
+            reject_hopeless=False,
+        ),
         reqs,
         step_s=step_s,
         total_hbm_blocks=200,  # 3,200 tokens: live KV often exceeds it
@@ -157,8 +169,9 @@ def test_no_request_waits_beyond_the_aging_bound(
     engine.run(max_steps=20_000)
     assert {r.where for r in reqs} == {"finished"}
     longest = max(-(-r.prompt // 16) + r.output for r in reqs)  # steps to finish, at worst
-    bound = aging_s + (len(reqs) + 2 + longest) * step_s + 1e-9
     for r in reqs:
+        aged = max(aging_s, fraction * (r.slo.deadline_s or 0.0))
+        bound = aged + (len(reqs) + 2 + longest) * step_s + 1e-9
         assert max(r.waits_s) <= bound, (r.rid, r.waits_s)
 
 
@@ -167,17 +180,30 @@ def test_no_request_waits_beyond_the_aging_bound(
     olds=st.lists(st.floats(0.0, 5.0), min_size=1, max_size=6),
     fresh=st.integers(0, 6),
     budget=st.integers(1, 2048),
+    fraction=st.sampled_from([0.0, 0.5, 0.02]),
 )
 def test_the_oldest_aged_request_is_admitted_whenever_it_fits(
-    olds: list[float], fresh: int, budget: int
+    olds: list[float], fresh: int, budget: int, fraction: float
 ) -> None:
-    """Per state: once a request has queued ``aging_s``, no other waiting request is admitted
-    before it, and it is admitted at the first step with a seat, a token and its blocks."""
-    policy = SuperInferPolicy(aging_s=10.0)
+    """Per state: once a request has queued ``aging_s`` (a deadline class: and
+    ``aging_deadline_fraction`` of its deadline budget since arrival), no other waiting request
+    is admitted before it, and it is admitted at the first step with a seat, a token and its
+    blocks. At 0.02, BATCH's 600 s gives 12 s: only the requests that arrived by 3 s are aged
+    at 15 s; at 0.5 none is, and a fresh chat request (tier 0) goes first."""
+    policy = SuperInferPolicy(aging_s=10.0, aging_deadline_fraction=fraction)
     views = [make_view(f"old{i}", prompt=64, slo=BATCH, arrival_s=t) for i, t in enumerate(olds)]
     views += [make_view(f"new{i}", prompt=64, arrival_s=14.9) for i in range(fresh)]
     for v in views:
         policy.on_request_arrived(v, v.arrival_s)
     d = policy.schedule(make_state(now_s=15.0, waiting=views, token_budget=budget))
-    oldest = min(range(len(olds)), key=lambda i: (olds[i], i))
-    assert d.admit[0] == f"old{oldest}"
+    # the policy's own arithmetic: the deadline is held as an instant, arrival + 600 s
+    aged = [
+        i
+        for i, t in enumerate(olds)
+        if 15.0 - t >= 10.0 and 15.0 >= t + fraction * ((t + 600.0) - t)
+    ]
+    if aged:
+        oldest = min(aged, key=lambda i: (olds[i], i))
+        assert d.admit[0] == f"old{oldest}"
+    elif fresh:
+        assert d.admit[0].startswith("new")

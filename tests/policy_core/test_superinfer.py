@@ -222,7 +222,7 @@ class TestHopeless:
 class TestAging:
     def test_an_aged_request_is_served_before_every_tier(self) -> None:
         def run(now_s: float) -> tuple[ScheduleDecision, SuperInferPolicy]:
-            p = policy(aging_s=10.0)
+            p = policy(aging_s=10.0, aging_deadline_fraction=0.0)  # BATCH ages at aging_s
             old = make_view("old", prompt=100, slo=BATCH, arrival_s=0.0)
             chat = make_view("chat", prompt=100, arrival_s=9.5)
             arrive(p, old, chat)
@@ -236,8 +236,35 @@ class TestAging:
         # aged: served first, in tier 0 (which the engine already shows, so no tier update)
         assert d.admit == ("old",) and d.tiers == {} and p._entries["old"].tier == 0
 
+    def test_a_deadline_class_ages_at_its_fraction_of_the_deadline(self) -> None:
+        # BATCH's 600 s deadline at fraction 0.5: aged at 300 s after arrival, not at aging_s
+        def run(now_s: float, **opts: object) -> ScheduleDecision:
+            p = policy(aging_s=10.0, **opts)
+            old = make_view("old", prompt=100, slo=BATCH, arrival_s=0.0)
+            chat = make_view("chat", prompt=100, arrival_s=now_s - 0.5)
+            arrive(p, old)
+            # the check set at a first call (5 s) is the one due: nothing else changes
+            decide(p, make_state(now_s=5.0, waiting=[old], token_budget=0))
+            arrive(p, chat)
+            state = make_state(now_s=now_s, waiting=[old, chat], token_budget=100)
+            return decide(p, state)
+
+        assert run(10.0, aging_deadline_fraction=0.0).admit == ("old",)  # off: at aging_s
+        assert run(10.0, aging_deadline_fraction=0.5).admit == ("chat",)
+        assert run(299.99, aging_deadline_fraction=0.5).admit == ("chat",)
+        assert run(300.0, aging_deadline_fraction=0.5).admit == ("old",)
+        # a budget shorter than aging_s leaves aging_s the bound: 0.01 * 600 = 6 s < 10 s
+        assert run(9.99, aging_deadline_fraction=0.01).admit == ("chat",)
+        assert run(10.0, aging_deadline_fraction=0.01).admit == ("old",)
+
+    def test_aging_deadline_fraction_must_be_below_one(self) -> None:
+        with pytest.raises(
+            ValueError, match=r"aging_deadline_fraction must be in \[0, 1\), got 1.0"
+        ):
+            policy(aging_deadline_fraction=1.0)
+
     def test_aged_requests_take_the_next_seat_but_preempt_nobody(self) -> None:
-        p = policy(aging_s=10.0)
+        p = policy(aging_s=10.0, aging_deadline_fraction=0.0)  # BATCH ages at aging_s
         old = make_view("old", prompt=100, slo=BATCH, arrival_s=0.0)
         chat = decoding("chat", 64, 2, arrival_s=9.0, first_token_s=9.5)
         newer = make_view("newer", prompt=64, arrival_s=9.9)
@@ -251,7 +278,7 @@ class TestAging:
         assert d.admit == ("old",)
 
     def test_an_aged_request_is_never_preempted_until_its_first_token(self) -> None:
-        p = policy(aging_s=10.0, quantum_base_tokens=50)
+        p = policy(aging_s=10.0, aging_deadline_fraction=0.0, quantum_base_tokens=50)
         old = make_view("old", prompt=1000, slo=BATCH, arrival_s=0.0)
         arrive(p, old)
         d = decide(p, make_state(now_s=10.0, waiting=[old], token_budget=100))

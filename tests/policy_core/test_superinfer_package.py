@@ -99,6 +99,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "reject_hopeless",
         "aging",
         "aging_s",
+        "aging_deadline_fraction",
         "max_waiting_per_tier",
         "rotation",
         "rotation_slice_tokens",

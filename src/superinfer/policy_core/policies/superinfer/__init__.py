@@ -11,7 +11,9 @@ the most urgent request goes first (earliest TTFT deadline, or least slack for a
   (latency classes 0, deadline classes ``deadline_class_tier``, others the last) and skips every
   tier whose quantum its prompt would exhaust in prefill.
 * **Demotion** after a request uses its tier's quantum; **aging** lifts any request queued for
-  ``aging_s`` above every tier, oldest first, and keeps it there until its first token: it is
+  ``aging_s`` (a deadline class: and for ``aging_deadline_fraction`` of its deadline budget
+  since arrival, so deadline-aware promotion serves it first) above every tier, oldest first,
+  and keeps it there until its first token: it is
   not demoted, rotated out or chosen to make room while any other request can be, so no
   preemption sends it back to wait again, which bounds every wait for a first token.
 * **Deadline-aware promotion**: a request is moved to tier 0 when its estimated remaining time

@@ -26,7 +26,7 @@ class _Promotion(_Admission):
         """Evaluate aging, hopelessness and promotion for ``e``; returns what happened."""
         v = e.view
         queued = e.where in (_WAITING, _SWAPPED)
-        if queued and self.aging and not e.aged and now - e.queued_s >= self.aging_s:
+        if queued and self.aging and not e.aged and self._aging_due(e, now):
             return "age"
         if e.best_effort or e.aged:
             return ""
