@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from superinfer.policy_core.estimators import OutputLengthEstimator, StepTimeModel
+from superinfer.policy_core.estimators import OutputLengthEstimator, StepTimeModel, WindowQuantile
 from superinfer.policy_core.kv_cost import (
     has_cpu_tier,
     preempt_mode,
@@ -100,3 +100,20 @@ class TestKVCost:
         assert preempt_mode(view, state, 1.0, free_cpu_blocks=100) is PreemptMode.RECOMPUTE
         with pytest.raises(ValueError, match="needs a CPU KV tier"):
             swap_cost_s(view, state)
+
+
+def test_window_quantile_over_a_sliding_window() -> None:
+    wq = WindowQuantile(0.5, window=4, min_samples=2)
+    wq.observe(5)
+    assert wq.value() is None  # one value, two needed
+    wq.observe(1)
+    assert wq.value() == 1  # sorted [1, 5]: index int(0.5 * 1) = 0
+    wq.observe(3)
+    assert wq.value() == 3  # [1, 3, 5]: index 1
+    wq.observe(9)
+    wq.observe(7)  # the window is full: 5, the oldest, leaves
+    assert wq.value() == 3  # [1, 3, 7, 9]: index int(0.5 * 3) = 1
+    wq.observe(0)  # 1 leaves: [0, 3, 7, 9]
+    assert wq.value() == 3 and WindowQuantile(1.0, min_samples=1).value() is None
+    with pytest.raises(ValueError, match=r"q must be in \[0, 1\], got 1.5"):
+        WindowQuantile(1.5)

@@ -374,6 +374,47 @@ class TestTPOTProtectionWithoutMixedBatches:
         assert dict(floor.num_tokens) == {"dec": 1, "new": 256}  # min_prefill_tokens
 
 
+class TestTTFTReserveWithoutMixedBatches:
+    """Without mixed batches, a prefill step with no TTFT-class prefill pending leaves the
+    decodes the time to prefill the ``ttft_reserve_quantile`` of recent chat prompts."""
+
+    def _decide(
+        self, waiting: RequestView, mixed: bool = False, **opts: object
+    ) -> ScheduleDecision:
+        p = policy(**{"prior_decode_seq_s": 0.0, **opts})
+        # 16 chat prompts seen (the estimator's min_samples), 80..230 tokens, then gone
+        for i in range(16):
+            seen = make_view(f"seen{i}", prompt=80 + 10 * i, arrival_s=1.0)
+            arrive(p, seen)
+            p.on_request_aborted(seen, 1.0, "client")
+        dec = decoding("dec", 32, 2, first_token_s=9.9)  # allowance 0.2 - 0.1 = 0.1 s
+        arrive(p, make_view("dec", prompt=32), waiting)
+        state = make_state(running=[dec], waiting=[waiting], mixed_batches=mixed)
+        return decide(p, state)
+
+    def test_a_batch_prefill_step_leaves_the_reserve(self) -> None:
+        bat = make_view("bat", prompt=2000, slo=BATCH, arrival_s=10.0)
+        d = self._decide(bat, ttft_reserve_quantile=0.5)
+        # the 0.5 quantile of 80..230 is the 8th of 16 (index int(0.5 * 15) = 7): 150 tokens,
+        # B * 150 = 0.015 s held back: ((0.1 - 0.015) * 0.9 - A - A) / B = 365 tokens
+        expected = int(((0.1 - B * 150) * 0.9 - A - A) / B)
+        assert expected == 365 and dict(d.num_tokens) == {"dec": 1, "bat": expected}
+        # quantile 0 (no reserve): the 500 tokens of the plain rule
+        off = self._decide(bat, ttft_reserve_quantile=0.0)
+        assert dict(off.num_tokens) == {"dec": 1, "bat": 500}
+
+    def test_a_chat_prefill_or_a_mixed_engine_gets_the_whole_allowance(self) -> None:
+        chat = make_view("chat", prompt=2000, arrival_s=10.0)
+        assert dict(self._decide(chat).num_tokens) == {"dec": 1, "chat": 500}
+        bat = make_view("bat", prompt=2000, slo=BATCH, arrival_s=10.0)
+        mixed = self._decide(bat, mixed=True, ttft_boost=False)
+        assert dict(mixed.num_tokens) == {"dec": 1, "bat": 700}  # as without a reserve
+
+    def test_the_quantile_must_be_in_the_unit_interval(self) -> None:
+        with pytest.raises(ValueError, match=r"ttft_reserve_quantile must be in \[0, 1\]"):
+            policy(ttft_reserve_quantile=1.5)
+
+
 class TestFirstTokenGuard:
     """A chat whose whole prompt fits in the step is not made late by a batch prompt's chunk."""
 

@@ -88,6 +88,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "tpot_safety",
         "min_prefill_tokens",
         "ttft_boost",
+        "ttft_reserve_quantile",
         "ttft_plan_fraction",
         "first_token_guard",
         "credit_quantile",

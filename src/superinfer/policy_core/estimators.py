@@ -1,19 +1,61 @@
-"""Online estimators a policy learns while it runs: remaining output tokens and step time.
+"""Online estimators a policy learns while it runs: remaining output tokens, step time and a
+quantile of prompt lengths.
 
-Both learn only from what an engine reports after the fact (finished requests, finished steps);
-neither ever sees a request's true output length before it finishes.
+They learn only from what an engine reports (arrivals, finished requests, finished steps); none
+ever sees a request's true output length before it finishes.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from dataclasses import dataclass, field
 
 from superinfer.policy_core.types import StepStats
 
-__all__ = ["OutputLengthEstimator", "StepTimeModel"]
+__all__ = ["OutputLengthEstimator", "StepTimeModel", "WindowQuantile"]
+
+
+class WindowQuantile:
+    """A quantile of the last ``window`` values observed (exact, over a sliding window).
+
+    ``observe`` is O(log n) to find the place plus an O(n) list shift (n = ``window``, a few
+    thousand: a memmove); ``value`` is O(1).
+
+    Args:
+        q: the quantile, in ``[0, 1]`` (the value at index ``floor(q * (n - 1))`` of the sorted
+            window).
+        window: values remembered (the oldest are forgotten first).
+        min_samples: values needed before ``value`` answers; until then it returns ``None``.
+
+    Raises:
+        ValueError: ``q`` outside ``[0, 1]`` or a count below 1.
+    """
+
+    def __init__(self, q: float, window: int = 1024, min_samples: int = 16) -> None:
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q must be in [0, 1], got {q}")
+        if window < 1 or min_samples < 1:
+            raise ValueError("window and min_samples must be >= 1")
+        self.q, self.min_samples = q, min_samples
+        self._order: deque[float] = deque(maxlen=window)
+        self._sorted: list[float] = []
+
+    def observe(self, x: float) -> None:
+        """Add ``x``; the oldest value leaves once the window is full."""
+        if len(self._order) == self._order.maxlen:
+            old = self._order[0]
+            del self._sorted[bisect_left(self._sorted, old)]
+        self._order.append(x)
+        insort(self._sorted, x)
+
+    def value(self) -> float | None:
+        """The ``q`` quantile of the window, or ``None`` before ``min_samples`` values."""
+        n = len(self._sorted)
+        if n < self.min_samples:
+            return None
+        return self._sorted[int(self.q * (n - 1))]
 
 
 @dataclass

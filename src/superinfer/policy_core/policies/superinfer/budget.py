@@ -91,6 +91,41 @@ class _StepBudget(_Running):
             return max(self.min_prefill_tokens, tokens)
         return tokens if tokens >= self.min_prefill_tokens else 0
 
+    def _reserve_for_ttft(
+        self, rep: _Replica, step: _Step, num_decodes: int, cap_s: float, allow: int
+    ) -> int:
+        """On an engine without mixed batches: the prefill allowance of a step with no
+        TTFT-class prefill pending, which leaves the decodes' smallest TPOT allowance ``cap_s``
+        the time to prefill the ``ttft_reserve_quantile`` of recent TTFT-class prompts
+        (``prefill_token_s`` x that many tokens), so the next chat's prefill finds it.
+
+        Without it a worse tier's prefill (a batch prompt's chunks) spends every second of
+        allowance the decodes bank, and an arriving chat's prompt is then sliced into the
+        smallest prefill steps the allowance permits, a few hundred tokens each between decode
+        steps (sim:sglang, Azure x0.6: chat TTFT p50 ~940 ms while the batch backlog of a
+        prompt burst drained). ``allow`` unchanged while a TTFT prefill is pending, before
+        ``min_samples`` prompts were seen, or with the quantile 0.
+        """
+        if step.state.mixed_batches or cap_s == _INF or self.ttft_reserve_quantile == 0:
+            return allow
+        prompt = self.ttft_prompts.value()
+        if not prompt or self._ttft_pending(rep, step, self._books(rep).ttft_lanes):
+            return allow
+        reserve_s = self.step_time.prefill_token_s * prompt
+        return self._prefill_allowance(step, num_decodes, cap_s - reserve_s)
+
+    def _ttft_pending(self, rep: _Replica, step: _Step, lanes: list[list[_LaneItem]]) -> bool:
+        """Whether a TTFT-class prefill (running and awaiting its first token, or at the head of
+        a tier's waiting queue; not best effort) wants this step's prefill tokens."""
+        if self._urgent_prefill(step, lanes) is not None:
+            return True
+        for heap in rep.heaps:
+            e = self._peek(heap, _WAITING)
+            if e is not None and e.ttft_s is not None and not e.best_effort:
+                if e.view.first_token_s is None and e.rid not in step.preempt:
+                    return True
+        return False
+
     def _urgent_prefill(self, step: _Step, lanes: list[list[_LaneItem]]) -> _Entry | None:
         """The running prefill awaiting its first token (TTFT class, not best effort) and not
         preempted with the smallest key, the first in ``state.running`` order among equal keys:

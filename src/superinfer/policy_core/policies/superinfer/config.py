@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from superinfer.policy_core.estimators import OutputLengthEstimator, StepTimeModel
+from superinfer.policy_core.estimators import (
+    OutputLengthEstimator,
+    StepTimeModel,
+    WindowQuantile,
+)
 from superinfer.policy_core.policies.superinfer.records import _INF, _Entry, _Replica
 from superinfer.policy_core.protocols import BasePolicy
 
@@ -54,6 +58,13 @@ class SuperInferConfig(BasePolicy):
         True,
         "grow prefill chunks for a TTFT-urgent prefill when decodes have TPOT credit (engines "
         "with mixed batches only: elsewhere a prefill step delays every decode)",
+    )
+    ttft_reserve_quantile: float = _opt(
+        # 0.8 by default (issue 18, sim:sglang, 900 s of the Azure hour): see docs/policies.md
+        0.8,
+        "on engines without mixed batches, a prefill step with no TTFT-class prefill pending "
+        "leaves the TPOT-class decodes the time to prefill this quantile of recent TTFT-class "
+        "prompts, for the next one (0: no reserve)",
     )
     ttft_plan_fraction: float = _opt(
         0.6, "the TTFT boost plans a prefill to end within this fraction of its slack"
@@ -162,6 +173,8 @@ class SuperInferConfig(BasePolicy):
             prior_decode_seq_s=self.prior_decode_seq_s,
             forgetting=self.step_time_forgetting,
         )
+        #: prompt tokens still to prefill at arrival, of TTFT-class requests (ttft_reserve_quantile)
+        self.ttft_prompts = WindowQuantile(self.ttft_reserve_quantile)
 
     def _validate(self) -> None:
         n = self.name
@@ -198,6 +211,9 @@ class SuperInferConfig(BasePolicy):
         for key in ("aging_s", "recheck_s", "prior_step_s", "prior_prefill_token_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{n}: {key} must be > 0, got {getattr(self, key)}")
+        if not 0.0 <= self.ttft_reserve_quantile <= 1.0:
+            q = self.ttft_reserve_quantile
+            raise ValueError(f"{n}: ttft_reserve_quantile must be in [0, 1], got {q}")
         f = self.aging_deadline_fraction
         if not 0.0 <= f < 1.0:
             raise ValueError(f"{n}: aging_deadline_fraction must be in [0, 1), got {f}")

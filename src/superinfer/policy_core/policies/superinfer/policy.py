@@ -46,6 +46,8 @@ class SuperInferPolicy(_Rotation):
         e.tier = self._initial_tier(request)
         e.demote_at = self._quanta[e.tier]
         e.queued_s = now_s
+        if e.ttft_s is not None and self.ttft_reserve_quantile > 0:
+            self.ttft_prompts.observe(request.pending_tokens)
         rep = self._replica(request.replica)
         self._enqueue(rep, e, _WAITING, now_s)
         if e.tier != e.reported_tier:
@@ -104,6 +106,7 @@ class SuperInferPolicy(_Rotation):
             self._relieve_shortage(rep, step, self._running_entries(state), need)
         self._schedule_decodes(rep, step, decodes, need)
         prefill_allow = self._prefill_allowance(step, len(decodes), cap_s)
+        prefill_allow = self._reserve_for_ttft(rep, step, len(decodes), cap_s, prefill_allow)
         if self.ttft_boost and state.mixed_batches and prefill_allow < step.budget:
             ttft_lanes = self._books(rep).ttft_lanes
             prefill_allow = self._ttft_boost(rep, step, decodes, ttft_lanes, prefill_allow, now)
