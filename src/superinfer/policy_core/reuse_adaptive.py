@@ -38,7 +38,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -122,11 +122,18 @@ class AdaptiveCache(BlockCache):
         }
         self.leader = self.config.experts[0]
         self.scores = dict.fromkeys(self.experts, 0.0)
-        # With a CPU tier each shadow also keeps an LRU of its HBM victims (ids only), so the
-        # policies are scored by what they would hit in HBM + CPU.
+        # With a CPU tier each shadow also keeps a CPU tier of its HBM victims (ids only), so
+        # the policies are scored by what they would hit in HBM + CPU: LRU of the victims, and
+        # for LFU the victims by their access counts (which survive the CPU tier), as LFU's own
+        # CPU tier in replay_ordered.
         self.shadow_cpu: dict[str, OrderedDict[int, None]] = {
             n: OrderedDict() for n in self.experts
         }
+        self._lfu_cpu: dict[int, tuple[int, float, int]] = {}
+        self._lfu_heap: list[tuple[int, float, int, int]] = []
+        lfu = self.experts.get("lfu")
+        if cpu_capacity and isinstance(lfu, HeapCache):
+            lfu.resume = self._lfu_cpu
         self.switches: list[tuple[int, str, str]] = []
         self.refs = 0
         self.decayed_refs = 0.0
@@ -156,7 +163,9 @@ class AdaptiveCache(BlockCache):
         lead = self.experts[self.leader]
         for name, cache in self.experts.items():
             gone = cache.request(blocks, now_s)
-            if self.cpu_capacity:
+            if self.cpu_capacity and name == "lfu" and isinstance(cache, HeapCache):
+                self._lfu_shadow_cpu(cache, blocks, gone)
+            elif self.cpu_capacity:
                 cpu = self.shadow_cpu[name]
                 for b in blocks:
                     cpu.pop(b, None)
@@ -171,10 +180,36 @@ class AdaptiveCache(BlockCache):
         self._maybe_switch()
         return self._trim()
 
+    def _lfu_shadow_cpu(self, cache: HeapCache, blocks: Sequence[int], gone: Sequence[int]) -> None:
+        """The LFU shadow's CPU tier: victims keyed (count, last access, -depth) as in HBM; the
+        least key leaves first when over ``cpu_capacity``."""
+        cpu, heap, last, depth = self._lfu_cpu, self._lfu_heap, self.last, self.depth
+        for b in blocks:
+            cpu.pop(b, None)
+        for v in gone:  # self.last is already this request's instant for its own blocks
+            count, t, d = cache.count[v], last[v], -depth[v]
+            cpu[v] = (count, t, d)
+            heapq.heappush(heap, (count, t, d, v))
+        while len(cpu) > self.cpu_capacity and heap:
+            count, t, d, v = heapq.heappop(heap)
+            if cpu.get(v) == (count, t, d):
+                del cpu[v]
+        if len(heap) > 4 * self.cpu_capacity + 1024:
+            self._lfu_heap = [(*k, v) for v, k in cpu.items()]
+            heapq.heapify(self._lfu_heap)
+
+    def cpu_key(self, block: int, seq: int) -> tuple[int, int]:
+        """While LFU leads, the real CPU tier drops the least LFU-counted leaves first, in
+        offload order among equal counts; otherwise the least recently offloaded first."""
+        lfu = self.experts.get("lfu")
+        if self.leader == "lfu" and isinstance(lfu, HeapCache):
+            return (lfu.count[block], seq)
+        return (1, seq)
+
     def _shadow_hit(self, name: str, cache: BlockCache, blocks: Sequence[int]) -> int:
         if not self.cpu_capacity:
             return cache.prefix_hit(blocks)
-        cpu = self.shadow_cpu[name]
+        cpu: Container[int] = self._lfu_cpu if name == "lfu" else self.shadow_cpu[name]
         k = 0
         while k < len(blocks) and (blocks[k] in cache or blocks[k] in cpu):
             k += 1

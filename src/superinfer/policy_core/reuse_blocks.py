@@ -19,7 +19,7 @@ the adaptive one's :class:`superinfer.policy_core.reuse_adaptive.AdaptiveCache`.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import cast
 
 from superinfer.policy_core.kv_baselines import ArcCache, S3FifoCache
@@ -60,6 +60,12 @@ class BlockCache:
         """Serve one request (blocks root first); returns the blocks that left the cache."""
         raise NotImplementedError
 
+    def cpu_key(self, block: int, seq: int) -> tuple[int, int]:
+        """Order of ``block`` in the CPU tier a replay keeps below this cache (least leaves
+        first), given its offload sequence number ``seq``: here ``(1, seq)``, the least recently
+        offloaded first."""
+        return (1, seq)
+
     def content(self) -> list[int]:
         """The cached blocks, by id (O(U))."""
         return [b for b in range(len(self.parent)) if b in self]
@@ -80,7 +86,16 @@ class BlockCache:
 
 class HeapCache(BlockCache):
     """LRU (``lfu=False``) or LFU with lazy heaps: the least key leaves first; a key never
-    increases from a parent to its child, so the least key is a leaf."""
+    increases from a parent to its child, so the least key is a leaf.
+
+    ``resume`` (LFU with a CPU tier): a container of the blocks held in a CPU tier; a block
+    found there when it re-enters keeps counting its accesses (``count + 1``) instead of
+    restarting at 1, as :func:`~superinfer.harness.offline.cache_replay.replay_ordered`'s LFU
+    counts accesses since a block entered HBM or CPU.
+    """
+
+    #: blocks whose access count survives their eviction (a CPU tier), or None
+    resume: Container[int] | None = None
 
     def __init__(
         self, capacity: int, parent: Sequence[int], depth: Sequence[int], *, lfu: bool = False
@@ -106,11 +121,11 @@ class HeapCache(BlockCache):
         # The bookkeeping of BlockCache._entered / _left inlined (the hottest loop of a replay).
         key, count, depth, parent, kids = self.key, self.count, self.depth, self.parent, self.kids
         heap, push, lfu = self.heap, heapq.heappush, self.lfu
-        size = self.size
+        size, resume = self.size, self.resume
         for b in blocks:
             if key[b] is None:
                 size += 1
-                count[b] = 1
+                count[b] = count[b] + 1 if resume is not None and b in resume else 1
                 p = parent[b]
                 if p >= 0:
                     kids[p] += 1
@@ -168,6 +183,10 @@ class _KeyedAlgo(BlockCache):
                 if p >= 0:
                     kids[p] -= 1
             out.extend(gone)
+        if out:
+            # A block that left while the request was fed and came back later in it (its own
+            # cached tail, a leaf until its new child entered) is cached: not a departure.
+            out = [v for v in dict.fromkeys(out) if not (v in m1 or v in m2)]
         return out
 
 
