@@ -4,6 +4,9 @@ constraint of the prefix-cache versions."""
 
 from __future__ import annotations
 
+import math
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -15,6 +18,7 @@ from superinfer.policy_core.reuse_adaptive import (
     S3FifoBlocks,
     make_block_cache,
 )
+from superinfer.policy_core.reuse_blocks import LrfuCache
 
 
 def run(cache: ArcCache[str] | S3FifoCache[str], seq: str) -> tuple[list[bool], list[list[str]]]:
@@ -83,7 +87,9 @@ def test_order_and_forget() -> None:
     assert list(s3.ghost) == ["a"] and len(s3) == 2
 
 
-@pytest.mark.parametrize("cls", [ArcBlocks, S3FifoBlocks, HeapCache, AdaptiveCache])
+@pytest.mark.parametrize(
+    "cls", [ArcBlocks, S3FifoBlocks, HeapCache, AdaptiveCache, partial(LrfuCache, half_life_s=3.0)]
+)
 def test_prefix_versions_evict_leaves_only(cls: type) -> None:
     rng = np.random.default_rng(3)
     nodes = 40
@@ -192,3 +198,21 @@ def test_adaptive_cpu_tier_follows_lfu_when_lfu_leads() -> None:
     assert lfu.count[0] >= 2 and ada.cpu_key(0, 7) == (lfu.count[0], 7)
     assert ada.cpu_key(n - 1, 8) == (1, 8)
     assert HeapCache(1, parent, depth).cpu_key(0, 7) == (1, 7)
+
+
+def test_lrfu_exact_on_a_hand_made_sequence() -> None:
+    # a at t=0 and t=1, b at t=2, c at t=3; 2 slots, three independent blocks. Keys at the last
+    # access, log2 F + t / h: half-life 10 s: a = log2(1 + 2^-0.1) + 0.1 = 1.051, b = 0.2,
+    # c = 0.3: b (one access, older than c) leaves, where LRU would drop a. Half-life 0.1 s:
+    # a = log2(1 + 2^-10) + 10 = 10.001, b = 20, c = 30: a leaves, as under LRU.
+    parent, depth = [-1, -1, -1], [0, 0, 0]
+    for half_life, victim in ((10.0, 1), (0.1, 0)):
+        cache = LrfuCache(2, parent, depth, half_life)
+        gone = [cache.request([b], float(t)) for t, b in enumerate([0, 0, 1, 2])]
+        assert gone == [[], [], [], [victim]]
+        assert cache.log_f[0] == pytest.approx(math.log2(1 + 2 ** (-1 / half_life)))
+    assert make_block_cache("lrfu200", 2, parent, depth).name == "lrfu200"
+    with pytest.raises(ValueError, match="unknown block cache"):
+        make_block_cache("lrfu-1", 2, parent, depth)
+    with pytest.raises(ValueError, match="half_life_s"):
+        LrfuCache(2, parent, depth, 0.0)

@@ -49,8 +49,9 @@ def replay_blocks(
     tier = bytearray(trace.num_unique)  # 0 none, 1 HBM, 2 CPU
     kids_any = [0] * trace.num_unique
     cpu: dict[int, tuple[int, int]] = {}  # block -> its key in the CPU heap
+    cpu_seq: dict[int, int] = {}  # block -> its offload sequence number
     heap: list[tuple[int, int, int]] = []  # (key..., block), lazy
-    seq = 0
+    seq, epoch = 0, cache.cpu_epoch
     offsets = trace.offsets.tolist()
     flat = trace.blocks.tolist()
     arrival = trace.arrival_s.tolist()
@@ -63,6 +64,7 @@ def replay_blocks(
         for b in blocks:
             if tier[b] == 2:
                 del cpu[b]
+                del cpu_seq[b]
             elif tier[b] == 0:
                 p = parent[b]
                 if p >= 0:
@@ -72,6 +74,7 @@ def replay_blocks(
             if cpu_blocks:
                 tier[v] = 2
                 key = cache.cpu_key(v, seq)
+                cpu_seq[v] = seq
                 seq += 1
                 cpu[v] = key
                 heapq.heappush(heap, (key[0], key[1], v))
@@ -81,6 +84,11 @@ def replay_blocks(
                 p = parent[v]
                 if p >= 0:
                     kids_any[p] -= 1
+        if cache.cpu_epoch != epoch:  # the cache orders its CPU tier differently now
+            epoch = cache.cpu_epoch
+            cpu = {b: cache.cpu_key(b, cpu_seq[b]) for b in cpu}
+            heap = [(k[0], k[1], b) for b, k in cpu.items()]
+            heapq.heapify(heap)
         held: list[tuple[int, int, int]] = []
         while len(cpu) > cpu_blocks and heap:
             entry = heapq.heappop(heap)
@@ -91,6 +99,7 @@ def replay_blocks(
                 held.append(entry)
                 continue
             del cpu[victim]
+            del cpu_seq[victim]
             tier[victim] = 0
             p = parent[victim]
             if p >= 0:
