@@ -1,8 +1,9 @@
 """CPU time per placement decision of the offline cache policies: one decision = serving one
-request's blocks and bringing the cache back within capacity (for ``adaptive``: its five shadow
-caches included). Measured with ``time.process_time`` (CPU time of this process, so a stopped or
-descheduled process does not inflate it), on each trace at each HBM capacity of ``--capacity``
-(a comma list; default 0.1) without a CPU tier.
+request's blocks and bringing the cache back within capacity (for ``adaptive``: its six shadow
+caches included; ``learned`` is the learned model alone, no longer one of them). Measured with
+``time.process_time`` (CPU time of this process, so a stopped or descheduled process does not
+inflate it), on each trace at each HBM capacity of ``--capacity`` (a comma list; default 0.1)
+without a CPU tier.
 
 Writes ``results/cache/decision_cost.csv`` (trace, policy, capacity_frac, requests,
 block_references, cpu_s, us_per_request, us_per_block, load_avg_1m).
@@ -22,7 +23,7 @@ import pandas as pd
 from superinfer.harness.offline.cache_trace import load_cache_trace
 from superinfer.policy_core.reuse_adaptive import make_block_cache
 
-POLICIES = ("lru", "lfu", "arc", "s3fifo", "learned", "adaptive")
+POLICIES = ("lru", "lfu", "arc", "s3fifo", "lrfu20", "lrfu200", "learned", "adaptive")
 
 
 def main() -> None:

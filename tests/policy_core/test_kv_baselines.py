@@ -4,6 +4,9 @@ constraint of the prefix-cache versions."""
 
 from __future__ import annotations
 
+import math
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -15,6 +18,7 @@ from superinfer.policy_core.reuse_adaptive import (
     S3FifoBlocks,
     make_block_cache,
 )
+from superinfer.policy_core.reuse_blocks import LrfuCache
 
 
 def run(cache: ArcCache[str] | S3FifoCache[str], seq: str) -> tuple[list[bool], list[list[str]]]:
@@ -83,7 +87,9 @@ def test_order_and_forget() -> None:
     assert list(s3.ghost) == ["a"] and len(s3) == 2
 
 
-@pytest.mark.parametrize("cls", [ArcBlocks, S3FifoBlocks, HeapCache, AdaptiveCache])
+@pytest.mark.parametrize(
+    "cls", [ArcBlocks, S3FifoBlocks, HeapCache, AdaptiveCache, partial(LrfuCache, half_life_s=3.0)]
+)
 def test_prefix_versions_evict_leaves_only(cls: type) -> None:
     rng = np.random.default_rng(3)
     nodes = 40
@@ -122,3 +128,91 @@ def test_adaptive_leaves_lru_when_another_policy_leads() -> None:
     # From the switch on it hits what the leader hits (the hot block is cached when it leads).
     switch_req = ada.switches[0][0]
     assert hits["adaptive"] >= hits["lfu"] - switch_req // 5 * 2 - 2
+
+
+def test_arc_request_reports_only_blocks_that_left() -> None:
+    # Chain 0 -> 1 -> 2, capacity 2; [0, 1] then [0, 1, 2], fed deepest first. access(2) evicts
+    # 1 (T1's LRU leaf: its child 2 is not counted yet), access(1) brings 1 back (ghost hit)
+    # and evicts 0 (a leaf again), access(0) brings 0 back and evicts 2 (1 has a child now).
+    # 1 and 0 left and came back inside the request: only 2 left.
+    parent, depth = [-1, 0, 1], [0, 1, 2]
+    arc = ArcBlocks(2, parent, depth)
+    assert arc.request([0, 1], 0.0) == []
+    assert arc.request([0, 1, 2], 1.0) == [2]
+    assert sorted(arc.content()) == [0, 1]
+
+
+@pytest.mark.parametrize("cls", [ArcBlocks, S3FifoBlocks])
+def test_request_returns_exactly_the_departures(cls: type) -> None:
+    # Requests longer than the cache: what request() returns is exactly (cached before, plus
+    # the request) minus cached after, once each (a replay's tier bookkeeping relies on it).
+    rng = np.random.default_rng(5)
+    nodes = 60
+    parent = [-1] + [int(rng.integers(max(0, i - 3), i)) for i in range(1, nodes)]
+    depth = [0] * nodes
+    for v in range(1, nodes):
+        depth[v] = depth[parent[v]] + 1
+    cache = cls(4, parent, depth)
+    for t in range(300):
+        v, path = int(rng.integers(0, nodes)), []
+        while v >= 0:
+            path.append(v)
+            v = parent[v]
+        before = set(cache.content())
+        gone = cache.request(path[::-1][:9], float(t))
+        after = set(cache.content())
+        assert len(gone) == len(set(gone))
+        assert set(gone) == (before | set(path[::-1][:9])) - after
+
+
+def test_lfu_counts_survive_a_cpu_tier_when_resumed() -> None:
+    # One slot, [0, 1, 1, 0]: 1 evicts 0 (both count 1, 0 older), 1 reaches count 2. 0 comes
+    # back: without resume at count 1, so it leaves again at once (1 has 2); held in the CPU
+    # tier (resume) it goes on at count 2, ties 1 and is the more recent: 1 leaves.
+    parent, depth = [-1, -1], [0, 0]
+    plain, kept = HeapCache(1, parent, depth, lfu=True), HeapCache(1, parent, depth, lfu=True)
+    kept.resume = {0}
+    gone = {}
+    for name, cache in (("plain", plain), ("kept", kept)):
+        gone[name] = [cache.request([b], float(t)) for t, b in enumerate([0, 1, 1, 0])]
+    assert gone["plain"] == [[], [0], [], [0]] and gone["kept"] == [[], [0], [], [1]]
+    assert (plain.count[0], kept.count[0]) == (1, 2)
+
+
+def test_adaptive_cpu_tier_follows_lfu_when_lfu_leads() -> None:
+    # A hot block 0 twice in a row, then two fresh ones; 1 HBM slot, 1 CPU slot. LRU (and its
+    # LRU CPU tier) hits only the second 0 of each pair: the two fresh blocks push 0 out of both
+    # tiers. LFU keeps 0 (count >= 2 against 1) and hits both: it leads, and the adaptive
+    # cache's own CPU tier is then keyed by LFU counts, (count, offload order); under any other
+    # leader, and for every other cache, by offload order alone.
+    n = 1200
+    parent, depth = [-1] * n, [0] * n
+    seq = [0 if t % 4 < 2 else t for t in range(n)]
+    ada = AdaptiveCache(1, parent, depth, cpu_capacity=1)
+    assert ada.cpu_key(0, 7) == (1, 7)  # LRU leads at the start
+    for t, b in enumerate(seq):
+        ada.request([b], float(t))
+    assert ada.leader == "lfu"
+    lfu = ada.experts["lfu"]
+    assert isinstance(lfu, HeapCache)
+    assert lfu.count[0] >= 2 and ada.cpu_key(0, 7) == (lfu.count[0], 7)
+    assert ada.cpu_key(n - 1, 8) == (1, 8)
+    assert HeapCache(1, parent, depth).cpu_key(0, 7) == (1, 7)
+
+
+def test_lrfu_exact_on_a_hand_made_sequence() -> None:
+    # a at t=0 and t=1, b at t=2, c at t=3; 2 slots, three independent blocks. Keys at the last
+    # access, log2 F + t / h: half-life 10 s: a = log2(1 + 2^-0.1) + 0.1 = 1.051, b = 0.2,
+    # c = 0.3: b (one access, older than c) leaves, where LRU would drop a. Half-life 0.1 s:
+    # a = log2(1 + 2^-10) + 10 = 10.001, b = 20, c = 30: a leaves, as under LRU.
+    parent, depth = [-1, -1, -1], [0, 0, 0]
+    for half_life, victim in ((10.0, 1), (0.1, 0)):
+        cache = LrfuCache(2, parent, depth, half_life)
+        gone = [cache.request([b], float(t)) for t, b in enumerate([0, 0, 1, 2])]
+        assert gone == [[], [], [], [victim]]
+        assert cache.log_f[0] == pytest.approx(math.log2(1 + 2 ** (-1 / half_life)))
+    assert make_block_cache("lrfu200", 2, parent, depth).name == "lrfu200"
+    with pytest.raises(ValueError, match="unknown block cache"):
+        make_block_cache("lrfu-1", 2, parent, depth)
+    with pytest.raises(ValueError, match="half_life_s"):
+        LrfuCache(2, parent, depth, 0.0)

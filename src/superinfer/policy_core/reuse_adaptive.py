@@ -7,28 +7,32 @@ offers one call per request, :meth:`BlockCache.request`, which makes every block
 cached and returns the blocks that left to bring the cache back within ``capacity``.
 
 - :class:`HeapCache` -- LRU (key: last access instant) or LFU (key: accesses since insertion,
-  then last access), ties deeper first then by id, the placement planner's order; and
-  :class:`ArcBlocks`, :class:`S3FifoBlocks` -- ARC and S3-FIFO
+  then last access), ties deeper first then by id, the placement planner's order;
+  :class:`LrfuCache` -- LRFU (decayed access count over a ghost history, ``lrfuH``: half-life
+  H s); and :class:`ArcBlocks`, :class:`S3FifoBlocks` -- ARC and S3-FIFO
   (:mod:`superinfer.policy_core.kv_baselines`), fed a request's blocks deepest first, so that
-  inside a request a parent is more recent than its child (all three in
+  inside a request a parent is more recent than its child (all in
   :mod:`superinfer.policy_core.reuse_blocks`, re-exported here).
 - :class:`LearnedCache` -- the learned reuse predictor (:mod:`superinfer.policy_core.reuse`)
   in the placement planner's eviction order, its O(cache) plan amortized over requests
-  (:mod:`superinfer.policy_core.reuse_learned`, re-exported here).
-- :class:`AdaptiveCache` -- the adaptive reuse predictor. It runs the simple policies above and
-  the learned one as shadow caches of the same capacity on the same requests (ids only, no KV),
-  scores each by its exponentially decayed prefix-hit blocks (half-life ``half_life_blocks``
-  block references), and
+  (:mod:`superinfer.policy_core.reuse_learned`, re-exported here); an optional expert
+  (``learned``), no longer a default one (issue 22: LRFU with a 200 s half-life led where it
+  did, at a tenth of its cost).
+- :class:`AdaptiveCache` -- the adaptive reuse predictor. It runs its experts (default: LRU,
+  ARC, S3-FIFO, LFU and LRFU with half-lives 20 s and 200 s) as shadow caches of the same
+  capacity on the same requests (ids only, no KV), scores each by its exponentially decayed
+  prefix-hit blocks (half-life ``half_life_blocks`` block references), and
   makes its own cache follow the current leader: when over capacity it evicts first the blocks
   the leader does not hold (oldest first, deeper first), so its content converges to the
   leader's and, while the leader stays the same, equals it. It starts as LRU (cold start: LRU's
   hits exactly until another policy leads by the switching margin) and switches leader only when
   another policy's score exceeds the leader's by ``switch_margin`` (in hit rate over the decayed
-  window), so it adapts when the structure shifts. With a CPU tier, each shadow also keeps an LRU
-  of its HBM victims as large as the CPU tier and is scored by its hits in both. The per-request
-  work is the simple shadow caches' (O(blocks) each, amortized), the learned one's (O(blocks)
-  plus an O(cache) plan every ``lookahead`` evictions) and O(log cache) per eviction of its own;
-  a switch costs one O(cache) pass.
+  window), so it adapts when the structure shifts. With a CPU tier, each shadow also keeps a CPU
+  tier of its HBM victims as large as the real one (LRU; LFU-ordered for the LFU shadow, whose
+  counts survive it) and is scored by its hits in both; while LFU leads, :meth:`cpu_key` orders
+  the real CPU tier by the LFU counts too. The per-request work is the shadow caches' (O(blocks
+  log cache) each, amortized) and O(log cache) per eviction of its own; a switch costs one
+  O(cache) pass.
 
 Pure: stdlib and numpy.
 """
@@ -38,11 +42,17 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from superinfer.policy_core.reuse_blocks import ArcBlocks, BlockCache, HeapCache, S3FifoBlocks
+from superinfer.policy_core.reuse_blocks import (
+    ArcBlocks,
+    BlockCache,
+    HeapCache,
+    LrfuCache,
+    S3FifoBlocks,
+)
 from superinfer.policy_core.reuse_learned import LearnedCache
 
 __all__ = [
@@ -58,7 +68,7 @@ __all__ = [
 ]
 
 #: The shadow policies of :class:`AdaptiveCache`, in tie-break order (first wins a tie).
-ADAPTIVE_EXPERTS = ("lru", "arc", "s3fifo", "lfu", "learned")
+ADAPTIVE_EXPERTS = ("lru", "arc", "s3fifo", "lfu", "lrfu20", "lrfu200")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +95,11 @@ class AdaptiveConfig:
 
     def __post_init__(self) -> None:
         known = ("lru", "lfu", "arc", "s3fifo", "learned")
-        if not self.experts or any(e not in known for e in self.experts):
-            raise ValueError(f"experts must be among {', '.join(known)}: {self.experts}")
+        if not self.experts or any(e not in known and _lrfu_half_life(e) is None
+                                   for e in self.experts):  # fmt: skip
+            raise ValueError(
+                f"experts must be among {', '.join(known)}, lrfuH (H s): {self.experts}"
+            )
         if not self.half_life_blocks > 0:
             raise ValueError(f"half_life_blocks must be > 0, got {self.half_life_blocks}")
         if self.switch_margin < 0 or self.min_lead < 0:
@@ -122,11 +135,18 @@ class AdaptiveCache(BlockCache):
         }
         self.leader = self.config.experts[0]
         self.scores = dict.fromkeys(self.experts, 0.0)
-        # With a CPU tier each shadow also keeps an LRU of its HBM victims (ids only), so the
-        # policies are scored by what they would hit in HBM + CPU.
+        # With a CPU tier each shadow also keeps a CPU tier of its HBM victims (ids only), so
+        # the policies are scored by what they would hit in HBM + CPU: LRU of the victims, and
+        # for LFU the victims by their access counts (which survive the CPU tier), as LFU's own
+        # CPU tier in replay_ordered.
         self.shadow_cpu: dict[str, OrderedDict[int, None]] = {
             n: OrderedDict() for n in self.experts
         }
+        self._lfu_cpu: dict[int, tuple[int, float, int]] = {}
+        self._lfu_heap: list[tuple[int, float, int, int]] = []
+        lfu = self.experts.get("lfu")
+        if cpu_capacity and isinstance(lfu, HeapCache):
+            lfu.resume = self._lfu_cpu
         self.switches: list[tuple[int, str, str]] = []
         self.refs = 0
         self.decayed_refs = 0.0
@@ -156,7 +176,9 @@ class AdaptiveCache(BlockCache):
         lead = self.experts[self.leader]
         for name, cache in self.experts.items():
             gone = cache.request(blocks, now_s)
-            if self.cpu_capacity:
+            if self.cpu_capacity and name == "lfu" and isinstance(cache, HeapCache):
+                self._lfu_shadow_cpu(cache, blocks, gone)
+            elif self.cpu_capacity:
                 cpu = self.shadow_cpu[name]
                 for b in blocks:
                     cpu.pop(b, None)
@@ -171,10 +193,36 @@ class AdaptiveCache(BlockCache):
         self._maybe_switch()
         return self._trim()
 
+    def _lfu_shadow_cpu(self, cache: HeapCache, blocks: Sequence[int], gone: Sequence[int]) -> None:
+        """The LFU shadow's CPU tier: victims keyed (count, last access, -depth) as in HBM; the
+        least key leaves first when over ``cpu_capacity``."""
+        cpu, heap, last, depth = self._lfu_cpu, self._lfu_heap, self.last, self.depth
+        for b in blocks:
+            cpu.pop(b, None)
+        for v in gone:  # self.last is already this request's instant for its own blocks
+            count, t, d = cache.count[v], last[v], -depth[v]
+            cpu[v] = (count, t, d)
+            heapq.heappush(heap, (count, t, d, v))
+        while len(cpu) > self.cpu_capacity and heap:
+            count, t, d, v = heapq.heappop(heap)
+            if cpu.get(v) == (count, t, d):
+                del cpu[v]
+        if len(heap) > 4 * self.cpu_capacity + 1024:
+            self._lfu_heap = [(*k, v) for v, k in cpu.items()]
+            heapq.heapify(self._lfu_heap)
+
+    def cpu_key(self, block: int, seq: int) -> tuple[int, int]:
+        """While LFU leads, the real CPU tier drops the least LFU-counted leaves first, in
+        offload order among equal counts; otherwise the least recently offloaded first."""
+        lfu = self.experts.get("lfu")
+        if self.leader == "lfu" and isinstance(lfu, HeapCache):
+            return (lfu.count[block], seq)
+        return (1, seq)
+
     def _shadow_hit(self, name: str, cache: BlockCache, blocks: Sequence[int]) -> int:
         if not self.cpu_capacity:
             return cache.prefix_hit(blocks)
-        cpu = self.shadow_cpu[name]
+        cpu: Container[int] = self._lfu_cpu if name == "lfu" else self.shadow_cpu[name]
         k = 0
         while k < len(blocks) and (blocks[k] in cache or blocks[k] in cpu):
             k += 1
@@ -188,6 +236,8 @@ class AdaptiveCache(BlockCache):
         if best == self.leader or lead < max(cfg.switch_margin * self.decayed_refs, cfg.min_lead):
             return
         self.switches.append((self.refs, self.leader, best))
+        if "lfu" in (self.leader, best):
+            self.cpu_epoch += 1  # the real CPU tier's order changes with the leader
         self.leader = best
         leader_cache = self.experts[best]
         self.stale = [
@@ -261,6 +311,9 @@ def make_block_cache(
     """
     if name in ("lru", "lfu"):
         return HeapCache(capacity, parent, depth, lfu=name == "lfu")
+    half_life = _lrfu_half_life(name)
+    if half_life is not None:
+        return LrfuCache(capacity, parent, depth, half_life)
     if name == "arc":
         return ArcBlocks(capacity, parent, depth)
     if name == "s3fifo":
@@ -270,3 +323,14 @@ def make_block_cache(
     if name == "adaptive":
         return AdaptiveCache(capacity, parent, depth, cpu_capacity=cpu_capacity)
     raise ValueError(f"unknown block cache {name!r}")
+
+
+def _lrfu_half_life(name: str) -> float | None:
+    """``lrfuH`` -> H (a half-life in s, > 0); None for any other name."""
+    if not name.startswith("lrfu"):
+        return None
+    try:
+        h = float(name[4:])
+    except ValueError:
+        return None
+    return h if h > 0 and math.isfinite(h) else None

@@ -8,6 +8,10 @@ cached and returns the blocks that left to bring the cache back within ``capacit
 
 - :class:`HeapCache` -- LRU (key: last access instant) or LFU (key: accesses since insertion,
   then last access), ties deeper first then by id, the placement planner's order.
+- :class:`LrfuCache` -- LRFU (Lee et al., IEEE Trans. Computers 2001): each block's decayed
+  access count ``F = sum 2^(-(now - t_i) / half_life)`` over every access it ever had (a
+  ghost history, kept across evictions), least first; between LRU (short half-life) and LFU
+  with ghost counts (long).
 - :class:`ArcBlocks`, :class:`S3FifoBlocks` -- ARC and S3-FIFO
   (:mod:`superinfer.policy_core.kv_baselines`), fed a request's blocks deepest first, so that
   inside a request a parent is more recent than its child.
@@ -19,12 +23,13 @@ the adaptive one's :class:`superinfer.policy_core.reuse_adaptive.AdaptiveCache`.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Container, Mapping, Sequence
 from typing import cast
 
 from superinfer.policy_core.kv_baselines import ArcCache, S3FifoCache
 
-__all__ = ["ArcBlocks", "BlockCache", "HeapCache", "S3FifoBlocks"]
+__all__ = ["ArcBlocks", "BlockCache", "HeapCache", "LrfuCache", "S3FifoBlocks"]
 
 
 class BlockCache:
@@ -60,6 +65,16 @@ class BlockCache:
         """Serve one request (blocks root first); returns the blocks that left the cache."""
         raise NotImplementedError
 
+    #: changes whenever :meth:`cpu_key` would order the CPU tier differently (a replay then
+    #: re-keys the blocks it holds there)
+    cpu_epoch = 0
+
+    def cpu_key(self, block: int, seq: int) -> tuple[int, int]:
+        """Order of ``block`` in the CPU tier a replay keeps below this cache (least leaves
+        first), given its offload sequence number ``seq``: here ``(1, seq)``, the least recently
+        offloaded first."""
+        return (1, seq)
+
     def content(self) -> list[int]:
         """The cached blocks, by id (O(U))."""
         return [b for b in range(len(self.parent)) if b in self]
@@ -80,7 +95,16 @@ class BlockCache:
 
 class HeapCache(BlockCache):
     """LRU (``lfu=False``) or LFU with lazy heaps: the least key leaves first; a key never
-    increases from a parent to its child, so the least key is a leaf."""
+    increases from a parent to its child, so the least key is a leaf.
+
+    ``resume`` (LFU with a CPU tier): a container of the blocks held in a CPU tier; a block
+    found there when it re-enters keeps counting its accesses (``count + 1``) instead of
+    restarting at 1, as :func:`~superinfer.harness.offline.cache_replay.replay_ordered`'s LFU
+    counts accesses since a block entered HBM or CPU.
+    """
+
+    #: blocks whose access count survives their eviction (a CPU tier), or None
+    resume: Container[int] | None = None
 
     def __init__(
         self, capacity: int, parent: Sequence[int], depth: Sequence[int], *, lfu: bool = False
@@ -106,11 +130,11 @@ class HeapCache(BlockCache):
         # The bookkeeping of BlockCache._entered / _left inlined (the hottest loop of a replay).
         key, count, depth, parent, kids = self.key, self.count, self.depth, self.parent, self.kids
         heap, push, lfu = self.heap, heapq.heappush, self.lfu
-        size = self.size
+        size, resume = self.size, self.resume
         for b in blocks:
             if key[b] is None:
                 size += 1
-                count[b] = 1
+                count[b] = count[b] + 1 if resume is not None and b in resume else 1
                 p = parent[b]
                 if p >= 0:
                     kids[p] += 1
@@ -132,6 +156,84 @@ class HeapCache(BlockCache):
                     kids[p] -= 1
                 out.append(v)
         self.size = size
+        return out
+
+
+class LrfuCache(BlockCache):
+    """LRFU over blocks with a lazy heap: the least decayed access count leaves first.
+
+    ``F`` decays at the same rate for every block, so the order of two blocks changes only when
+    one is accessed: the heap key is ``log2 F`` at the last access plus ``t_last / half_life``
+    (the order of ``F`` at any later instant), ties deeper first, then by id. A child is only
+    accessed with its parent, so its ``F`` never exceeds its parent's and the least key is a
+    leaf. O(log cache) per block.
+
+    Args:
+        capacity, parent, depth: as :class:`BlockCache`.
+        half_life_s: the half-life of an access's weight, s (> 0).
+
+    Raises:
+        ValueError: ``half_life_s <= 0``.
+    """
+
+    def __init__(
+        self, capacity: int, parent: Sequence[int], depth: Sequence[int], half_life_s: float
+    ) -> None:
+        super().__init__(capacity, parent, depth)
+        if not half_life_s > 0:
+            raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
+        self.half_life_s = half_life_s
+        self.name = f"lrfu{half_life_s:g}"
+        u = len(self.parent)
+        self.log_f = [-math.inf] * u  # log2 F at the last access (kept across evictions)
+        self.t_last = [0.0] * u
+        self.key: list[tuple[float, int, int] | None] = [None] * u
+        self.heap: list[tuple[float, int, int]] = []
+        self.size = 0
+
+    def __contains__(self, block: object) -> bool:
+        return self.key[cast(int, block)] is not None
+
+    def prefix_hit(self, blocks: Sequence[int]) -> int:
+        key, k, n = self.key, 0, len(blocks)
+        while k < n and key[blocks[k]] is not None:
+            k += 1
+        return k
+
+    def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
+        key, log_f, t_last, depth = self.key, self.log_f, self.t_last, self.depth
+        parent, kids, heap, push = self.parent, self.kids, self.heap, heapq.heappush
+        rate = 1.0 / self.half_life_s
+        size = self.size
+        for b in blocks:
+            x = log_f[b] - rate * (now_s - t_last[b])  # log2 of the old F decayed to now
+            f = x + math.log2(1.0 + 2.0**-x) if x > -60.0 else 0.0  # log2(1 + 2^x)
+            log_f[b] = f
+            t_last[b] = now_s
+            if key[b] is None:
+                size += 1
+                p = parent[b]
+                if p >= 0:
+                    kids[p] += 1
+            k = (f + rate * now_s, -depth[b], b)
+            key[b] = k
+            push(heap, k)
+        out: list[int] = []
+        pop = heapq.heappop
+        while size > self.capacity and heap:
+            entry = pop(heap)
+            v = entry[2]
+            if key[v] == entry:
+                key[v] = None
+                size -= 1
+                p = parent[v]
+                if p >= 0:
+                    kids[p] -= 1
+                out.append(v)
+        self.size = size
+        if len(heap) > 4 * self.capacity + 1024:
+            self.heap = [k for k in key if k is not None]
+            heapq.heapify(self.heap)
         return out
 
 
@@ -168,6 +270,10 @@ class _KeyedAlgo(BlockCache):
                 if p >= 0:
                     kids[p] -= 1
             out.extend(gone)
+        if out:
+            # A block that left while the request was fed and came back later in it (its own
+            # cached tail, a leaf until its new child entered) is cached: not a departure.
+            out = [v for v in dict.fromkeys(out) if not (v in m1 or v in m2)]
         return out
 
 

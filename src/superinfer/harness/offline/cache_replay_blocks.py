@@ -3,15 +3,17 @@
 (model: ``offline.cache_eval``).
 
 The HBM tier is the policy's cache; with a CPU tier, the blocks HBM evicts move to CPU memory,
-which drops its least recently offloaded leaf (a block none of whose children is cached in either
-tier) when full. A request's blocks found in CPU memory are loaded back to HBM, where the policy
-sees them as misses (a key the policy remembers as a ghost counts as one).
+which drops its least leaf (a block none of whose children is cached in either tier) when full,
+in the order of the cache's ``cpu_key``: the least recently offloaded first, and for the
+adaptive predictor while LFU leads, the least LFU-counted first. A request's blocks found in
+CPU memory are loaded back to HBM, where the policy sees them as misses (a key the policy
+remembers as a ghost counts as one).
 """
 
 from __future__ import annotations
 
+import heapq
 import time
-from collections import OrderedDict
 
 import numpy as np
 
@@ -46,7 +48,10 @@ def replay_blocks(
     )
     tier = bytearray(trace.num_unique)  # 0 none, 1 HBM, 2 CPU
     kids_any = [0] * trace.num_unique
-    cpu: OrderedDict[int, None] = OrderedDict()
+    cpu: dict[int, tuple[int, int]] = {}  # block -> its key in the CPU heap
+    cpu_seq: dict[int, int] = {}  # block -> its offload sequence number
+    heap: list[tuple[int, int, int]] = []  # (key..., block), lazy
+    seq, epoch = 0, cache.cpu_epoch
     offsets = trace.offsets.tolist()
     flat = trace.blocks.tolist()
     arrival = trace.arrival_s.tolist()
@@ -59,6 +64,7 @@ def replay_blocks(
         for b in blocks:
             if tier[b] == 2:
                 del cpu[b]
+                del cpu_seq[b]
             elif tier[b] == 0:
                 p = parent[b]
                 if p >= 0:
@@ -67,22 +73,46 @@ def replay_blocks(
         for v in cache.request(blocks, arrival[r]):
             if cpu_blocks:
                 tier[v] = 2
-                cpu[v] = None
+                key = cache.cpu_key(v, seq)
+                cpu_seq[v] = seq
+                seq += 1
+                cpu[v] = key
+                heapq.heappush(heap, (key[0], key[1], v))
                 offloaded += 1
             else:
                 tier[v] = 0
                 p = parent[v]
                 if p >= 0:
                     kids_any[p] -= 1
-        while len(cpu) > cpu_blocks:
-            victim = next((b for b in cpu if kids_any[b] == 0), None)
-            if victim is None:
-                break
+        if cache.cpu_epoch != epoch:  # the cache orders its CPU tier differently now
+            epoch = cache.cpu_epoch
+            cpu = {b: cache.cpu_key(b, cpu_seq[b]) for b in cpu}
+            heap = [(k[0], k[1], b) for b, k in cpu.items()]
+            heapq.heapify(heap)
+        held: list[tuple[int, int, int]] = []
+        while len(cpu) > cpu_blocks and heap:
+            entry = heapq.heappop(heap)
+            victim = entry[2]
+            if cpu.get(victim) != entry[:2]:
+                continue  # loaded back (or re-offloaded since)
+            if kids_any[victim]:
+                held.append(entry)
+                continue
             del cpu[victim]
+            del cpu_seq[victim]
             tier[victim] = 0
             p = parent[victim]
             if p >= 0:
                 kids_any[p] -= 1
+                if held and kids_any[p] == 0:  # a held parent may have become a leaf
+                    for e in held:
+                        heapq.heappush(heap, e)
+                    held = []
+        for e in held:
+            heapq.heappush(heap, e)
+        if len(heap) > 4 * cpu_blocks + 1024:
+            heap = [(k[0], k[1], b) for b, k in cpu.items()]
+            heapq.heapify(heap)
     res = ReplayResult(policy, capacity_frac, hbm_blocks, cpu_blocks, offloaded_blocks=offloaded)
     record_hits(res, trace, k, k_hbm)
     res.wall_s = time.perf_counter() - start
