@@ -1,6 +1,6 @@
 """The running prefills' lanes of ``superinfer`` (issue 21): kept sorted across calls from the
 change set, they equal the stable sort by key of the prefilling requests of each tier that the
-prefill rotation used to build every call."""
+prefill rotation used to build every call; the decodes' ids, kept in ``state.running`` order."""
 
 from __future__ import annotations
 
@@ -56,13 +56,17 @@ def test_the_lanes_equal_a_stable_sort_of_each_tiers_prefills_after_every_call(
     cls = available_policies()[name].load()
     extra = {"output_tokens": {r.rid: r.output for r in reqs}} if name == "oracle" else {}
     policy = make_policy(cls, {"max_waiting_per_tier": "40"}, name, extra=extra)
-    checked = [0, 0]
+    checked = [0, 0, 0]
     schedule = policy.schedule
 
     def checking_schedule(state):  # noqa: ANN001, ANN202
         decision = schedule(state)
         books = policy._books(policy._replica(state.replica))
         entries = policy._entries
+        # the decodes' ids, kept in running order across calls (the decision's num_tokens order)
+        assert books.dec_ids == [rid for rid in books.order if rid not in books.prefilling]
+        assert books.dec_pos == [books.order[rid] for rid in books.dec_ids]
+        checked[2] += len(books.dec_ids)
         for t, (lane, ttft_lane) in enumerate(zip(books.lanes, books.ttft_lanes, strict=True)):
             mine = [
                 rid for rid, tier in books.tier.items() if tier == t and rid in books.prefilling
@@ -84,4 +88,5 @@ def test_the_lanes_equal_a_stable_sort_of_each_tiers_prefills_after_every_call(
     engine.stamp = True
     engine.run(max_steps=3000)
     assert checked[0] > 100 and checked[1] > 10  # lanes were exercised, TTFT ones too
+    assert checked[2] > 100
     assert any(d.preempt for _, d in engine.decisions)
