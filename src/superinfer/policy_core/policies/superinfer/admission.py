@@ -20,10 +20,19 @@ class _Admission(_Preemption):
     """Layer 4: tokens for one request in the step being built, and rejections."""
 
     def _place(
-        self, rep: _Replica, step: _Step, e: _Entry, unit: int, cpu: bool, rank_below: int
+        self,
+        rep: _Replica,
+        step: _Step,
+        e: _Entry,
+        unit: int,
+        cpu: bool,
+        rank_below: int,
+        *,
+        room: bool = True,
     ) -> int:
         """Give ``e`` up to ``unit`` more tokens this step, admitting or resuming it if it is
-        queued; preempts worse-tier running requests to make room. Returns tokens given."""
+        queued; preempts worse-tier running requests to make room (not with ``room`` false:
+        then it gives nothing when the tokens do not fit as things are). Returns tokens given."""
         state = step.state
         rid = e.rid
         if rid in step.preempt or rid in step.reject:
@@ -55,7 +64,7 @@ class _Admission(_Preemption):
         if queued:
             floor += int(self.kv_watermark * state.total_hbm_blocks)
         if step.seats <= 0 and queued or step.free - extra < floor:
-            if not self._make_room(rep, step, e, extra + floor, rank_below):
+            if not room or not self._make_room(rep, step, e, extra + floor, rank_below):
                 return 0
         if queued:
             self._dequeue(rep, e)

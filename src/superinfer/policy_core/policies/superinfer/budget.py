@@ -57,7 +57,7 @@ class _StepBudget(_Running):
             for e in chosen:
                 per_tier[e.tier] += 1
         else:  # every decode runs: no per-request work beyond the KV blocks some need
-            step.tokens.update(dict.fromkeys(decodes.ids, 1))
+            step.tokens.update(decodes.ids)  # one token each
             step.budget -= len(decodes)
             if need:
                 for e, grow in decodes.growers:

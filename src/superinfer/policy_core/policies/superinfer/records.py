@@ -130,6 +130,9 @@ class _RunBooks:
         self.ttft_lanes: list[list[_LaneItem]] = [[] for _ in range(num_tiers)]
         self.run_count = [0] * num_tiers  # running requests per tier
         self.dec_count = [0] * num_tiers  # decodes per tier
+        # the decodes in ``state.running`` order: their positions (sorted) and ids, side by side
+        self.dec_pos: list[int] = []
+        self.dec_ids: list[str] = []
         self.clock = 0  # decode tokens every lockstep decode has run since the rebuild
         self.buckets: dict[int, list[tuple[str, int]]] = {}  # clock -> (id, version) to look at
         # decodes needing a KV block at their last look: (id, version, clock of the next look)

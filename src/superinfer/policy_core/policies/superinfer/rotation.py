@@ -56,6 +56,8 @@ class _Rotation(_StepBudget):
                 passes[t] = max(passes[t], floor)
             active[t] = demand[t]
         blocked = [False] * k
+        unit = self.rotation_unit_tokens
+        alone_but = [[i for i in range(k) if i != t] for t in range(k)]
         while left > 0:
             t = -1  # the tier with demand, not blocked, with the smallest pass (then index)
             for i in range(k):
@@ -76,12 +78,16 @@ class _Rotation(_StepBudget):
                 demand[t] = False
                 continue
             was_queued = e.where != _RUNNING
-            given = self._place(rep, step, e, min(self.rotation_unit_tokens, left), cpu, t)
+            given = 0
+            if not was_queued and not any(demand[i] and not blocked[i] for i in alone_but[t]):
+                given = self._place_turns(rep, step, e, left, cpu, t)
             if not given:
-                blocked[t] = True
-                continue
+                given = self._place(rep, step, e, min(unit, left), cpu, t)
+                if not given:
+                    blocked[t] = True
+                    continue
+                passes[t] += given / weights[t]
             left -= given
-            passes[t] += given / weights[t]
             if self._pending_after(step, e) <= 0:
                 if not was_queued:
                     lane.pop()
@@ -165,6 +171,24 @@ class _Rotation(_StepBudget):
             trimmed += cut
         self._counters["first_token_trims"] += 1
         return trimmed
+
+    def _place_turns(
+        self, rep: _Replica, step: _Step, e: _Entry, left: int, cpu: bool, t: int
+    ) -> int:
+        """The turns running ``e`` would get in a row, placed at once: with no other tier able
+        to take a turn, the stride loop hands the head of tier ``t`` unit after unit until its
+        prefill, ``left`` or the step's budget runs out, so one placement of all of it (when it
+        fits without making room: the blocks a step takes grow with its tokens, so then every
+        unit fits) and the tier's pass advanced unit by unit (the same float sums) decide the
+        same. Returns the tokens given, 0 when they do not fit (the caller then goes unit by
+        unit, making room as it does)."""
+        given = self._place(rep, step, e, left, cpu, t, room=False)
+        unit, weight, passes, rest = self.rotation_unit_tokens, self._weights[t], rep.passes, given
+        while rest > 0:
+            piece = min(unit, rest)
+            passes[t] += piece / weight
+            rest -= piece
+        return given
 
     def _has_demand(self, rep: _Replica, ongoing: list[_Lane], t: int, cpu: bool) -> bool:
         if ongoing[t].head() is not None:

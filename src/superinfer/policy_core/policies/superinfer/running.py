@@ -18,8 +18,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from bisect import bisect_left
 from collections.abc import Iterator
-from itertools import filterfalse
 
 from superinfer.policy_core.policies.superinfer.promotion import _Promotion
 from superinfer.policy_core.policies.superinfer.records import (
@@ -40,14 +40,15 @@ _VERSIONS = itertools.count(1)
 
 
 class _Decodes:
-    """The step's decodes in ``state.running`` order: ids, per-tier counts, and the ones whose
-    next token needs a KV block; iterating yields their entries with this state's views."""
+    """The step's decodes in ``state.running`` order: ids (each mapped to 1, its ``num_tokens``),
+    per-tier counts, and the ones whose next token needs a KV block; iterating yields their
+    entries with this state's views."""
 
     __slots__ = ("ids", "per_tier", "growers", "_owner", "_state", "_list")
 
-    def __init__(self, ids: dict[str, None], per_tier: list[int], growers: list[tuple[_Entry, int]],
+    def __init__(self, ids: dict[str, int], per_tier: list[int], growers: list[tuple[_Entry, int]],
                  owner: _Running, state: StepState) -> None:  # fmt: skip
-        self.ids: dict[str, None] = ids
+        self.ids: dict[str, int] = ids
         self.per_tier: list[int] = per_tier
         self.growers: list[tuple[_Entry, int]] = growers
         self._owner: _Running = owner
@@ -124,11 +125,14 @@ class _Running(_Promotion):
                 break
             heapq.heappop(due)
         rep.next_running_check_s = due[0][0] if due else _INF
-        step.worst_tier = max((t for t, c in enumerate(books.run_count) if c), default=-1)
+        counts = books.run_count
+        worst = len(counts) - 1
+        while worst >= 0 and not counts[worst]:
+            worst -= 1
+        step.worst_tier = worst  # the worst tier with a running request, -1 if none
         growers = books.growers
         growers.sort(key=lambda g: g[0])
-        order, prefilling = books.order, books.prefilling
-        ids = dict.fromkeys(filterfalse(prefilling.__contains__, order) if prefilling else order)
+        ids = dict.fromkeys(books.dec_ids, 1)  # the decodes' ``num_tokens``, in running order
         decodes = _Decodes(ids, list(books.dec_count), [(e, g) for _, e, g in growers], self, state)
         if todo is None:
             decodes._list = [e for e in visited if e.rid in ids]
@@ -225,10 +229,10 @@ class _Running(_Promotion):
         return todo
 
     def _drop_running(self, books: _RunBooks, rid: str) -> None:
-        del books.order[rid]
         books.ver.pop(rid, None)
         if (t := books.tier.pop(rid, None)) is not None:
             self._unfile(books, rid, t)
+        del books.order[rid]
 
     def _unfile(self, books: _RunBooks, rid: str, t: int) -> None:
         """Take ``rid`` out of tier ``t``'s running counts (and the TPOT heap, as a decode)."""
@@ -237,6 +241,8 @@ class _Running(_Promotion):
             _unfile_prefill(books, rid, t)
         else:
             books.dec_count[t] -= 1
+            i = bisect_left(books.dec_pos, books.order[rid])
+            del books.dec_pos[i], books.dec_ids[i]
             self._untpot(books, rid)
 
     def _untpot(self, books: _RunBooks, rid: str) -> None:
@@ -307,6 +313,10 @@ class _Running(_Promotion):
         generated = v.generated_tokens
         if generated and v.prompt_tokens + generated - computed == 1:
             books.dec_count[t] += 1
+            pos = books.order[rid]
+            i = bisect_left(books.dec_pos, pos)
+            books.dec_pos.insert(i, pos)
+            books.dec_ids.insert(i, rid)
             service = computed - v.cached_tokens + e.lost_tokens
             self._file_decode(books, e, v, version, service)
             tpot, first = e.tpot_s, v.first_token_s
