@@ -197,7 +197,8 @@ class _Lane:
     def __init__(
         self, items: list[_LaneItem], entries: dict[str, _Entry], skip: Container[str]
     ) -> None:
-        self._items, self._i, self._front = items, 0, []
+        self._items, self._i = items, 0
+        self._front: list[_Entry] = []
         self._entries, self._skip = entries, skip
 
     def head(self) -> _Entry | None:
