@@ -93,7 +93,23 @@ class BlockCache:
         return self.kids[b] == 0
 
 
-class HeapCache(BlockCache):
+class _KeyedBlocks(BlockCache):
+    """A block cache whose ``key[b]`` is ``None`` exactly when block ``b`` is not cached
+    (membership and the cached prefix read it without a call per block)."""
+
+    key: Sequence[object | None]
+
+    def __contains__(self, block: object) -> bool:
+        return self.key[cast(int, block)] is not None
+
+    def prefix_hit(self, blocks: Sequence[int]) -> int:
+        key, k, n = self.key, 0, len(blocks)
+        while k < n and key[blocks[k]] is not None:
+            k += 1
+        return k
+
+
+class HeapCache(_KeyedBlocks):
     """LRU (``lfu=False``) or LFU with lazy heaps: the least key leaves first; a key never
     increases from a parent to its child, so the least key is a leaf.
 
@@ -116,15 +132,6 @@ class HeapCache(BlockCache):
         self.count = [0] * len(self.parent)
         self.heap: list[tuple[float, ...]] = []
         self.size = 0
-
-    def __contains__(self, block: object) -> bool:
-        return self.key[cast(int, block)] is not None
-
-    def prefix_hit(self, blocks: Sequence[int]) -> int:
-        key, k, n = self.key, 0, len(blocks)
-        while k < n and key[blocks[k]] is not None:
-            k += 1
-        return k
 
     def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
         # The bookkeeping of BlockCache._entered / _left inlined (the hottest loop of a replay).
@@ -159,7 +166,7 @@ class HeapCache(BlockCache):
         return out
 
 
-class LrfuCache(BlockCache):
+class LrfuCache(_KeyedBlocks):
     """LRFU over blocks with a lazy heap: the least decayed access count leaves first.
 
     ``F`` decays at the same rate for every block, so the order of two blocks changes only when
@@ -190,15 +197,6 @@ class LrfuCache(BlockCache):
         self.key: list[tuple[float, int, int] | None] = [None] * u
         self.heap: list[tuple[float, int, int]] = []
         self.size = 0
-
-    def __contains__(self, block: object) -> bool:
-        return self.key[cast(int, block)] is not None
-
-    def prefix_hit(self, blocks: Sequence[int]) -> int:
-        key, k, n = self.key, 0, len(blocks)
-        while k < n and key[blocks[k]] is not None:
-            k += 1
-        return k
 
     def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
         key, log_f, t_last, depth = self.key, self.log_f, self.t_last, self.depth
