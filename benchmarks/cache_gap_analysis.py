@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from superinfer.harness.offline.cache_replay import next_use
 from superinfer.harness.offline.cache_trace import BlockTrace, load_cache_trace
 from superinfer.policy_core.reuse_adaptive import AdaptiveCache
 
@@ -45,16 +46,6 @@ CELLS = (
     "gen-multi-turn:0.01,gen-multi-turn:0.02,gen-multi-turn:0.05,gen-multi-turn:0.1,"
     "mooncake:0.01,mooncake:0.02,mooncake:0.05,mooncake:0.1"
 )
-
-
-def next_use(trace: BlockTrace) -> np.ndarray:
-    """Shape (sum of blocks,): the request index of each reference's next reference, or R."""
-    r_of = np.repeat(np.arange(trace.num_requests), np.diff(trace.offsets))
-    nxt = np.full(len(trace.blocks), trace.num_requests, dtype=np.int64)
-    order = np.lexsort((r_of, trace.blocks))
-    same = trace.blocks[order[1:]] == trace.blocks[order[:-1]]
-    nxt[order[:-1][same]] = r_of[order[1:][same]]
-    return nxt
 
 
 def belady_threshold(trace: BlockTrace, nxt: np.ndarray, capacity: int) -> np.ndarray:

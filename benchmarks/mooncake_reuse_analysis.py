@@ -23,15 +23,7 @@ import numpy as np
 import pandas as pd
 
 from superinfer.harness.offline.cache_eval import BlockTrace, belady_prefix_hits, load_cache_trace
-
-
-def _next_use(trace: BlockTrace) -> np.ndarray:
-    r_of = np.repeat(np.arange(trace.num_requests), np.diff(trace.offsets))
-    nxt = np.full(len(trace.blocks), trace.num_requests, dtype=np.int64)
-    order = np.lexsort((r_of, trace.blocks))
-    same = trace.blocks[order[1:]] == trace.blocks[order[:-1]]
-    nxt[order[:-1][same]] = r_of[order[1:][same]]
-    return nxt
+from superinfer.harness.offline.cache_replay import next_use
 
 
 def auc(score: np.ndarray, label: np.ndarray) -> float:
@@ -74,7 +66,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/cache/reuse_analysis.csv"))
     args = parser.parse_args()
     trace = load_cache_trace("mooncake")
-    nxt = _next_use(trace)
+    nxt = next_use(trace)
     rows: list[tuple[str, float]] = []
     n_blocks = np.diff(trace.offsets)
     is_last = np.zeros(len(trace.blocks), dtype=bool)

@@ -26,6 +26,7 @@ from superinfer.policy_core.reuse import NodeColumns, ReusePredictor, ReusePredi
 
 __all__ = [
     "belady_prefix_hits",
+    "next_use",
     "replay",
     "replay_belady",
     "replay_ordered",
@@ -37,7 +38,7 @@ __all__ = [
 # -------------------------------------------------------------------------------------------------
 
 
-def _next_use(trace: BlockTrace) -> IntArray:
+def next_use(trace: BlockTrace) -> IntArray:
     """Shape (sum of blocks,): for each block reference, the request index of the block's next
     reference, or R (never again)."""
     r_of = np.repeat(np.arange(trace.num_requests), np.diff(trace.offsets))
@@ -54,7 +55,7 @@ def belady_prefix_hits(trace: BlockTrace, capacity_blocks: int) -> IntArray:
     After each request the cache keeps the ``capacity_blocks`` blocks whose next use is nearest
     (ties: shallower first), dropping blocks never used again.
     """
-    nxt = _next_use(trace)
+    nxt = next_use(trace)
     never = trace.num_requests
     cached = np.zeros(trace.num_unique, dtype=bool)
     cur = np.full(trace.num_unique, never, dtype=np.int64)
