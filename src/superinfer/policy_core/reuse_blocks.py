@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Container, Mapping, Sequence
-from typing import cast
+from typing import Any, cast
 
 from superinfer.policy_core.kv_baselines import ArcCache, S3FifoCache
 
@@ -97,7 +97,9 @@ class _KeyedBlocks(BlockCache):
     """A block cache whose ``key[b]`` is ``None`` exactly when block ``b`` is not cached
     (membership and the cached prefix read it without a call per block)."""
 
-    key: Sequence[object | None]
+    key: list[Any]  # a tuple whose last item is the block (its heap entry), or None
+    heap: list[Any]
+    size: int
 
     def __contains__(self, block: object) -> bool:
         return self.key[cast(int, block)] is not None
@@ -107,6 +109,25 @@ class _KeyedBlocks(BlockCache):
         while k < n and key[blocks[k]] is not None:
             k += 1
         return k
+
+    def _evict(self, size: int) -> list[int]:
+        """Pop the lazy heap until ``size`` cached blocks fit the capacity, skipping entries no
+        longer a block's key; the blocks evicted, in order (``self.size`` set)."""
+        key, heap, parent, kids = self.key, self.heap, self.parent, self.kids
+        out: list[int] = []
+        pop = heapq.heappop
+        while size > self.capacity and heap:
+            entry = pop(heap)
+            v = int(entry[-1])
+            if key[v] == entry:
+                key[v] = None
+                size -= 1
+                p = parent[v]
+                if p >= 0:
+                    kids[p] -= 1
+                out.append(v)
+        self.size = size
+        return out
 
 
 class HeapCache(_KeyedBlocks):
@@ -150,20 +171,7 @@ class HeapCache(_KeyedBlocks):
             k = (count[b], now_s, -depth[b], b) if lfu else (now_s, -depth[b], b)
             key[b] = k
             push(heap, k)
-        out: list[int] = []
-        pop = heapq.heappop
-        while size > self.capacity and heap:
-            entry = pop(heap)
-            v = int(entry[-1])
-            if key[v] == entry:
-                key[v] = None
-                size -= 1
-                p = parent[v]
-                if p >= 0:
-                    kids[p] -= 1
-                out.append(v)
-        self.size = size
-        return out
+        return self._evict(size)
 
 
 class LrfuCache(_KeyedBlocks):
@@ -216,20 +224,8 @@ class LrfuCache(_KeyedBlocks):
             k = (f + rate * now_s, -depth[b], b)
             key[b] = k
             push(heap, k)
-        out: list[int] = []
-        pop = heapq.heappop
-        while size > self.capacity and heap:
-            entry = pop(heap)
-            v = entry[2]
-            if key[v] == entry:
-                key[v] = None
-                size -= 1
-                p = parent[v]
-                if p >= 0:
-                    kids[p] -= 1
-                out.append(v)
-        self.size = size
-        if len(heap) > 4 * self.capacity + 1024:
+        out = self._evict(size)
+        if len(self.heap) > 4 * self.capacity + 1024:
             self.heap = [k for k in key if k is not None]
             heapq.heapify(self.heap)
         return out

@@ -4,6 +4,8 @@ TTFT-urgent prefill against the decodes' credit."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from superinfer.policy_core.policies.superinfer.records import (
     _INF,
     _WAITING,
@@ -119,12 +121,17 @@ class _StepBudget(_Running):
         a tier's waiting queue; not best effort) wants this step's prefill tokens."""
         if self._urgent_prefill(step, lanes) is not None:
             return True
+        return next(self._waiting_ttft_heads(rep, step), None) is not None
+
+    def _waiting_ttft_heads(self, rep: _Replica, step: _Step) -> Iterator[_Entry]:
+        """The heads of the tiers' waiting queues that await a first token of a TTFT class (not
+        best effort, not preempted in this step), best tier first."""
         for heap in rep.heaps:
             e = self._peek(heap, _WAITING)
-            if e is not None and e.ttft_s is not None and not e.best_effort:
-                if e.view.first_token_s is None and e.rid not in step.preempt:
-                    return True
-        return False
+            if e is None or e.ttft_s is None or e.best_effort or e.view.first_token_s is not None:
+                continue
+            if e.rid not in step.preempt:
+                yield e
 
     def _urgent_prefill(self, step: _Step, lanes: list[list[_LaneItem]]) -> _Entry | None:
         """The running prefill awaiting its first token (TTFT class, not best effort) and not
@@ -160,10 +167,8 @@ class _StepBudget(_Running):
         now is repaid by the faster steps it still has to come.
         """
         urgent = self._urgent_prefill(step, ttft_lanes)
-        for e in [self._peek(heap, _WAITING) for heap in rep.heaps]:  # the head of each tier
-            if e is None or e.ttft_s is None or e.best_effort or e.view.first_token_s is not None:
-                continue
-            if e.rid not in step.preempt and (urgent is None or e.key < urgent.key):
+        for e in self._waiting_ttft_heads(rep, step):
+            if urgent is None or e.key < urgent.key:
                 urgent = e
         if urgent is None or urgent.ttft_s is None:
             return allow

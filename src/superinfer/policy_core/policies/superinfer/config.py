@@ -147,6 +147,7 @@ class SuperInferConfig(BasePolicy):
         self._quanta[-1] = _INF
         self._weights = [self.tier_weight_ratio ** (k - 1 - t) for t in range(k)]
         self._slices = [self.rotation_slice_tokens * self.quantum_growth**t for t in range(k)]
+        self._other_tiers = [[i for i in range(k) if i != t] for t in range(k)]  # rotation.py
         self._entries: dict[str, _Entry] = {}
         self._replicas: dict[int, _Replica] = {}
         self._seq = 0

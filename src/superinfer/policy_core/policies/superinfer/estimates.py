@@ -40,27 +40,26 @@ class _Estimates(SuperInferConfig):
     def _typical_step_s(self) -> float:
         return self._step_ewma_s or self.step_time.step_s(0.0, 0.0)
 
-    def _aging_at(self, e: _Entry) -> float:
-        """The instant queued ``e`` is aged, s: ``aging_s`` after it was queued, and for a
-        deadline class no sooner than ``aging_deadline_fraction`` of its deadline budget after
-        arrival (a 600 s batch deadline at 0.5: 300 s), so a deadline request is not lifted
-        above every tier while most of its slack is left; deadline-aware promotion still moves
-        it to tier 0 once its estimate reaches its slack."""
-        at = e.queued_s + self.aging_s
+    def _deadline_aging_s(self, e: _Entry) -> float:
+        """The instant before which a deadline-class ``e`` is not aged, s: its arrival plus
+        ``aging_deadline_fraction`` of its deadline budget (a 600 s batch deadline at 0.5: 300 s),
+        so a deadline request is not lifted above every tier while most of its slack is left
+        (deadline-aware promotion still moves it to tier 0 once its estimate reaches its slack);
+        ``-inf`` without a deadline or with the fraction 0."""
         f = self.aging_deadline_fraction
         if f > 0.0 and e.deadline_s is not None:
-            at = max(at, e.arrival_s + f * (e.deadline_s - e.arrival_s))
-        return at
+            return e.arrival_s + f * (e.deadline_s - e.arrival_s)
+        return -_INF
+
+    def _aging_at(self, e: _Entry) -> float:
+        """The instant queued ``e`` is aged, s: ``aging_s`` after it was queued, and no sooner
+        than :meth:`_deadline_aging_s`."""
+        return max(e.queued_s + self.aging_s, self._deadline_aging_s(e))
 
     def _aging_due(self, e: _Entry, now: float) -> bool:
-        """Whether queued ``e`` is due to be aged at ``now`` (the test :meth:`_aging_at` sets
-        the check for; written as a wait so that ``aging_s`` alone compares as it always did)."""
-        if now - e.queued_s < self.aging_s:
-            return False
-        f = self.aging_deadline_fraction
-        if f > 0.0 and e.deadline_s is not None:
-            return now >= e.arrival_s + f * (e.deadline_s - e.arrival_s)
-        return True
+        """Whether queued ``e`` is due to be aged at ``now`` (the test :meth:`_aging_at` sets the
+        check for, its ``aging_s`` part written as a wait, so that it compares as it always did)."""
+        return now - e.queued_s >= self.aging_s and now >= self._deadline_aging_s(e)
 
     def _next_seq(self) -> int:
         self._seq += 1

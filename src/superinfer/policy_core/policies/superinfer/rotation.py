@@ -57,7 +57,7 @@ class _Rotation(_StepBudget):
             active[t] = demand[t]
         blocked = [False] * k
         unit = self.rotation_unit_tokens
-        alone_but = [[i for i in range(k) if i != t] for t in range(k)]
+        alone_but = self._other_tiers
         while left > 0:
             t = -1  # the tier with demand, not blocked, with the smallest pass (then index)
             for i in range(k):
