@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from superinfer.adapters.hookspecs import hookimpl
@@ -12,8 +14,9 @@ from superinfer.sim.config import SimConfig
 from superinfer.sim.engine_costs import engine_step_time
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.profiles import SIM_VLLM
-from superinfer.sim.request import RequestStatus
+from superinfer.sim.request import RequestStatus, SimRequest
 from superinfer.sim.step_time import BatchShape
+from superinfer.sim.steps import emit
 from tests.sim.helpers import simulate, spec
 
 #: sim:vllm's own step time (issue 19: the calibrated kernels x its kernel scale + its CPU).
@@ -127,3 +130,52 @@ def test_horizon_fails_what_is_still_live() -> None:
         (RequestStatus.FAILED, "simulation_horizon"),
         (RequestStatus.FAILED, "simulation_horizon"),
     ]
+
+
+def test_token_gaps_add_up_to_each_requests_decode_time() -> None:
+    """``record_token_gaps``: one entry per emitting run after the first token; the gaps of a
+    request sum to its finish minus its first token, their steps to its tokens after the
+    first, and recording changes nothing else."""
+    specs = [spec(f"r{i}", 0.05 * i, 300 + 40 * i, 20 + 3 * i) for i in range(12)]
+    plain, _ = simulate(specs, options={"max_repeat_steps": "8"})
+    kept, _ = simulate(specs, options={"max_repeat_steps": "8"}, record_token_gaps=True)
+    assert all(r.token_gaps is None for r in plain.requests)
+    for a, b in zip(plain.requests, kept.requests, strict=True):
+        assert (a.first_token_s, a.finish_s, a.max_itl_s) == (b.first_token_s, b.finish_s,
+                                                              b.max_itl_s)  # fmt: skip
+        gaps = b.token_gaps
+        assert gaps is not None and sum(k for _, k, _ in gaps) == b.generated_tokens - 1
+        total = sum(first + rest for first, _, rest in gaps)
+        assert total == pytest.approx(b.finish_s - b.first_token_s, rel=1e-12)
+        assert max(first for first, _, _ in gaps) <= b.max_itl_s
+    assert any(k > 1 for r in kept.requests for _, k, _ in r.token_gaps or ())
+
+
+def test_emit_records_the_gap_before_a_run_and_the_runs_other_steps() -> None:
+    req = SimRequest(spec("a", 0.0, 10, 6))
+    req.token_gaps = []
+    emit(req, 10, 1, 0.5, 0.0, 0.5)  # prefill: the first token, no gap
+    emit(req, 1, 1, 0.7, 0.0, 0.7)  # one decode step 0.2 s later
+    emit(req, 1, 3, 1.0, 0.25, 1.5)  # a run of 3: first step ends at 1.0, the run at 1.5
+    assert req.token_gaps == [(0.7 - 0.5, 1, 0.0), (1.0 - 0.7, 3, 0.5)]
+    assert req.generated_tokens == 5
+
+
+def test_a_run_past_a_finish_drops_the_surplus_and_ends_with_its_steps() -> None:
+    """``repeat_past_finish`` (vLLM 0.6 multi-step): a run keeps its 8 steps when a sequence
+    finishes inside it; that sequence gets exactly its output tokens, at the run's end."""
+    specs = [spec("short", 0.0, 64, 3), spec("long", 0.0, 64, 40)]
+    opts = {"max_repeat_steps": "8"}
+    stop, _ = simulate(specs, options=opts, record_token_gaps=True)
+    past, _ = simulate(specs, options=opts, record_token_gaps=True,
+                       profile=replace(SIM_VLLM, repeat_past_finish=True))  # fmt: skip
+    s_stop, l_stop = stop.requests
+    s_past, l_past = past.requests
+    assert (s_stop.generated_tokens, s_past.generated_tokens) == (3, 3)
+    assert (l_stop.generated_tokens, l_past.generated_tokens) == (40, 40)
+    assert [k for _, k, _ in s_stop.token_gaps or ()] == [2]  # a run of 2: ends at the finish
+    assert [k for _, k, _ in s_past.token_gaps or ()] == [2]  # 2 of the run's 8 tokens kept
+    assert [k for _, k, _ in l_past.token_gaps or ()][0] == 8  # the long one ran all 8
+    assert s_past.finish_s == pytest.approx(l_past.first_token_s + sum(
+        first + rest for first, _, rest in (l_past.token_gaps or [])[:1]), rel=1e-12)  # fmt: skip
+    assert s_past.finish_s > s_stop.finish_s

@@ -74,6 +74,8 @@ class SimConfig:
         kv_dtype: the engine's KV cache dtype, ``"fp16"``/``"bf16"`` or ``"fp8"``: KV capacity
             and the bytes decode attention reads. A request's own KV precision
             (``superinfer_kv_precision``) is relative to it.
+        record_token_gaps: keep every request's inter-token gaps (``SimRequest.token_gaps``),
+            for ITL distributions as ``bench_serving`` computes them (off: memory per token).
     """
 
     profile: EngineProfile
@@ -90,6 +92,7 @@ class SimConfig:
     kv_group_size: int = 32
     weight_dtype: str = "fp16"
     kv_dtype: str = "fp16"
+    record_token_gaps: bool = False
 
 
 def kv_capacity_blocks(profile: EngineProfile, model: ModelSpec, gpu: GPUSpec, tp: int,

@@ -137,6 +137,9 @@ class Simulator:
             PolicyError: a plugin returned an inapplicable decision, or none.
         """
         reqs = [SimRequest(s) for s in specs]
+        if self.config.record_token_gaps:
+            for req in reqs:
+                req.token_gaps = []
         for req in reqs:
             self._push(req.spec.arrival_s, _ARRIVAL, -1, req)
         horizon = self.config.horizon_s

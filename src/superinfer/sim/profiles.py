@@ -75,6 +75,11 @@ class EngineProfile:
         cut_repeat_on_arrival: an arrival ends a run of repeated decode steps at the step in
             flight (exact for engines that schedule every step); ``False``: the run goes on, as
             vLLM 0.6's ``--num-scheduler-steps`` runs do.
+        repeat_past_finish: a run of repeated decode steps lasts the steps it was given even when
+            one of its sequences finishes inside it, whose surplus tokens are dropped (vLLM 0.6's
+            multi-step: ``MultiStepOutputProcessor._process_seq_outputs`` truncates the K steps'
+            tokens to ``max_tokens``, ``vllm/engine/output_processor/multi_step.py``);
+            ``False``: a run ends at its first finish (engines that schedule every step).
     """
 
     name: str
@@ -101,6 +106,7 @@ class EngineProfile:
     cpu_decode_divisor: int = 1
     mixed_batches: bool = True
     cut_repeat_on_arrival: bool = True
+    repeat_past_finish: bool = False
 
     def limits(self, gpu: GPUSpec) -> tuple[int, int]:
         """``(token_budget, max_num_seqs)`` on ``gpu``."""

@@ -69,6 +69,7 @@ class SimRequest:
         "finish_s", "num_preemptions", "tier", "own_blocks", "shared_blocks", "reserve_blocks",
         "nodes", "location", "ready_s", "cached_tokens", "status", "reason", "replica",
         "max_itl_s", "hit_tokens", "hit_blocks", "hit_version", "precision", "_view",
+        "token_gaps",
     )  # fmt: skip
 
     def __init__(self, spec: RequestSpec) -> None:
@@ -96,6 +97,10 @@ class SimRequest:
         self.hit_version = -1
         self.precision = KVPrecision.FP16
         self._view: RequestView | None = None
+        #: With ``SimConfig.record_token_gaps``: one ``(first_gap_s, k, rest_s)`` per run that
+        #: emitted tokens after the first: the gap from the previous token to the run's first
+        #: step's end, the tokens the run emitted ``k``, and the time of the run's other steps.
+        self.token_gaps: list[tuple[float, int, float]] | None = None
 
     @property
     def request_id(self) -> str:

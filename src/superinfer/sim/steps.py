@@ -91,9 +91,11 @@ def repeat_steps(rep: Replica, decision: ScheduleDecision,
         return 1
     if any(req.pending_tokens != 1 or req.ready_s > now_s for req, _ in pieces):
         return 1
+    left = [r.spec.output_tokens - r.generated_tokens for r, _ in pieces]
+    # A run ends at its first finish, unless the engine runs its steps past it
+    # (EngineProfile.repeat_past_finish) and drops the surplus tokens (emit).
     k_max = min(
-        decision.max_repeat_steps,
-        min(r.spec.output_tokens - r.generated_tokens for r, _ in pieces),
+        decision.max_repeat_steps, max(left) if rep.profile.repeat_past_finish else min(left)
     )
     free = rep.free_blocks + rep.cache.evictable_hbm_blocks
 
@@ -143,13 +145,19 @@ def emit(req: SimRequest, n: int, k: int, first_end_s: float, last_step_s: float
     tokens of the steps that complete its pending tokens (every step of a repeated run).
     ``first_end_s`` is the end of the run's first step, ``last_step_s`` its last step's
     length (repeated runs only)."""
-    emitted = k if k > 1 else int(req.pending_tokens == n)
+    emitted = (
+        min(k, req.spec.output_tokens - req.generated_tokens)
+        if k > 1
+        else int(req.pending_tokens == n)
+    )
     req.computed_tokens += n * k
     if emitted:
         if req.last_token_s is not None:
             gap = first_end_s - req.last_token_s
             if gap > req.max_itl_s:
                 req.max_itl_s = gap
+            if req.token_gaps is not None:
+                req.token_gaps.append((gap, emitted, end_s - first_end_s))
         if k > 1 and last_step_s > req.max_itl_s:
             req.max_itl_s = last_step_s
         if req.first_token_s is None:
