@@ -449,6 +449,10 @@ def fleet() -> None:
 @click.option("--split", is_flag=True, help="Also plan separate clusters, one per SLO class.")
 @click.option("--check-full", is_flag=True,
               help="Re-simulate every plan on the whole workload and report its attainment.")
+@click.option("--stack", type=click.Choice(["none", "full"]), default="none", show_default=True,
+              help="full: every cell runs the whole stack where the engine supports each part "
+              "(rotation, the reuse predictor's placement, the KV quantization planner), as "
+              "bench --stack full.")
 @EXECUTOR_OPTIONS
 @click.option("--out", default="results/fleet", show_default=True,
               type=click.Path(file_okay=False),

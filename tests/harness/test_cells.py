@@ -20,6 +20,7 @@ from superinfer.harness.grid.cells import (
     allowed_misses,
     attainment,
     cell_key,
+    check_cell,
     load_workload,
     run_cell,
     select_requests,
@@ -163,3 +164,18 @@ def test_cache_round_trip_and_corrupt_files(tmp_path: Path) -> None:
     (tmp_path / "k.json").write_text("{truncated")
     assert cache.get("k") is None
     assert CellCache(None).get("k") is None
+
+
+def test_a_full_stack_cell_runs_the_planner_and_a_bad_stack_is_refused() -> None:
+    """``stack="full"`` is ``bench --stack full``: on sim:vllm the rotation, the reuse placement
+    and the KV quantization planner, which quantizes under KV pressure (one 70B replica on four
+    A100s, 589 requests in the minute): peak KV falls, every request is still accounted for."""
+    base = dataclasses.replace(TINY, policy="superinfer", model="llama-3.1-70b", tp=4, replicas=1)
+    plain, full = run_cell(base), run_cell(dataclasses.replace(base, stack="full"))
+    rows = {s: {r["slo_class"]: r for r in o["summary"]} for s, o in (("none", plain),
+                                                                      ("full", full))}  # fmt: skip
+    assert rows["full"]["all"]["n_requests"] == rows["none"]["all"]["n_requests"]
+    assert rows["full"]["all"]["n_requests"] == 589
+    assert rows["full"]["all"]["kv_peak_gb"] < 0.6 * rows["none"]["all"]["kv_peak_gb"]
+    with pytest.raises(UserError, match="stack must be 'none' or 'full', got 'half'"):
+        check_cell(dataclasses.replace(TINY, stack="half"))

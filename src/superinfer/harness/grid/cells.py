@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from superinfer.adapters.hookspecs import hookimpl
+from superinfer.harness.bench import engine_stack
 from superinfer.harness.engines.base import BenchConfig
 from superinfer.harness.engines.isolated import (
     engine_isolated_latency,
     mark_feasible,
     resolve_requests,
 )
+from superinfer.harness.engines.registry import engine_family
 from superinfer.harness.engines.sim import run_sim_cell
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import registered_policies
@@ -95,6 +97,9 @@ class CellSpec:
             has missed more requests than its target allows (:class:`TargetMissed`), and it
             simulates only until the last instant a measured request could still meet its SLO
             (:func:`slo_bound_s`), which changes no attainment.
+        stack: ``"none"`` or ``"full"``: as ``bench --stack`` (``harness.bench.engine_stack``:
+            the rotation, the reuse predictor's placement and the KV quantization planner, where
+            the engine supports each).
     """
 
     trace: str = "azure"
@@ -114,6 +119,7 @@ class CellSpec:
     classes: tuple[str, ...] = ()
     slo: tuple[SLO, ...] = ()
     targets: tuple[tuple[str, float], ...] = ()
+    stack: str = "none"
 
     @property
     def gpus(self) -> int:
@@ -266,6 +272,8 @@ def check_cell(cell: CellSpec) -> None:
         raise UserError(f"tp must divide {model.name}'s {model.num_kv_heads} KV heads")
     if cell.router not in ROUTERS:
         raise UserError(f"unknown router {cell.router!r}; known: {', '.join(ROUTERS)}")
+    if cell.stack not in ("none", "full"):
+        raise UserError(f"stack must be 'none' or 'full', got {cell.stack!r}")
     if not cell.rate_scale > 0:
         raise UserError(f"rate_scale must be > 0, got {cell.rate_scale}")
     if cell.duration_s is not None and not cell.duration_s > 0:
@@ -460,7 +468,9 @@ def run_cell(cell: CellSpec) -> dict[str, Any]:
         rate_scale=cell.rate_scale,
         seed=cell.seed,
         horizon_s=_horizon(requests, measured) if cell.targets else None,
+        stack=cell.stack,
     )
+    config, _ = engine_stack(config, engine_family(cell.engine))
     stats = WindowStats(cell.start_s, end_s)
     plugins: list[object] = [stats]
     if cell.targets:

@@ -104,6 +104,7 @@ class FleetConfig:
         confirm: counts above a passing count that must pass too.
         split: also plan separate clusters, one per SLO class.
         check_full: re-simulate each plan on the whole workload.
+        stack: ``"none"`` or ``"full"`` for every cell (:attr:`CellSpec.stack`).
     """
 
     trace: str = "azure"
@@ -127,6 +128,7 @@ class FleetConfig:
     confirm: int = 1
     split: bool = False
     check_full: bool = False
+    stack: str = "none"
 
 
 def next_count(known: Mapping[int, bool], lo: int, hi: int, confirm: int) -> int | None:
@@ -271,6 +273,7 @@ def _cell(config: FleetConfig, search: _Search, replicas: int, start_s: float) -
         classes=search.classes if search.layout == "separate" else (),
         slo=config.slo,
         targets=search.targets,
+        stack=config.stack,
     )
 
 
@@ -548,7 +551,7 @@ def render_plan(result: FleetPlan, config: FleetConfig, workload: Workload) -> s
         f"- Window: {win['duration_s']:g} s from t = {win['start_s']:g} s ({win['how']}), "
         f"after {info['warmup_s']:g} s of warm-up traffic that is simulated but not measured.",
         f"- Replica: {config.model} on {config.gpu}, TP {config.tp}; router `{config.router}`; "
-        f"GPU price ${config.gpu_price:.2f}/GPU-hour (--gpu-price).",
+        f"stack `{config.stack}`; GPU price ${config.gpu_price:.2f}/GPU-hour (--gpu-price).",
         f"- Search: replica counts {config.min_replicas}..{config.max_replicas}, gallop then "
         f"upward scan, a plan's next {config.confirm} count(s) must pass too "
         "(src/superinfer/harness/grid/fleet.py).",

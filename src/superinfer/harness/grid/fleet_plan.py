@@ -144,7 +144,7 @@ def run_fleet_plan(
             raise UserError(f"--slo {cls}: {exc}") from None
     fields = ("model", "gpu", "tp", "router", "cpu_kv_ratio", "rate_scale", "seed",
               "window_start_s", "warmup_s", "gpu_price", "min_replicas", "max_replicas",
-              "confirm", "split", "check_full")  # fmt: skip
+              "confirm", "split", "check_full", "stack")  # fmt: skip
     config = FleetConfig(
         trace=workload,
         engines=tuple(options["engines"]),
