@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
 from superinfer.harness.offline.calibrate_published import (
     Setup,
+    _fit_request_latency,
     _metric_key,
     _Row,
     _split,
+    median_itl_s,
     setup_of,
+    with_request_latency,
 )
 
 ROW = {
@@ -46,3 +51,48 @@ def test_split_alternates_by_row_id_within_a_group() -> None:
     assert {r.row["row_id"]: r.split for r in rows} == {
         "3": "fit", "5": "score", "7": "fit", "9": "score"}  # fmt: skip
     assert online.split == "score"
+
+
+def test_lowest_rate_ttft_rows_fit_the_request_latency_and_the_rest_score() -> None:
+    online = {**ROW, "engine": "sglang", "engine_version": "0.3.0", "isl": "sharegpt",
+              "osl": "sharegpt", "request_rate": "4", "weight_dtype": "BF16"}  # fmt: skip
+    setup, _ = setup_of(online)
+    at8 = Setup(**{**setup.__dict__, "rate": 8.0})
+    rows = {(s.rate, m): _Row({**ROW, "row_id": "1"}, s, m) for s in (setup, at8)
+            for m in ("ttft_ms:p50", "tpot_ms:p50", "itl_ms:p50")}  # fmt: skip
+    lone = _Row(ROW, Setup(**{**setup.__dict__, "model": "llama-3.1-70b"}), "ttft_ms:p50")
+    _split([*rows.values(), lone])
+    assert {k: r.split for k, r in rows.items()} == {
+        (4.0, "ttft_ms:p50"): "fit", (4.0, "tpot_ms:p50"): "fit", (4.0, "itl_ms:p50"): "score",
+        (8.0, "ttft_ms:p50"): "score", (8.0, "tpot_ms:p50"): "score",
+        (8.0, "itl_ms:p50"): "score"}  # fmt: skip
+    assert lone.split == "score"  # one rate only: nothing to score a fit on
+
+
+def test_request_latency_is_the_median_gap_of_the_fit_ttft_rows() -> None:
+    setup, _ = setup_of(ROW)
+    rows = [_Row({**ROW, "row_id": str(i), "value": str(v)}, Setup(**{**setup.__dict__,
+            "rate": float(i)}), "ttft_ms:mean", split) for i, v, split in
+            ((1, 20.0, "fit"), (2, 30.0, "fit"), (3, 19.0, "fit"), (4, 99.0, "score"))]  # fmt: skip
+    sims = {r.setup: {"ttft_ms:mean": 15.0} for r in rows}
+    fitted = _fit_request_latency(rows, sims)
+    assert fitted == {"trtllm-0.17": {"s": pytest.approx(0.005), "fit_rows": [1, 2, 3]}}
+    shifted = with_request_latency({"ttft_ms:p50": 10.0, "e2e_latency_ms:p50": 100.0,
+                                    "tpot_ms:p50": 7.0}, 0.005)  # fmt: skip
+    assert shifted == {"ttft_ms:p50": 15.0, "e2e_latency_ms:p50": 105.0, "tpot_ms:p50": 7.0}
+    assert _fit_request_latency(rows[:1], {rows[0].setup: {"ttft_ms:mean": 25.0}}) == {
+        "trtllm-0.17": {"s": 0.0, "fit_rows": [1]}}  # fmt: skip
+
+
+class _Done:
+    def __init__(self, gaps: list[tuple[float, int, float]]) -> None:
+        self.token_gaps = gaps
+
+
+def test_median_itl_counts_every_gap_or_one_per_burst() -> None:
+    reqs = [_Done([(0.5, 1, 0.0), (0.1, 4, 0.3)]), _Done([(0.2, 2, 0.2)]), _Done([])]
+    # per-step streaming: 0.5 x1, 0.1 x1, 0.1 x3, 0.2 x1, 0.2 x1 -> 7 gaps, median 0.1
+    assert median_itl_s(reqs) == pytest.approx(0.1)
+    # bursts: 0.5, 0.4, 0.4 -> median 0.4
+    assert median_itl_s(reqs, bursts=True) == pytest.approx(0.4)
+    assert median_itl_s([_Done([])]) is None

@@ -40,7 +40,9 @@ VERSIONS: dict[str, EngineProfile] = {
     # ``_schedule_default`` schedules decodes only when no prefill was scheduled) of up to
     # ``max(max_model_len, 2048)`` = 4,096 tokens; 256 sequences. Multi-step: decode-only steps
     # pay a tenth of the scheduling CPU (``cpu_decode_divisor``), run 10 at a time, and an
-    # arrival waits for the run to end (``cut_repeat_on_arrival`` False). CPU terms: 0.5.4's (the V0
+    # arrival waits for the run to end (``cut_repeat_on_arrival`` False), and a run lasts its 10
+    # steps past a sequence's finish (``repeat_past_finish``: vLLM's multi-step output processor
+    # truncates the surplus tokens). CPU terms: 0.5.4's (the V0
     # scheduler; 0.6.0's blog, rows 661-663, reports the split before its fixes).
     "vllm-0.6.0": replace(
         SIM_VLLM,
@@ -55,6 +57,7 @@ VERSIONS: dict[str, EngineProfile] = {
         cpu_decode_divisor=10,
         mixed_batches=False,
         cut_repeat_on_arrival=False,
+        repeat_past_finish=True,
     ),  # fmt: skip
     # WukLab rows 679-716: "chunked-prefill budget 512, K=10 multi-step for decode-only batches,
     # radix cache OFF"; no overlap scheduler before 0.4 (row 677, the 0.4 blog introduces it).
@@ -77,6 +80,8 @@ VERSIONS: dict[str, EngineProfile] = {
         version="sglang 0.3.0",
         memory_fraction=0.88,
         cpu_overlap=False,
+        kernel_key="sglang-0.3.0",
+        cpu_key="sglang-0.3.0",
     ),  # fmt: skip
     # Rows 123-302: Triton ``tensorrtllm_backend``, BF16; ``kv_cache_free_gpu_mem_fraction`` 0.9
     # (the backend's default); max batch and tokens not stated: TensorRT-LLM's build defaults

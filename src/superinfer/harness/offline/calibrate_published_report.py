@@ -60,9 +60,13 @@ def render_report(
         "**Split (deterministic).** Rows that feed a fit (max-load output throughput, "
         "per-iteration forward and schedule times, all-at-once runs) are grouped by (kernel "
         "family, weight dtype, metric), or (release, metric) for schedule times, sorted by "
-        "`row_id`; even positions are `fit`, odd ones `score`. Every other simulated row "
-        "(online latencies and throughput, request throughput, total-token throughput, "
-        "schedule shares) is `score`.",
+        "`row_id`; even positions are `fit`, odd ones `score`. Of the online runs, the TTFT "
+        "rows at the lowest published rate of each (release, model, GPU, TP, lengths) run at "
+        "two rates or more are `fit` (the request-path latency), and so are SGLang 0.3.0's "
+        "TPOT rows at that rate (its kernel scale; its max-load fit row fits its CPU per "
+        "running request). Every other simulated row (online latencies and throughput at the "
+        "higher rates, request throughput, total-token throughput, schedule shares, and the "
+        "lowest-rate ITL rows, whose setup's TPOT or TTFT is fitted) is `score`.",
         "",
         "## Fitted parameters (`sim/engine_costs.json`)",
         "",
@@ -78,6 +82,13 @@ def render_report(
         rows_ = ", ".join(str(x) for x in p.get("fit_rows", []))
         lines.append(f"| {release} | {1e3 * p['intercept_s']:.3f} ms | "
                      f"{1e6 * p['per_seq_s']:.2f} us | {rows_} |")  # fmt: skip
+    latency = costs.get("request_latency_s", {})
+    if latency:
+        lines += ["", "| release | request-path latency (TTFT and E2E) | fit rows |",
+                  "|---|---|---|"]  # fmt: skip
+        for release, p in sorted(latency.items()):
+            rows_ = ", ".join(str(x) for x in p.get("fit_rows", []))
+            lines.append(f"| {release} | {1e3 * p['s']:.2f} ms | {rows_} |")
     for split, title in (("score", "Scored rows"), ("fit", "Fit rows (for reference)")):
         lines += [
             "",
