@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from superinfer.policy_core.kv_bytes import (
+    KVPacking,
     kv_bytes_per_token,
     kv_bytes_ratio,
     kv_page_bytes,
@@ -75,3 +76,41 @@ def test_ratio_and_page_bytes() -> None:
 def test_bad_arguments_raise(args: tuple, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         kv_sequence_bytes(*args)
+
+
+#: Llama-3.1-70B in 16-token FP16 pages: 16 * 327,680 bytes.
+PACK_70B = KVPacking(80, 8, 128, 32, 16 * 327_680)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "precision", "pages"),
+    [
+        (352, P.INT8, 13),  # 11 groups: 640 * 11 * 9,216 = 64,880,640 bytes = 12.375 pages
+        (351, P.INT8, 14),  # 10 groups + 31 FP16 tokens: 640 * (92,160 + 15,872) = 13.19 pages
+        (362, P.INT8, 13),  # 11 groups + 10 FP16 tokens: 68,157,440 bytes, 13 pages exactly
+        (363, P.INT8, 14),
+        (32, P.FP8, 1),  # 32 * 163,840 bytes = one page
+        (33, P.FP8, 2),
+        (17, P.FP16, 2),  # FP16: ceil(tokens / 16)
+    ],
+)
+def test_packing_counts_pages_of_the_exact_bytes(tokens: int, precision: P, pages: int) -> None:
+    assert PACK_70B.blocks(tokens, precision) == pages
+
+
+@pytest.mark.parametrize(
+    ("tokens", "precision", "blocks", "fit"),
+    [
+        (352, P.INT8, 13, 10),  # room 3,276,800 bytes = 10 FP16 residual tokens
+        (362, P.INT8, 13, 0),  # full: the next token needs a page
+        # 14 pages hold 13 more FP16 tokens, but the group ends after 1: there it shrinks to
+        # 12.375 pages, and an exact pager frees one (the simulator's case this guards)
+        (351, P.INT8, 14, 1),
+        (10, P.FP8, 1, 22),  # (5,242,880 - 1,638,400) / 163,840
+        (20, P.FP16, 2, 12),
+    ],
+)
+def test_packing_tokens_that_fit_stop_at_the_group_end(
+    tokens: int, precision: P, blocks: int, fit: int
+) -> None:
+    assert PACK_70B.tokens_that_fit(tokens, precision, blocks) == fit

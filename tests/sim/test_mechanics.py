@@ -24,7 +24,7 @@ from superinfer.sim.kv import PrefixCache
 from superinfer.sim.profiles import SIM_SGLANG, SIM_TRTLLM, SIM_VLLM
 from superinfer.sim.request import RequestSpec, RequestStatus
 from superinfer.sim.step_time import BatchShape
-from tests.sim.helpers import CHAT, config, simulate, spec
+from tests.sim.helpers import CHAT, InvariantObserver, config, simulate, spec
 
 L8 = get_model("llama-3.1-8b")
 A100 = get_gpu("a100-80gb")
@@ -236,6 +236,34 @@ def test_quantized_kv_takes_its_exact_bytes_in_fp16_pages(precision: KVPrecision
     int4 = kv_sequence_bytes(1024, 32, 8, 128, KVPrecision.INT4, 32)
     meta = 32 * 32 * 8 * (2 * 2 * 128 + 2 * 2 * 128)  # groups x layers x heads x (K + V meta)
     assert int8 - meta == 2 * (int4 - meta)
+
+
+@pytest.mark.parametrize(("policy", "finished"), [("superinfer", 18), ("fcfs", 24)])
+def test_quantized_kv_under_kv_pressure_gives_valid_decisions(policy: str, finished: int) -> None:
+    """INT8 requests packed into few pages: the policy counts each next token's pages as the
+    engine does (StepState.kv_packing), so no decision overdraws KV (with FP16 page arithmetic
+    superinfer admitted past the free pages, and filed a decode that a group's end had freed a
+    page of as not growing) and every request finishes or is rejected with its reason
+    (superinfer gives up on the chats whose TTFT is already lost)."""
+    from superinfer.adapters.manager import build_plugin_manager
+
+    pm = build_plugin_manager(policy)
+    pm.register(FixedPrecision(KVPrecision.INT8))
+    observer = InvariantObserver()
+    sim = observer.sim = Simulator(config(num_gpu_blocks_override=400), pm.hook)
+    pm.register(observer)
+    specs = [spec(f"r{i}", 0.05 * i, 300 + 37 * i, 200) for i in range(24)]
+    result = sim.run(specs)
+    done = [r for r in result.requests if r.status is RequestStatus.FINISHED]
+    rejected = [r for r in result.requests if r.status is RequestStatus.REJECTED]
+    assert (len(done), len(rejected)) == (finished, 24 - finished)
+    assert all(r.reason for r in rejected)
+    assert observer.steps > 0
+    state = sim.replicas[0].state(result.requests[0].finish_s)
+    assert state.kv_packing is not None
+    assert state.kv_packing.blocks(1000, KVPrecision.INT8) == -(
+        -kv_sequence_bytes(1000, 32, 8, 128, KVPrecision.INT8, 32) // (16 * BLOCK_BYTES_PER_TOKEN)
+    )
 
 
 def test_quantized_kv_makes_decode_attention_cheaper() -> None:

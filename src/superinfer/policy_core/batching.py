@@ -21,13 +21,22 @@ from collections.abc import Iterable, Sequence
 from superinfer.policy_core.types import (
     AdmissionRule,
     KVLocation,
+    KVPrecision,
     PreemptMode,
     RequestView,
     ScheduleDecision,
     StepState,
 )
 
-__all__ = ["SGLANG_CLIP_MAX_NEW_TOKENS", "blocks_for_tokens", "fill_step", "step_blocks"]
+__all__ = [
+    "SGLANG_CLIP_MAX_NEW_TOKENS",
+    "blocks_for_tokens",
+    "fill_step",
+    "step_blocks",
+    "view_blocks",
+]
+
+_FP16 = KVPrecision.FP16
 
 #: SGLang clips a request's output cap to this many tokens when it budgets KV for admission
 #: (``CLIP_MAX_NEW_TOKENS``, ``sglang/srt/managers/schedule_policy.py``, 0.5.x).
@@ -39,6 +48,16 @@ def blocks_for_tokens(num_tokens: int, block_size_tokens: int) -> int:
     return -(-num_tokens // block_size_tokens)
 
 
+def view_blocks(view: RequestView, num_tokens: int, state: StepState) -> int:
+    """Pages ``num_tokens`` tokens of ``view``'s KV fill on the engine of ``state``: FP16 pages,
+    or, where the engine packs quantized KV (``state.kv_packing``), the pages of its exact bytes
+    at ``view.kv_precision`` (``policy_core.kv_bytes.KVPacking.blocks``)."""
+    packing = state.kv_packing
+    if packing is None or view.kv_precision is _FP16:
+        return -(-num_tokens // state.block_size_tokens)
+    return packing.blocks(num_tokens, view.kv_precision)
+
+
 def step_blocks(view: RequestView, num_tokens: int, state: StepState, *, admit: bool) -> int:
     """HBM blocks that running ``num_tokens`` more tokens of ``view`` takes from the free pool.
 
@@ -46,7 +65,8 @@ def step_blocks(view: RequestView, num_tokens: int, state: StepState, *, admit: 
     are in CPU memory, so resuming it needs them all back. Admission adds what the engine's
     ``state.admission`` rule charges: TensorRT-LLM's ``GUARANTEED_NO_EVICT`` reserves the whole
     prompt plus output cap; SGLang's adder also charges the remaining output cap (clipped to
-    :data:`SGLANG_CLIP_MAX_NEW_TOKENS`) as headroom that is not allocated.
+    :data:`SGLANG_CLIP_MAX_NEW_TOKENS`) as headroom that is not allocated. Tokens fill pages at
+    the request's precision where the engine packs quantized KV (:func:`view_blocks`).
 
     Args:
         view: the request.
@@ -57,10 +77,13 @@ def step_blocks(view: RequestView, num_tokens: int, state: StepState, *, admit: 
     bs = state.block_size_tokens
     held = view.kv_blocks if view.kv_location is not KVLocation.CPU else 0
     if not admit:  # the hot path: a running request's next tokens
-        return max(0, -(-(view.computed_tokens + num_tokens) // bs) - held)
+        if view.kv_precision is _FP16 or state.kv_packing is None:
+            return max(0, -(-(view.computed_tokens + num_tokens) // bs) - held)
+        return max(0, view_blocks(view, view.computed_tokens + num_tokens, state) - held)
     if state.admission is AdmissionRule.RESERVE_MAX:
-        return max(0, blocks_for_tokens(view.prompt_tokens + view.max_output_tokens, bs) - held)
-    need = max(0, blocks_for_tokens(view.computed_tokens + num_tokens, bs) - held)
+        total = view.prompt_tokens + view.max_output_tokens
+        return max(0, view_blocks(view, total, state) - held)
+    need = max(0, view_blocks(view, view.computed_tokens + num_tokens, state) - held)
     if state.admission is AdmissionRule.RESERVE_RATIO:
         left = min(view.max_output_tokens - view.generated_tokens, SGLANG_CLIP_MAX_NEW_TOKENS)
         need += blocks_for_tokens(max(left, 0), bs)

@@ -16,11 +16,14 @@ of the model, across all tensor-parallel ranks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from superinfer.policy_core.types import KVPrecision
 
 __all__ = [
     "DEFAULT_GROUP_SIZE",
     "META_BYTES",
+    "KVPacking",
     "kv_bytes_per_token",
     "kv_bytes_ratio",
     "kv_page_bytes",
@@ -148,3 +151,55 @@ def kv_page_bytes(
     return kv_sequence_bytes(
         page_size_tokens, num_layers, num_kv_heads, head_dim, precision, group_size
     )
+
+
+@dataclass(frozen=True, slots=True)
+class KVPacking:
+    """How an engine packs a quantized request's KV into its FP16-sized pages.
+
+    The simulator stores a request's KV at the request's precision, in its exact bytes
+    (:func:`kv_sequence_bytes`), in pages of ``block_bytes`` (one FP16 page), so a quantized
+    request holds fewer pages than its tokens would fill at FP16. An engine that packs this way
+    hands its packing over in ``StepState.kv_packing``, and the block arithmetic that policies
+    and the decision check share (``policy_core.batching.step_blocks``) counts with it; an
+    engine that pages every request at FP16 gives none.
+
+    Attributes:
+        num_layers, num_kv_heads, head_dim: the model's KV shape (KV heads of every TP rank).
+        group_size: ``G`` of INT8 / INT4 KV.
+        block_bytes: bytes of one page (``block_size_tokens`` FP16 tokens across the replica).
+    """
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    group_size: int
+    block_bytes: int
+
+    def blocks(self, num_tokens: int, precision: KVPrecision) -> int:
+        """Pages ``num_tokens`` tokens of KV at ``precision`` fill (not monotone in
+        ``num_tokens``: completing a group quantizes its FP16 residual).
+
+        Raises:
+            ValueError: as :func:`kv_sequence_bytes`.
+        """
+        size = kv_sequence_bytes(num_tokens, self.num_layers, self.num_kv_heads,
+                                 self.head_dim, precision, self.group_size)  # fmt: skip
+        return -(-size // self.block_bytes)
+
+    def tokens_that_fit(self, num_tokens: int, precision: KVPrecision, blocks: int) -> int:
+        """Tokens a sequence of ``num_tokens`` tokens at ``precision`` can add, one at a time,
+        while its KV stays within ``blocks`` pages (0 if none), for a grouped precision at most
+        to the end of its current group: there the FP16 residual is quantized, the sequence
+        shrinks, and an engine that pages exactly (the simulator frees the surplus) holds fewer
+        pages, so what fits after that is counted again from there."""
+        size = kv_sequence_bytes(num_tokens, self.num_layers, self.num_kv_heads,
+                                 self.head_dim, precision, self.group_size)  # fmt: skip
+        room = blocks * self.block_bytes - size
+        if room <= 0:
+            return 0
+        heads = self.num_layers * self.num_kv_heads
+        if precision not in _GROUPED:
+            return room // (heads * 2 * self.head_dim * _BITS[precision] // 8)
+        residual_token = heads * 4 * self.head_dim  # K and V of one FP16 token
+        return min(room // residual_token, self.group_size - num_tokens % self.group_size)

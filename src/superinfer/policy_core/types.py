@@ -10,11 +10,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 __all__ = [
     "SLO",
     "AdmissionRule",
     "KVLocation",
+    "KVPages",
     "KVPrecision",
     "Placement",
     "PlacementDecision",
@@ -299,6 +301,19 @@ class StepChanges:
         return self.running if queue is Queue.RUNNING else self.swapped
 
 
+class KVPages(Protocol):
+    """How an engine pages a quantized request's KV (``StepState.kv_packing``); implemented by
+    ``policy_core.kv_bytes.KVPacking``."""
+
+    def blocks(self, num_tokens: int, precision: KVPrecision) -> int:
+        """Pages ``num_tokens`` tokens of KV at ``precision`` fill."""
+        ...
+
+    def tokens_that_fit(self, num_tokens: int, precision: KVPrecision, blocks: int) -> int:
+        """Tokens a sequence of ``num_tokens`` tokens can surely add within ``blocks`` pages."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class StepState:
     """Everything a scheduling policy sees at one scheduling point of one engine replica.
@@ -355,6 +370,10 @@ class StepState:
         views: request id -> view of every request in the three queues, or ``None``.
         queue_of: request id -> the queue holding it (the same ids as ``views``), or ``None``.
         changes: what changed since the previous state of the engine's series, or ``None``.
+        kv_packing: how the engine packs a quantized request's KV into its pages
+            (:class:`KVPages`, e.g. ``policy_core.kv_bytes.KVPacking``), or ``None``: every
+            request's KV fills FP16
+            pages (``ceil(tokens / block_size_tokens)``) whatever its ``kv_precision``.
     """
 
     now_s: float
@@ -378,6 +397,7 @@ class StepState:
     queue_of: Mapping[str, Queue] | None = None
     changes: StepChanges | None = None
     mixed_batches: bool = True
+    kv_packing: KVPages | None = None
 
     def view_map(self) -> Mapping[str, RequestView]:
         """``views``, or the same map built from the queues (one pass) when the engine gave none."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Sequence
 
-from superinfer.policy_core.batching import blocks_for_tokens, step_blocks
+from superinfer.policy_core.batching import step_blocks, view_blocks
 from superinfer.policy_core.types import (
     KVLocation,
     Placement,
@@ -65,7 +65,7 @@ def check_decision(
     if (decision.resume or decision.prefetch) and not swap_supported:
         raise PolicyError("resume/prefetch need a CPU KV tier, which this engine lacks")
     swap_out = sum(
-        blocks_for_tokens(running[rid].computed_tokens, state.block_size_tokens)
+        view_blocks(running[rid], running[rid].computed_tokens, state)
         for rid, mode in decision.preempt.items()
         if mode is PreemptMode.SWAP
     )

@@ -114,8 +114,7 @@ class Simulator:
         self.kv = KVMovement(hook, self.placement_enabled)
         self.router = make_router(config.router)
         for replica in self.replicas:
-            replica.model = config.model
-            replica.kv_group_size = config.kv_group_size
+            replica.set_model(config.model, config.kv_group_size)
         self._events: list[tuple[float, int, int, int, Any]] = []
         self._seq = 0
         self.num_steps = 0

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from superinfer.policy_core.batching import SGLANG_CLIP_MAX_NEW_TOKENS, blocks_for_tokens
 from superinfer.policy_core.changes import ViewTracker
-from superinfer.policy_core.kv_bytes import kv_bytes_ratio, kv_sequence_bytes
+from superinfer.policy_core.kv_bytes import KVPacking, kv_bytes_ratio
 from superinfer.policy_core.types import AdmissionRule, KVLocation, KVPrecision, StepState
 from superinfer.sim.hardware import ModelSpec
 from superinfer.sim.kv import Link, PrefixCache
@@ -50,8 +50,9 @@ class Replica:
                  link_bytes_s: float) -> None:  # fmt: skip
         self.index = index
         self.profile = profile
-        self.model: ModelSpec | None = None  # set by the simulator; needed for quantized KV
+        self.model: ModelSpec | None = None  # set_model; needed for quantized KV
         self.kv_group_size = 32
+        self.kv_packing: KVPacking | None = None  # set_model; StepState.kv_packing
         self.total_blocks = num_blocks
         self.cpu_total_blocks = cpu_blocks
         self.token_budget = token_budget
@@ -85,18 +86,22 @@ class Replica:
 
     # -- accounting -----------------------------------------------------------------------------
 
+    def set_model(self, model: ModelSpec, kv_group_size: int) -> None:
+        """The model whose KV this replica stores and the INT8 / INT4 group size (KVPacking)."""
+        self.model, self.kv_group_size = model, kv_group_size
+        self.kv_packing = KVPacking(model.num_layers, model.num_kv_heads, model.head_dim,
+                                    kv_group_size, self.kv_block_bytes)  # fmt: skip
+
     def blocks_for(self, req: SimRequest, tokens: int) -> int:
         """Pages ``tokens`` tokens of ``req``'s KV fill at its precision (FP16-sized pages).
 
         A quantized request packs its exact bytes (codes, scales, zero points and the 16-bit
-        residual, ``policy_core.kv_bytes``) into the pool's FP16-sized pages.
+        residual, ``policy_core.kv_bytes``) into the pool's FP16-sized pages
+        (:meth:`KVPacking.blocks`, the arithmetic policies see in ``StepState.kv_packing``).
         """
-        if req.precision is _FP16 or self.model is None:
+        if req.precision is _FP16 or self.kv_packing is None:
             return -(-tokens // self.block_size_tokens)
-        m = self.model
-        size = kv_sequence_bytes(tokens, m.num_layers, m.num_kv_heads, m.head_dim,
-                                 req.precision, self.kv_group_size)  # fmt: skip
-        return -(-size // self.kv_block_bytes)
+        return self.kv_packing.blocks(tokens, req.precision)
 
     def kv_ratio(self, req: SimRequest) -> float:
         """Bytes of ``req``'s KV per token relative to FP16 (what decode attention reads)."""
@@ -195,6 +200,7 @@ class Replica:
             link_bytes_per_s=self.link.bytes_per_s if self.cpu_total_blocks else 0.0,
             replica=self.index,
             mixed_batches=self.profile.mixed_batches,
+            kv_packing=self.kv_packing,
         )
         return self.views.stamp(state)
 

@@ -42,16 +42,15 @@ class _StepBudget(_Running):
     def _schedule_decodes(self, rep: _Replica, step: _Step, decodes: _Decodes, need: int) -> None:
         """One token for every decode that was not preempted; each is charged to its tier's
         stride pass, so decodes count against their tier's share of the budget."""
-        bs = step.state.block_size_tokens
         passes, weights = rep.passes, self._weights
         if step.preempt or len(decodes) > step.budget:
             chosen = [e for e in decodes if e.rid not in step.preempt][: max(step.budget, 0)]
-            need = sum(max(_decode_blocks(e.view, bs), 0) for e in chosen)
+            need = sum(max(_decode_blocks(e.view, step.state), 0) for e in chosen)
             step.tokens.update(dict.fromkeys([e.rid for e in chosen], 1))
             step.budget -= len(chosen)
             if need:
                 for e in chosen:
-                    grow = _decode_blocks(e.view, bs)
+                    grow = _decode_blocks(e.view, step.state)
                     if grow > 0:
                         step.new_blocks[e.rid] = grow
                 step.free -= need

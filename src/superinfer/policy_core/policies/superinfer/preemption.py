@@ -3,7 +3,7 @@ made for better-tier work, and relief of a decode KV shortage."""
 
 from __future__ import annotations
 
-from superinfer.policy_core.batching import blocks_for_tokens
+from superinfer.policy_core.batching import view_blocks
 from superinfer.policy_core.kv_cost import preempt_mode
 from superinfer.policy_core.policies.superinfer.queues import _Queues
 from superinfer.policy_core.policies.superinfer.records import (
@@ -40,7 +40,7 @@ class _Preemption(_Queues):
         budget does not allow a rotation swap."""
         v = e.view
         mode = preempt_mode(v, step.state, self.step_time.prefill_token_s, step.free_cpu)
-        cpu_blocks = blocks_for_tokens(v.computed_tokens, step.state.block_size_tokens)
+        cpu_blocks = view_blocks(v, v.computed_tokens, step.state)
         nbytes = cpu_blocks * step.state.kv_block_bytes
         if rotation and (mode is not PreemptMode.SWAP or nbytes > step.swap_out_bytes):
             return False
@@ -103,12 +103,11 @@ class _Preemption(_Queues):
     ) -> None:
         """Decodes need more new blocks than are free: preempt from the bottom of the ranking
         (vLLM v1 does the same from the tail of its running queue)."""
-        bs = step.state.block_size_tokens
         for e in sorted(running, key=self._victim_rank, reverse=True):
             if need <= step.free:
                 return
             v = e.view
             decoding = v.generated_tokens and v.pending_tokens == 1
             if decoding:
-                need -= max(_decode_blocks(v, bs), 0)
+                need -= max(_decode_blocks(v, step.state), 0)
             self._preempt(rep, step, e, rotation=False)

@@ -11,18 +11,22 @@ from bisect import bisect_left, insort
 from collections.abc import Container
 from dataclasses import dataclass, field
 
-from superinfer.policy_core.types import PreemptMode, RequestView, StepState
+from superinfer.policy_core.batching import view_blocks
+from superinfer.policy_core.types import KVPages, KVPrecision, PreemptMode, RequestView, StepState
 
+_FP16 = KVPrecision.FP16
 _WAITING, _RUNNING, _SWAPPED, _GONE = 0, 1, 2, 3
 _INF = math.inf
 
 
-def _decode_blocks(v: RequestView, bs: int) -> int:
+def _decode_blocks(v: RequestView, state: StepState) -> int:
     """HBM blocks a running request's next decode token takes, as ``step_blocks(v, 1, state,
-    admit=False)`` counts them (the engines' decision check): the FP16 pages its tokens fill minus
-    the blocks it holds. For a request whose KV is quantized that overstates its growth (its
-    blocks hold more tokens), the same way for the policy and the check."""
-    return -(-(v.computed_tokens + 1) // bs) - v.kv_blocks
+    admit=False)`` counts them (the engines' decision check) but not clipped at 0: the pages its
+    tokens fill (at its precision where the engine packs quantized KV) minus the blocks it
+    holds."""
+    if v.kv_precision is _FP16 or state.kv_packing is None:
+        return -(-(v.computed_tokens + 1) // state.block_size_tokens) - v.kv_blocks
+    return view_blocks(v, v.computed_tokens + 1, state) - v.kv_blocks
 
 
 #: In-tier key offset that puts best-effort requests behind every feasible one (keys are instants,
@@ -142,6 +146,7 @@ class _RunBooks:
         self.last_out: tuple[str, ...] = ()  # ids the last decision preempted
         self.gone: list[str] = []  # ids in ``order`` whose entry a hook forgot since
         self.bs = 16  # the state's block size, tokens
+        self.packing: KVPages | None = None  # the state's kv_packing
         self.growers: list[tuple[int, _Entry, int]] = []  # (position, entry, blocks) this call
         self.positions = itertools.count()
 

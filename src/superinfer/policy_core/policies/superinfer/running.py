@@ -34,7 +34,9 @@ from superinfer.policy_core.policies.superinfer.records import (
     _TpotHeap,
     _unfile_prefill,
 )
-from superinfer.policy_core.types import RequestView, StepState
+from superinfer.policy_core.types import KVPrecision, RequestView, StepState
+
+_FP16 = KVPrecision.FP16
 
 _VERSIONS = itertools.count(1)
 
@@ -101,7 +103,7 @@ class _Running(_Promotion):
         if todo is None:  # rebuild: visit every running request, as without a change set
             self.__dict__["_run_rebuilds"] = self.__dict__.get("_run_rebuilds", 0) + 1
             books = self.__dict__["_run_books"][rep.index] = _RunBooks(self.num_tiers)
-            books.bs = state.block_size_tokens
+            books.bs, books.packing = state.block_size_tokens, state.kv_packing
             rep.run_due = []
             for v in state.running:
                 visited.append(visit(rep, step, books, v, now))
@@ -211,7 +213,7 @@ class _Running(_Promotion):
             else:
                 for t in [t for t in buckets if t <= clock]:
                     look.extend(buckets.pop(t))
-        books.bs = state.block_size_tokens
+        books.bs, books.packing = state.block_size_tokens, state.kv_packing
         for rid, version in look:
             if ver.get(rid) != version or rid in todo:
                 continue
@@ -256,11 +258,20 @@ class _Running(_Promotion):
         """Put decode ``e`` in the bucket of the clock at which its KV block fills or its
         quantum runs out, or among the hot ones if its next token needs a block now."""
         computed, kb, bs = v.computed_tokens, v.kv_blocks, books.bs
-        grow = -(-(computed + 1) // bs) - kb  # = step_blocks(v, 1, admit=False)
+        packing = books.packing
+        if packing is not None and v.kv_precision is _FP16:
+            packing = None  # FP16 pages: ceil(tokens / bs)
+        if packing is None:
+            grow = -(-(computed + 1) // bs) - kb  # = step_blocks(v, 1, admit=False)
+        else:
+            grow = packing.blocks(computed + 1, v.kv_precision) - kb
         if grow > 0:
             books.growers.append((books.order[e.rid], e, grow))
             kb += grow  # what it holds once its next token ran
-        ahead = kb * bs - computed  # >= 1 here
+        if packing is None:
+            ahead = kb * bs - computed  # >= 1 here
+        else:  # packed pages: looked at again by its group's end (KVPacking.tokens_that_fit)
+            ahead = max(1, packing.tokens_that_fit(computed, v.kv_precision, kb))
         left = e.demote_at - sv  # > 0 here (sv: its service, tokens)
         if left < ahead:
             ahead = max(1, math.ceil(left))
