@@ -76,9 +76,10 @@ def cli() -> None:
               help="With --kv-quant: a planner setting, repeatable (int8_pressure, int4_pressure, "
               "hysteresis, floors such as 'chat=int8,batch=int4', default_floor, count_waiting; "
               "docs/kv_quant.md).")
-@click.option("--stack", type=click.Choice(["none", "full"]), default="none", show_default=True,
+@click.option("--stack", default="none", show_default=True,
               help="full: rotation + reuse-predictor placement + KV quantization planner together "
-              "on every engine that supports each (the run says which an engine cannot apply).")
+              "on every engine that supports each (the run says which an engine cannot apply); "
+              "or some of them, comma-separated (rotation, reuse, quant).")
 @click.option("--policies", default=None, help="Comma-separated policy names [default: every "
               "registered policy; hf: all but oracle; sglang: native,lpm,priority,superinfer].")
 @click.option("--rate-scale", default=None, type=float,
@@ -449,10 +450,10 @@ def fleet() -> None:
 @click.option("--split", is_flag=True, help="Also plan separate clusters, one per SLO class.")
 @click.option("--check-full", is_flag=True,
               help="Re-simulate every plan on the whole workload and report its attainment.")
-@click.option("--stack", type=click.Choice(["none", "full"]), default="none", show_default=True,
+@click.option("--stack", default="none", show_default=True,
               help="full: every cell runs the whole stack where the engine supports each part "
               "(rotation, the reuse predictor's placement, the KV quantization planner), as "
-              "bench --stack full.")
+              "bench --stack full; or some of the parts, comma-separated.")
 @EXECUTOR_OPTIONS
 @click.option("--out", default="results/fleet", show_default=True,
               type=click.Path(file_okay=False),
@@ -468,12 +469,14 @@ def fleet_plan(**p: Any) -> None:
     """
     from rich.console import Console
 
+    from superinfer.harness.engines.registry import parse_stack
     from superinfer.harness.grid.fleet_plan import run_fleet_plan
 
     console = Console(stderr=True)
     run = {k: p.pop(k) for k in ("executor", "address", "workers", "fresh", "out")}
     p["engines"] = split_names(p["engines"])
     p["policies"] = None if p["policies"] is None else split_names(p["policies"])
+    p["stack"] = parse_stack(p["stack"])
     with progress_bar(console) as bar:
         result, _, runner, out_dir = run_fleet_plan(
             p, **run, progress=lambda label: progress_task(bar, label), log=console.print

@@ -177,5 +177,10 @@ def test_a_full_stack_cell_runs_the_planner_and_a_bad_stack_is_refused() -> None
     assert rows["full"]["all"]["n_requests"] == rows["none"]["all"]["n_requests"]
     assert rows["full"]["all"]["n_requests"] == 589
     assert rows["full"]["all"]["kv_peak_gb"] < 0.6 * rows["none"]["all"]["kv_peak_gb"]
-    with pytest.raises(UserError, match="stack must be 'none' or 'full', got 'half'"):
+    with pytest.raises(UserError, match=r"--stack 'half': expected none, full or .*unknown: half"):
         check_cell(dataclasses.replace(TINY, stack="half"))
+    with pytest.raises(
+        UserError, match="stack 'quant,rotation' is not canonical: 'rotation,quant'"
+    ):
+        check_cell(dataclasses.replace(TINY, stack="quant,rotation"))
+    check_cell(dataclasses.replace(TINY, stack="rotation,reuse"))

@@ -213,3 +213,30 @@ def test_stack_full_turns_on_every_part_an_engine_supports_and_says_why_not() ->
         "superinfer", {}
     )
     assert engine_stack(BenchConfig(), engine_family("sim:vllm")) == (BenchConfig(), {})
+
+
+def test_stack_parts_turn_on_only_the_parts_named() -> None:
+    from superinfer.harness.bench import engine_stack
+    from superinfer.harness.engines.registry import engine_family, parse_stack, stack_parts
+    from superinfer.harness.errors import UserError
+
+    assert parse_stack("quant, rotation") == "rotation,quant"
+    assert parse_stack("reuse,quant,rotation") == "full"
+    assert (parse_stack(" None "), stack_parts("none"), stack_parts("full")) == (
+        "none", (), ("rotation", "reuse", "quant"),
+    )  # fmt: skip
+    for bad, why in (("rotation,swap", "unknown: swap"), (",", "expected none, full")):
+        with pytest.raises(UserError, match=why):
+            parse_stack(bad)
+    sim, info = engine_stack(BenchConfig(stack="rotation,reuse"), engine_family("sim:vllm"))
+    assert (sim.kv_policy, sim.kv_quant) == ("reuse", False)
+    assert sim.policy_options["superinfer"] == {"rotation": "true"}
+    assert info == {"applied": ["rotation", "reuse"],
+                    "not_applied": {"quant": "not asked for (--stack)"}}  # fmt: skip
+    sglang, info = engine_stack(BenchConfig(stack="quant"), engine_family("sglang"))
+    assert (sglang.kv_policy, sglang.kv_quant, info["applied"]) == (None, False, [])
+    assert info["not_applied"] == {
+        "rotation": "not asked for (--stack)",
+        "reuse": "not asked for (--stack)",
+        "quant": "needs per-request KV precision in the engine",
+    }

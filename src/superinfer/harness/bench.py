@@ -27,8 +27,10 @@ from superinfer.harness.engines.registry import (
     EngineFamily,
     default_source,
     engine_family,
+    parse_stack,
     run_dir,
     shaping_defaults,
+    stack_parts,
 )
 from superinfer.harness.errors import SpecError, UserError
 from superinfer.harness.policies import (
@@ -249,9 +251,10 @@ def engine_stack(config: BenchConfig, family: EngineFamily) -> tuple[BenchConfig
     """``config`` for one engine of ``family`` under ``config.stack``, and what was applied.
 
     ``--stack full`` turns on the parts of :data:`~superinfer.harness.engines.registry.STACK_PARTS`
-    the engine supports (``EngineFamily.stack_parts``): ``superinfer.rotation=true`` (unless the
-    user set it; not with ``--cpu-kv-ratio 0``), ``--kv-policy reuse`` (unless another was
-    given) and ``--kv-quant``; the others are switched off for this engine.
+    the engine supports (``EngineFamily.stack_parts``; ``--stack rotation,reuse``: those of the
+    parts named): ``superinfer.rotation=true`` (unless the user set it; not with
+    ``--cpu-kv-ratio 0``), ``--kv-policy reuse`` (unless another was given) and ``--kv-quant``;
+    the others are switched off for this engine.
 
     Returns:
         ``(config, {"applied": [...], "not_applied": {part: why}})``; ``config`` itself and an
@@ -259,10 +262,12 @@ def engine_stack(config: BenchConfig, family: EngineFamily) -> tuple[BenchConfig
     """
     if config.stack == "none":
         return config, {}
-    parts = set(family.stack_parts)
+    asked = stack_parts(parse_stack(config.stack))
+    parts = set(family.stack_parts) & set(asked)
     if config.cpu_kv_ratio == 0:
         parts.discard("rotation")
-    missing = {p: why for p, why in STACK_PARTS.items() if p not in parts}
+    missing = {p: why if p in asked else "not asked for (--stack)"
+               for p, why in STACK_PARTS.items() if p not in parts}  # fmt: skip
     options = {k: dict(v) for k, v in config.policy_options.items()}
     if "rotation" in parts:
         options.setdefault("superinfer", {}).setdefault("rotation", "true")
@@ -457,7 +462,7 @@ def bench_config(params: Mapping[str, Any], *, given: Collection[str]) -> BenchC
         engine_options=p["engine_options"],
         url=p["url"],
         backend=p["backend"],
-        stack=p.get("stack") or "none",
+        stack=parse_stack(p.get("stack") or "none"),
         **shaping,
     )
 

@@ -27,6 +27,8 @@ __all__ = [
     "SIM_WORKLOAD",
     "STACK_PARTS",
     "EngineFamily",
+    "parse_stack",
+    "stack_parts",
     "default_source",
     "engine_family",
     "family_kinds",
@@ -136,6 +138,36 @@ STACK_PARTS: Mapping[str, str] = MappingProxyType(
         "quant": "needs per-request KV precision in the engine",
     }
 )
+
+
+def parse_stack(value: str) -> str:
+    """``--stack`` -> its canonical form: ``"none"``, ``"full"`` (every part of
+    :data:`STACK_PARTS`), or the parts named, comma-separated in :data:`STACK_PARTS` order
+    (``"quant,rotation"`` -> ``"rotation,quant"``; all three -> ``"full"``).
+
+    Raises:
+        UserError: a part that is not in :data:`STACK_PARTS`, or an empty list.
+    """
+    text = value.strip().lower()
+    if text in ("none", "full"):
+        return text
+    named = {p.strip() for p in text.split(",") if p.strip()}
+    unknown = sorted(named - set(STACK_PARTS))
+    if unknown or not named:
+        raise UserError(
+            f"--stack {value!r}: expected none, full or comma-separated parts of "
+            f"{', '.join(STACK_PARTS)}" + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+        )
+    parts = [p for p in STACK_PARTS if p in named]
+    return "full" if len(parts) == len(STACK_PARTS) else ",".join(parts)
+
+
+def stack_parts(stack: str) -> tuple[str, ...]:
+    """The parts a canonical ``stack`` (:func:`parse_stack`) asks for."""
+    if stack == "none":
+        return ()
+    return tuple(STACK_PARTS) if stack == "full" else tuple(stack.split(","))
+
 
 #: Families by name. ``sim:hf-cpu`` has its own entry (:data:`_EXACT`) ahead of ``sim``.
 FAMILIES: Mapping[str, EngineFamily] = MappingProxyType(

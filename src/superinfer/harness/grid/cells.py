@@ -32,7 +32,7 @@ from superinfer.harness.engines.isolated import (
     mark_feasible,
     resolve_requests,
 )
-from superinfer.harness.engines.registry import engine_family
+from superinfer.harness.engines.registry import engine_family, parse_stack
 from superinfer.harness.engines.sim import run_sim_cell
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import registered_policies
@@ -272,8 +272,8 @@ def check_cell(cell: CellSpec) -> None:
         raise UserError(f"tp must divide {model.name}'s {model.num_kv_heads} KV heads")
     if cell.router not in ROUTERS:
         raise UserError(f"unknown router {cell.router!r}; known: {', '.join(ROUTERS)}")
-    if cell.stack not in ("none", "full"):
-        raise UserError(f"stack must be 'none' or 'full', got {cell.stack!r}")
+    if cell.stack != parse_stack(cell.stack):  # a bad part raises its own one-line error
+        raise UserError(f"stack {cell.stack!r} is not canonical: {parse_stack(cell.stack)!r}")
     if not cell.rate_scale > 0:
         raise UserError(f"rate_scale must be > 0, got {cell.rate_scale}")
     if cell.duration_s is not None and not cell.duration_s > 0:
