@@ -108,6 +108,7 @@ def test_workloads_lists_the_builtins() -> None:
     assert [line.split()[0] for line in proc.stdout.splitlines()] == [
         "azure-mixed",
         "mooncake-chat",
+        "reasoning-long",
         "sharegpt-poisson",
     ]
 

@@ -24,7 +24,20 @@ def test_azure_mixed_is_exactly_the_default_trace_workload() -> None:
 
 
 def test_builtins_are_listed() -> None:
-    assert list(builtin_specs()) == ["azure-mixed", "mooncake-chat", "sharegpt-poisson"]
+    assert list(builtin_specs()) == [
+        "azure-mixed", "mooncake-chat", "reasoning-long", "sharegpt-poisson",
+    ]  # fmt: skip
+
+
+def test_reasoning_long_answers_every_prompt_with_4096_tokens() -> None:
+    wl = build_from_spec(load_workload_spec("reasoning-long"), seed=0)
+    again = build_from_spec(load_workload_spec("reasoning-long"), seed=0)
+    assert wl.requests == again.requests
+    assert {(r.output_tokens, r.max_output_tokens, r.slo.name) for r in wl.requests} == {
+        (4096, 4096, "chat")
+    }
+    assert max(r.arrival_s for r in wl.requests) < 900.0
+    assert len(wl.requests) == 7_210  # Poisson at 8 req/s for 900 s, seed 0
 
 
 def test_mooncake_chat_spreads_buckets_and_keeps_block_hashes() -> None:
