@@ -73,3 +73,35 @@ def test_every_benchmark_script_imports() -> None:
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["failed"] == {}
+
+
+def test_seed_real_engines_states_the_rows_from_the_repeats() -> None:
+    import runpy
+
+    import pandas as pd
+
+    mod = runpy.run_path(str(ROOT / "benchmarks" / "seed_real_engines.py"), run_name="t")
+    rows = []
+    for engine, native in (("hf", "fcfs"), ("sglang", "native")):
+        for policy, ttft, tok, kv, att in ((native, 2000.0, 8.0, 0.2, 0.8),
+                                           ("superinfer", 800.0, 7.8, 0.1, 0.95)):  # fmt: skip
+            for cls, metric, mean in (
+                ("chat", "ttft_p99_ms", ttft),
+                ("batch", "output_tok_s", tok),
+                ("all", "kv_peak_gb", kv),
+                ("chat", "slo_attainment", att),
+            ):
+                rows.append((engine, policy, 1.5, cls, metric, 3, mean, mean - 1, mean + 1, 0.5))
+    agg = pd.DataFrame(rows, columns=["engine", "policy", "load", "slo_class", "metric", "n",
+                                      "mean", "min", "max", "std"])  # fmt: skip
+    table = mod["seed_rows"](agg)
+    hf = table[(table["engine"] == "hf") & (table["policy"] == "superinfer/fcfs")]
+    assert dict(zip(hf["metric"], hf["value"].round(6), strict=True)) == {
+        "chat_p99_latency_ratio": 0.4,
+        "batch_throughput_ratio": 0.975,
+        "peak_kv_ratio": 0.5,
+        "chat_attainment_points": 15.0,
+    }
+    side = table[(table["engine"] == "sglang") & (table["policy"] == "native")]
+    assert side[["min", "max", "n_repeats"]].iloc[0].tolist() == [1999.0, 2001.0, 3]
+    assert len(table) == 2 * (8 + 4)

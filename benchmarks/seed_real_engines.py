@@ -1,0 +1,105 @@
+"""The seed article's four rows on the real CPU engines, from the engines suite's repeats.
+
+``superinfer bench --suite seed`` runs the simulated engines. The real engines (``hf``: SmolLM2-135M
+on transformers; ``sglang``: the SGLang 0.5.23 CPU server) were run by ``superinfer bench --suite
+engines`` (``results/engines-cpu/``: the same model on each engine, each at three loads around its
+knee, three repeats per load, native vs ``superinfer``). This script reads that suite's
+``aggregate.csv`` (mean, min and max over the repeats) and states the seed's rows from it, per
+engine and load: chat TTFT p99, batch output tokens/s, peak KV, chat SLO attainment, each side's
+mean with its spread, and the comparison (ratio of means; attainment difference in points) beside
+the article's value (:data:`superinfer.harness.suites_seed.COMPARISONS`).
+
+What "the whole stack" is on each engine: ``hf`` applies none of the stack's parts (no CPU KV tier,
+no placement-driven prefix cache, no per-request KV precision), so ``superinfer`` alone is its
+whole stack; on ``sglang`` the reuse placement would apply but the engines suite ran the policy
+alone, so its rows are the policy's. Peak KV is not reported by the SGLang server (NaN).
+
+Usage: ``python benchmarks/seed_real_engines.py [--aggregate results/engines-cpu/aggregate.csv]
+[--out results/seed/real_engines.csv]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from superinfer.harness.suites_seed import COMPARISONS, METRICS
+
+#: Real engine -> its native policy as the engines suite names it.
+NATIVE = {"hf": "fcfs", "sglang": "native"}
+COLUMNS = ["engine", "load_rps", "policy", "metric", "value", "min", "max", "n_repeats",
+           "seed_article_value"]  # fmt: skip
+
+
+def seed_rows(aggregate: pd.DataFrame) -> pd.DataFrame:
+    """The seed rows per real engine and load from an engines-suite ``aggregate.csv`` table.
+
+    Args:
+        aggregate: columns ``engine, policy, load, slo_class, metric, n, mean, min, max, std``.
+
+    Returns:
+        A table of :data:`COLUMNS`: per engine and load, each side's four metrics (mean over the
+        repeats, with min and max), then the four comparisons (``policy`` =
+        ``superinfer/<native>``; ``min``/``max`` empty).
+
+    Raises:
+        ValueError: an engine of :data:`NATIVE` with no row for its native policy or superinfer.
+    """
+    rows: list[dict[str, object]] = []
+    for engine, native in NATIVE.items():
+        part = aggregate[aggregate["engine"] == engine]
+        for load in sorted(part["load"].unique()):
+            at = part[part["load"] == load]
+            sides: dict[str, dict[str, float]] = {}
+            for policy in (native, "superinfer"):
+                cells = at[at["policy"] == policy]
+                if cells.empty:
+                    raise ValueError(f"{engine} at {load} req/s: no {policy!r} rows")
+                sides[policy] = {}
+                for metric, (cls, column, native_ref, stack_ref) in METRICS.items():
+                    hit = cells[(cells["slo_class"] == cls) & (cells["metric"] == column)]
+                    r = hit.iloc[0] if len(hit) else None
+                    mean = float(r["mean"]) if r is not None else math.nan
+                    sides[policy][metric] = mean
+                    rows.append({
+                        "engine": engine, "load_rps": load, "policy": policy, "metric": metric,
+                        "value": mean,
+                        "min": float(r["min"]) if r is not None else math.nan,
+                        "max": float(r["max"]) if r is not None else math.nan,
+                        "n_repeats": int(r["n"]) if r is not None else 0,
+                        "seed_article_value": native_ref if policy == native else stack_ref,
+                    })  # fmt: skip
+            for name, (metric, kind, ref, _) in COMPARISONS.items():
+                base, full = sides[native][metric], sides["superinfer"][metric]
+                value = full / base if kind == "ratio" else (full - base) * 100
+                rows.append({"engine": engine, "load_rps": load, "policy": f"superinfer/{native}",
+                             "metric": name, "value": value, "min": math.nan, "max": math.nan,
+                             "n_repeats": 0, "seed_article_value": ref})  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--aggregate", type=Path, default=Path("results/engines-cpu/aggregate.csv"))
+    ap.add_argument("--out", type=Path, default=Path("results/seed/real_engines.csv"))
+    args = ap.parse_args()
+    try:
+        aggregate = pd.read_csv(args.aggregate)
+    except (OSError, pd.errors.ParserError) as exc:
+        raise SystemExit(f"error: {args.aggregate}: {exc}") from None
+    try:
+        table = seed_rows(aggregate)
+    except (KeyError, ValueError) as exc:
+        raise SystemExit(f"error: {args.aggregate}: {exc}") from None
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    table.to_csv(tmp, index=False, float_format="%.6g")
+    tmp.replace(args.out)
+    print(f"wrote {args.out} ({len(table)} rows)")
+
+
+if __name__ == "__main__":
+    main()
