@@ -4,7 +4,8 @@
 on transformers; ``sglang``: the SGLang 0.5.23 CPU server) were run by ``superinfer bench --suite
 engines`` (``results/engines-cpu/``: the same model on each engine, each at three loads around its
 knee, three repeats per load, native vs ``superinfer``). This script reads that suite's
-``aggregate.csv`` (mean, min and max over the repeats) and states the seed's rows from it, per
+``aggregate.csv`` files (the main run's and ``sglang-knee/``'s; mean, min and max over the
+repeats) and states the seed's rows from it, per
 engine and load: chat TTFT p99, batch output tokens/s, peak KV, chat SLO attainment, each side's
 mean with its spread, and the comparison (ratio of means; attainment difference in points) beside
 the article's value (:data:`superinfer.harness.suites_seed.COMPARISONS`).
@@ -14,8 +15,8 @@ no placement-driven prefix cache, no per-request KV precision), so ``superinfer`
 whole stack; on ``sglang`` the reuse placement would apply but the engines suite ran the policy
 alone, so its rows are the policy's. Peak KV is not reported by the SGLang server (NaN).
 
-Usage: ``python benchmarks/seed_real_engines.py [--aggregate results/engines-cpu/aggregate.csv]
-[--out results/seed/real_engines.csv]``.
+Usage: ``python benchmarks/seed_real_engines.py [--aggregate FILE ...]
+[--out results/seed/real_engines.csv]`` (``--aggregate`` takes several files).
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ import pandas as pd
 
 from superinfer.harness.suites_seed import COMPARISONS, METRICS
 
+#: The engines suite's main run and its SGLang run at the loads below it (the SGLang knee).
+DEFAULT_AGGREGATES = [
+    Path("results/engines-cpu/aggregate.csv"),
+    Path("results/engines-cpu/sglang-knee/aggregate.csv"),
+]
 #: Real engine -> its native policy as the engines suite names it.
 NATIVE = {"hf": "fcfs", "sglang": "native"}
 COLUMNS = ["engine", "load_rps", "policy", "metric", "value", "min", "max", "n_repeats",
@@ -46,8 +52,13 @@ def seed_rows(aggregate: pd.DataFrame) -> pd.DataFrame:
         ``superinfer/<native>``; ``min``/``max`` empty).
 
     Raises:
-        ValueError: an engine of :data:`NATIVE` with no row for its native policy or superinfer.
+        ValueError: an engine of :data:`NATIVE` with no row for its native policy or superinfer,
+            or one engine and load given twice.
     """
+    keys = ["engine", "policy", "load", "slo_class", "metric"]
+    if aggregate.duplicated(keys).any():
+        dup = aggregate[aggregate.duplicated(keys)].iloc[0]
+        raise ValueError(f"{dup['engine']} at {dup['load']} req/s is given twice")
     rows: list[dict[str, object]] = []
     for engine, native in NATIVE.items():
         part = aggregate[aggregate["engine"] == engine]
@@ -83,17 +94,22 @@ def seed_rows(aggregate: pd.DataFrame) -> pd.DataFrame:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--aggregate", type=Path, default=Path("results/engines-cpu/aggregate.csv"))
+    ap.add_argument("--aggregate", type=Path, nargs="+", default=DEFAULT_AGGREGATES,
+                    help="engines-suite aggregate.csv files (rows of one engine and load must "
+                    "come from one file)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("results/seed/real_engines.csv"))
     args = ap.parse_args()
+    frames = []
+    for path in args.aggregate:
+        try:
+            frames.append(pd.read_csv(path))
+        except (OSError, pd.errors.ParserError) as exc:
+            raise SystemExit(f"error: {path}: {exc}") from None
+    names = ", ".join(map(str, args.aggregate))
     try:
-        aggregate = pd.read_csv(args.aggregate)
-    except (OSError, pd.errors.ParserError) as exc:
-        raise SystemExit(f"error: {args.aggregate}: {exc}") from None
-    try:
-        table = seed_rows(aggregate)
+        table = seed_rows(pd.concat(frames, ignore_index=True))
     except (KeyError, ValueError) as exc:
-        raise SystemExit(f"error: {args.aggregate}: {exc}") from None
+        raise SystemExit(f"error: {names}: {exc}") from None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     table.to_csv(tmp, index=False, float_format="%.6g")

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -105,3 +107,5 @@ def test_seed_real_engines_states_the_rows_from_the_repeats() -> None:
     side = table[(table["engine"] == "sglang") & (table["policy"] == "native")]
     assert side[["min", "max", "n_repeats"]].iloc[0].tolist() == [1999.0, 2001.0, 3]
     assert len(table) == 2 * (8 + 4)
+    with pytest.raises(ValueError, match="hf at 1.5 req/s is given twice"):
+        mod["seed_rows"](pd.concat([agg, agg]))
