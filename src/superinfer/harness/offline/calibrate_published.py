@@ -92,8 +92,9 @@ def _kernel_group(r: _Row) -> tuple[str, str]:
 #: scale. The ``sglang`` scale is fitted on 0.2.13's per-iteration forward times (rows 679-716:
 #: max-load runs, large batches with 512-token prefill chunks); SGLang 0.3.0's online runs decode
 #: small batches (with ``--enable-torch-compile`` for the 8B model, rows 608-619; row 678: up to
-#: 1.5x lower latency at small batch), and 0.3.0 has no overlap scheduler (row 677), so the
-#: per-request work of a step (output processing, streaming) is paid in full at large batches.
+#: 1.5x lower latency at small batch; that this is why its fitted scale is lower is our reading,
+#: not a measurement), and 0.3.0 has no overlap scheduler (row 677), so the per-request work of
+#: a step (output processing, streaming) is taken to be paid in full at large batches.
 ONLINE_KERNEL_FIT = ("sglang-0.3.0",)
 #: How a release is simulated while its engine family's shared terms (kernel scale, CPU) are
 #: fitted, where that differs from its own profile: as the shipped fit (6382d15) simulated it,
