@@ -109,3 +109,37 @@ def test_seed_real_engines_states_the_rows_from_the_repeats() -> None:
     assert len(table) == 2 * (8 + 4)
     with pytest.raises(ValueError, match="hf at 1.5 req/s is given twice"):
         mod["seed_rows"](pd.concat([agg, agg]))
+
+
+def test_feasible_misses_breaks_attainment_down_by_prompt_band() -> None:
+    import runpy
+
+    import pandas as pd
+
+    from superinfer.harness.engines.base import BenchConfig
+    from superinfer.harness.engines.isolated import engine_isolated_latency
+
+    mod = runpy.run_path(str(ROOT / "benchmarks" / "feasible_misses.py"), run_name="t")
+    # (prompt, status, met, feasible, ttft_ms): two short chats met, one 4,100-token chat rejected,
+    # one missing its TTFT, one met; one infeasible chat and one batch request left out.
+    nan = float("nan")
+    rows = [(300, "finished", True, True, 200.0), (500, "finished", True, True, 300.0),
+            (4100, "rejected", False, True, nan), (4100, "finished", False, True, 1200.0),
+            (4100, "finished", True, True, 900.0),
+            (9000, "finished", False, False, 2500.0)]  # fmt: skip
+    df = pd.DataFrame(
+        [("sim:vllm", "superinfer", "chat", p, s, m, f, t, 1000.0) for p, s, m, f, t in rows]
+        + [("sim:vllm", "superinfer", "batch", 100, "finished", True, True, 50.0, nan)],
+        columns=["engine", "policy", "slo_class", "prompt_tokens", "status", "met_slo",
+                 "feasible", "ttft_ms", "slo_ttft_ms"],
+    )  # fmt: skip
+    table = mod["band_rows"](df, BenchConfig(), "r", "chat")
+    assert table[["prompt_band", "n_feasible", "n_rejected", "n_ttft_missed",
+                  "median_prompt_tokens"]].values.tolist() == [
+        ["0-1024", 2, 0, 0, 400], ["4000-4200", 3, 1, 1, 4100]]  # fmt: skip
+    assert table["attainment_feasible"].round(6).tolist() == [1.0, 0.333333]
+    iso = engine_isolated_latency(BenchConfig(), "sim:vllm").prefill_ms(4100)
+    assert table["isolated_ttft_ms"].iloc[1] == iso
+    assert table["isolated_slack_ms"].iloc[1] == 1000.0 - iso
+    with pytest.raises(ValueError, match="no request of class 'code'"):
+        mod["band_rows"](df, BenchConfig(), "r", "code")
