@@ -61,7 +61,7 @@ class _StepBudget(_Running):
             step.tokens.update(decodes.ids)  # one token each
             step.budget -= len(decodes)
             if need:
-                for e, grow in decodes.growers:
+                for _, e, grow in decodes.growers:
                     step.new_blocks[e.rid] = grow
                 step.free -= need
             per_tier = decodes.per_tier

@@ -121,7 +121,13 @@ class _Estimates(SuperInferConfig):
             heapq.heappush(rep.due, (when, self._next_seq(), e.rid, e.check_version))
 
     def _schedule_check(
-        self, rep: _Replica, e: _Entry, now: float, *, checked: bool = False
+        self,
+        rep: _Replica,
+        e: _Entry,
+        now: float,
+        *,
+        checked: bool = False,
+        target: tuple[float, float, float] | None = None,
     ) -> None:
         """Set when ``e`` is next checked; queued requests go on the replica's due heap.
 
@@ -131,14 +137,17 @@ class _Estimates(SuperInferConfig):
         instant has passed without effect (the estimate moved), it is checked again a step
         later (``checked``: a check just ran), or now if none ran yet. A running request with
         any of these pending is checked at least every ``recheck_s``; one with none (a tier-0
-        decode) is not checked until it changes tier.
+        decode) is not checked until it changes tier. ``target``: ``_target(e, e.view, rep)``
+        when the caller has just computed it (a check that found nothing to do).
         """
         instants: list[float] = []
         queued = e.where in (_WAITING, _SWAPPED)
         if queued and self.aging and not e.aged:
             instants.append(self._aging_at(e))
         if not e.best_effort and not e.aged:
-            deadline, estimate, optimistic = self._target(e, e.view, rep)
+            if target is None:
+                target = self._target(e, e.view, rep)
+            deadline, estimate, optimistic = target
             if deadline < _INF:
                 if optimistic > -_INF and (self.best_effort_demotion or self.reject_hopeless):
                     instants.append(deadline - optimistic)

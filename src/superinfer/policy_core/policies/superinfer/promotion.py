@@ -24,21 +24,30 @@ class _Promotion(_Admission):
 
     def _check(self, rep: _Replica, e: _Entry, step: _Step, now: float) -> str:
         """Evaluate aging, hopelessness and promotion for ``e``; returns what happened."""
+        return self._check_target(rep, e, now)[0]
+
+    def _check_target(
+        self, rep: _Replica, e: _Entry, now: float
+    ) -> tuple[str, tuple[float, float, float] | None]:
+        """:meth:`_check`'s outcome, and the ``_target`` it computed on the way (``None`` if
+        none), which :meth:`_schedule_check` reuses when nothing happened: nothing it reads
+        (the view, the replica's load, the estimators) changes in between."""
         v = e.view
         queued = e.where in (_WAITING, _SWAPPED)
         if queued and self.aging and not e.aged and self._aging_due(e, now):
-            return "age"
+            return "age", None
         if e.best_effort or e.aged:
-            return ""
-        deadline, estimate, optimistic = self._target(e, v, rep)
+            return "", None
+        target = self._target(e, v, rep)
+        deadline, estimate, optimistic = target
         if deadline == _INF:
-            return ""
+            return "", target
         slack = deadline - now
         if optimistic > slack and (self.best_effort_demotion or self.reject_hopeless):
-            return "hopeless"
+            return "hopeless", target
         if self.promotion and e.tier > 0 and estimate > slack - self.promotion_margin_s:
-            return "promote"
-        return ""
+            return "promote", target
+        return "", target
 
     def _apply_check(self, rep: _Replica, e: _Entry, outcome: str, step: _Step, now: float) -> None:
         queued = e.where in (_WAITING, _SWAPPED)
@@ -73,13 +82,13 @@ class _Promotion(_Admission):
             e = self._entries.get(rid)
             if e is None or e.check_version != version or e.where not in (_WAITING, _SWAPPED):
                 continue
-            outcome = self._check(rep, e, step, now)
+            outcome, target = self._check_target(rep, e, now)
             if outcome == "hopeless" and self.reject_hopeless and e.where == _WAITING:
                 hopeless.append(e)
             elif outcome:
                 self._apply_check(rep, e, outcome, step, now)
             else:
-                self._schedule_check(rep, e, now, checked=True)
+                self._schedule_check(rep, e, now, checked=True, target=target)
         if hopeless:
             self._reject_under_pressure(rep, hopeless, step, now)
 

@@ -9,7 +9,6 @@ import itertools
 import math
 from bisect import bisect_left, insort
 from collections.abc import Container
-from dataclasses import dataclass, field
 
 from superinfer.policy_core.batching import view_blocks
 from superinfer.policy_core.types import KVPages, KVPrecision, PreemptMode, RequestView, StepState
@@ -139,8 +138,8 @@ class _RunBooks:
         self.dec_ids: list[str] = []
         self.clock = 0  # decode tokens every lockstep decode has run since the rebuild
         self.buckets: dict[int, list[tuple[str, int]]] = {}  # clock -> (id, version) to look at
-        # decodes needing a KV block at their last look: (id, version, clock of the next look)
-        self.hot: list[tuple[str, int, int]] = []
+        # decodes needing a KV block at their last look (also in their next bucket): (id, version)
+        self.hot: list[tuple[str, int]] = []
         self.tpot: dict[float, _TpotHeap] = {}  # TPOT target (s) -> its decodes' keys
         self.tkey: dict[str, tuple[float, float, int]] = {}  # id -> its (tpot, first, g) key
         self.last_out: tuple[str, ...] = ()  # ids the last decision preempted
@@ -148,6 +147,7 @@ class _RunBooks:
         self.bs = 16  # the state's block size, tokens
         self.packing: KVPages | None = None  # the state's kv_packing
         self.growers: list[tuple[int, _Entry, int]] = []  # (position, entry, blocks) this call
+        self.need = 0  # the KV blocks of ``growers``, summed
         self.positions = itertools.count()
 
 
@@ -230,24 +230,43 @@ class _Lane:
         self._front.append(e)
 
 
-@dataclass
 class _Step:
-    """The decision being built for one call (mutable scratch)."""
+    """The decision being built for one call (mutable scratch): the state, the free HBM blocks,
+    token budget, seats, free CPU blocks and link bytes each way still unspent; the decision's
+    parts as they grow; the entries whose tier changed; the waiting/swapped index of the
+    state, built on the first admission attempt without the engine's map; the worst tier
+    among running requests (nothing to preempt below it)."""
 
-    state: StepState
-    free: int
-    budget: int
-    seats: int
-    free_cpu: int
-    swap_out_bytes: float
-    swap_in_bytes: float
-    tokens: dict[str, int] = field(default_factory=dict)
-    new_blocks: dict[str, int] = field(default_factory=dict)
-    admit: list[str] = field(default_factory=list)
-    resume: list[str] = field(default_factory=list)
-    preempt: dict[str, PreemptMode] = field(default_factory=dict)
-    reject: dict[str, str] = field(default_factory=dict)
-    prefetch: list[str] = field(default_factory=list)
-    changed: list[_Entry] = field(default_factory=list)
-    queued_views: dict[str, RequestView] | None = None  # built on the first admission attempt
-    worst_tier: int = -1  # worst tier among running requests (nothing to preempt below it)
+    __slots__ = (
+        "state", "free", "budget", "seats", "free_cpu", "swap_out_bytes", "swap_in_bytes",
+        "tokens", "new_blocks", "admit", "resume", "preempt", "reject", "prefetch", "changed",
+        "queued_views", "worst_tier",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        state: StepState,
+        free: int,
+        budget: int,
+        seats: int,
+        free_cpu: int,
+        swap_out_bytes: float,
+        swap_in_bytes: float,
+    ) -> None:
+        self.state = state
+        self.free = free
+        self.budget = budget
+        self.seats = seats
+        self.free_cpu = free_cpu
+        self.swap_out_bytes = swap_out_bytes
+        self.swap_in_bytes = swap_in_bytes
+        self.tokens: dict[str, int] = {}
+        self.new_blocks: dict[str, int] = {}
+        self.admit: list[str] = []
+        self.resume: list[str] = []
+        self.preempt: dict[str, PreemptMode] = {}
+        self.reject: dict[str, str] = {}
+        self.prefetch: list[str] = []
+        self.changed: list[_Entry] = []
+        self.queued_views: dict[str, RequestView] | None = None
+        self.worst_tier = -1

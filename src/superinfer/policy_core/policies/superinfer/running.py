@@ -46,19 +46,23 @@ class _Decodes:
     per-tier counts, and the ones whose next token needs a KV block; iterating yields their
     entries with this state's views."""
 
-    __slots__ = ("ids", "per_tier", "growers", "_owner", "_state", "_list")
+    __slots__ = ("ids", "per_tier", "growers", "_n", "_owner", "_state", "_list")
 
-    def __init__(self, ids: dict[str, int], per_tier: list[int], growers: list[tuple[_Entry, int]],
-                 owner: _Running, state: StepState) -> None:  # fmt: skip
+    def __init__(self, ids: dict[str, int], per_tier: list[int],
+                 growers: list[tuple[int, _Entry, int]], owner: _Running,
+                 state: StepState) -> None:  # fmt: skip
         self.ids: dict[str, int] = ids
         self.per_tier: list[int] = per_tier
-        self.growers: list[tuple[_Entry, int]] = growers
+        #: ``(position, entry, blocks)`` of the decodes whose next token needs KV blocks, in
+        #: ``state.running`` order
+        self.growers: list[tuple[int, _Entry, int]] = growers
+        self._n = len(ids)
         self._owner: _Running = owner
         self._state: StepState = state
         self._list: list[_Entry] | None = None
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return self._n
 
     def __iter__(self) -> Iterator[_Entry]:
         if self._list is None:
@@ -97,6 +101,7 @@ class _Running(_Promotion):
         state = step.state
         books = self._books(rep)
         books.growers = []
+        books.need = 0
         visit = self._visit_running
         todo = self._advance_books(rep, books, state)
         visited: list[_Entry] = []
@@ -133,13 +138,13 @@ class _Running(_Promotion):
             worst -= 1
         step.worst_tier = worst  # the worst tier with a running request, -1 if none
         growers = books.growers
-        growers.sort(key=lambda g: g[0])
+        growers.sort()  # by position (unique), i.e. in running order
         ids = dict.fromkeys(books.dec_ids, 1)  # the decodes' ``num_tokens``, in running order
-        decodes = _Decodes(ids, list(books.dec_count), [(e, g) for _, e, g in growers], self, state)
+        decodes = _Decodes(ids, list(books.dec_count), growers, self, state)
         if todo is None:
             decodes._list = [e for e in visited if e.rid in ids]
         cap = self._tpot_cap(books, state, now)
-        return decodes, books.lanes, cap, sum(g for *_, g in growers)
+        return decodes, books.lanes, cap, books.need
 
     # -- the books --------------------------------------------------------------------------
 
@@ -195,39 +200,39 @@ class _Running(_Promotion):
             if e is not None and e.check_version == cv and rid in order:
                 todo.add(rid)
         clock, buckets, ver = books.clock, books.buckets, books.ver
-        if step_tokens:  # the decodes that needed a block ran, so the engine allocated it
-            look = []
-            for rid, version, at in books.hot:
-                if ver.get(rid) == version:
-                    if at <= clock:
-                        look.append((rid, version))
-                    else:
-                        buckets.setdefault(at, []).append((rid, version))
-        else:  # nothing ran: they still need it
-            look = [(rid, version) for rid, version, _ in books.hot]
+        # A decode needing a KV block was filed in its next bucket and among the hot ones: if
+        # the step ran, the engine allocated the block and the bucket has it; if nothing ran,
+        # it still needs the block, and is filed again under a new version (the bucket item
+        # goes stale).
+        refile = () if step_tokens else books.hot
         books.hot = []
+        look: list[tuple[str, int]] = []
         if step_tokens:
             if step_tokens <= len(buckets):
                 for t in range(clock - step_tokens + 1, clock + 1):
-                    look.extend(buckets.pop(t, ()))
+                    if t in buckets:
+                        look.extend(buckets.pop(t))
             else:
                 for t in [t for t in buckets if t <= clock]:
                     look.extend(buckets.pop(t))
         books.bs, books.packing = state.block_size_tokens, state.kv_packing
-        for rid, version in look:
-            if ver.get(rid) != version or rid in todo:
-                continue
-            e = entries.get(rid)
-            if e is None:  # forgotten while the engine still runs it: the visit adopts it
-                todo.add(rid)
-                continue
-            v = e.view = views[rid]
-            computed = v.computed_tokens
-            service = computed - v.cached_tokens + e.lost_tokens
-            if e.aged or service >= e.demote_at:
-                todo.add(rid)
-                continue
-            self._file_decode(books, e, v, version, service)
+        file_decode = self._file_decode
+        for items, again in ((look, False), (refile, True)):
+            for rid, version in items:
+                if ver.get(rid) != version or rid in todo:
+                    continue
+                e = entries.get(rid)
+                if e is None:  # forgotten while the engine still runs it: the visit adopts it
+                    todo.add(rid)
+                    continue
+                v = e.view = views[rid]
+                service = v.computed_tokens - v.cached_tokens + e.lost_tokens
+                if e.aged or service >= e.demote_at:
+                    todo.add(rid)
+                    continue
+                if again:
+                    version = ver[rid] = next(_VERSIONS)
+                file_decode(books, e, v, version, service)
         return todo
 
     def _drop_running(self, books: _RunBooks, rid: str) -> None:
@@ -267,6 +272,7 @@ class _Running(_Promotion):
             grow = packing.blocks(computed + 1, v.kv_precision) - kb
         if grow > 0:
             books.growers.append((books.order[e.rid], e, grow))
+            books.need += grow
             kb += grow  # what it holds once its next token ran
         if packing is None:
             ahead = kb * bs - computed  # >= 1 here
@@ -275,10 +281,15 @@ class _Running(_Promotion):
         left = e.demote_at - sv  # > 0 here (sv: its service, tokens)
         if left < ahead:
             ahead = max(1, math.ceil(left))
-        if grow > 0:  # looked at again next call if nothing ran, else at clock + ahead
-            books.hot.append((e.rid, ver, books.clock + ahead))
+        item = (e.rid, ver)
+        at = books.clock + ahead
+        bucket = books.buckets.get(at)
+        if bucket is None:
+            books.buckets[at] = [item]
         else:
-            books.buckets.setdefault(books.clock + ahead, []).append((e.rid, ver))
+            bucket.append(item)
+        if grow > 0:  # looked at again next call if nothing ran, else at clock + ahead
+            books.hot.append(item)
 
     def _visit_running(
         self,
@@ -306,11 +317,11 @@ class _Running(_Promotion):
             step.changed.append(e)
             e.next_check_s = now  # its promotion rule may apply now
         if now >= e.next_check_s:
-            outcome = self._check(rep, e, step, now)
+            outcome, target = self._check_target(rep, e, now)
             if outcome:
                 self._apply_check(rep, e, outcome, step, now)
             else:
-                self._schedule_check(rep, e, now, checked=True)
+                self._schedule_check(rep, e, now, checked=True, target=target)
         # its place in the books
         rid = e.rid
         if rid not in books.order:
