@@ -110,7 +110,7 @@ class _StepBudget(_Running):
         if step.state.mixed_batches or cap_s == _INF or self.ttft_reserve_quantile == 0:
             return allow
         prompt = self.ttft_prompts.value()
-        if not prompt or self._ttft_pending(rep, step, self._books(rep).ttft_lanes):
+        if not prompt or self._ttft_pending(rep, step, rep.books.ttft_lanes):
             return allow
         reserve_s = self.step_time.prefill_token_s * prompt
         return self._prefill_allowance(step, num_decodes, cap_s - reserve_s)

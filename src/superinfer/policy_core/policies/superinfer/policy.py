@@ -90,7 +90,11 @@ class SuperInferPolicy(_Rotation):
         cpu = has_cpu_tier(state)
         if cpu:
             self._counters["saw_cpu_tier"] = 1
-        link_step = state.link_bytes_per_s * self._typical_step_s() * self.swap_budget_fraction
+        link_step = (
+            state.link_bytes_per_s * self._typical_step_s() * self.swap_budget_fraction
+            if cpu
+            else 0.0
+        )
         step = _Step(
             state=state,
             free=state.free_hbm_blocks,
@@ -108,7 +112,7 @@ class SuperInferPolicy(_Rotation):
         prefill_allow = self._prefill_allowance(step, len(decodes), cap_s)
         prefill_allow = self._reserve_for_ttft(rep, step, len(decodes), cap_s, prefill_allow)
         if self.ttft_boost and state.mixed_batches and prefill_allow < step.budget:
-            ttft_lanes = self._books(rep).ttft_lanes
+            ttft_lanes = rep.books.ttft_lanes
             prefill_allow = self._ttft_boost(rep, step, decodes, ttft_lanes, prefill_allow, now)
         rep.prefill_chunk_tokens = float(prefill_allow)
         rep.num_decodes = len(decodes)
@@ -132,7 +136,7 @@ class SuperInferPolicy(_Rotation):
                     e.reported_tier = e.tier
         repeat = 1
         quiet = not (step.admit or step.resume or step.preempt or step.reject)
-        self._books(rep).last_out = tuple(step.preempt)
+        rep.books.last_out = tuple(step.preempt)
         if quiet and step.tokens and max(step.tokens.values()) == 1:
             # Repeat no further than the next check that could change the decision.
             horizon = min(rep.next_running_check_s, rep.due[0][0] if rep.due else _INF)

@@ -114,6 +114,7 @@ class _Replica:
         self.run_due: list[tuple[float, str, int]] = []  # running checks: (when, id, version)
         self.unreported: list[_Entry] = []  # new entries whose tier the engine has not seen
         self.token_budget = 1 << 30  # the replica's step token budget, once a state showed it
+        self.books = _RunBooks(num_tiers)  # the running set as last seen (running.py)
 
 
 class _RunBooks:

@@ -21,6 +21,9 @@ from superinfer.policy_core.policies.superinfer.records import (
 from superinfer.policy_core.policies.superinfer.running import _Decodes
 
 
+_NONE: frozenset[str] = frozenset()
+
+
 class _Rotation(_StepBudget):
     """Layer 7: who gets the prefill tokens, and who rotates out of HBM."""
 
@@ -34,7 +37,8 @@ class _Rotation(_StepBudget):
         ``lanes`` are the running books' (``_scan_running``), kept sorted across calls, so a
         call reads only the front of each: O(tiers + requests served)."""
         k = self.num_tiers
-        skip = frozenset(step.preempt)  # preempted before the rotation: not in its lanes
+        # preempted before the rotation: not in its lanes (a copy: the rotation may add more)
+        skip = frozenset(step.preempt) if step.preempt else _NONE
         ongoing = [_Lane(lane, self._entries, skip) for lane in lanes]
         left = allow
         while left > 0:
@@ -49,10 +53,14 @@ class _Rotation(_StepBudget):
                 break
             left -= given
         passes, weights, active = rep.passes, self._weights, rep.active
-        demand = [self._has_demand(rep, ongoing, t, cpu) for t in range(k)]
-        floor = min((passes[t] for t in range(k) if demand[t] and active[t]), default=None)
+        has_demand = self._has_demand
+        demand = [has_demand(rep, ongoing, t, cpu) for t in range(k)]
+        floor = _INF
+        for t in range(k):
+            if demand[t] and active[t] and passes[t] < floor:
+                floor = passes[t]
         for t in range(k):  # a tier that was idle joins at the current virtual time
-            if demand[t] and not active[t] and floor is not None:
+            if demand[t] and not active[t] and floor < _INF:
                 passes[t] = max(passes[t], floor)
             active[t] = demand[t]
         blocked = [False] * k

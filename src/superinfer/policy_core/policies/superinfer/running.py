@@ -77,18 +77,14 @@ class _Running(_Promotion):
     """Layer 5b: the running pass, incremental where the change set allows."""
 
     def _books(self, rep: _Replica) -> _RunBooks:
-        store: dict[int, _RunBooks] = self.__dict__.setdefault("_run_books", {})
-        books = store.get(rep.index)
-        if books is None:
-            books = store[rep.index] = _RunBooks(self.num_tiers)
-        return books
+        return rep.books
 
     def _forget(self, rid: str) -> None:
         e = self._entries.get(rid)
         if e is not None:
-            books = self.__dict__.get("_run_books", {}).get(e.replica)
-            if books is not None and rid in books.order:
-                books.gone.append(rid)
+            rep = self._replicas.get(e.replica)
+            if rep is not None and rid in rep.books.order:
+                rep.books.gone.append(rid)
         super()._forget(rid)
 
     def _scan_running(
@@ -99,7 +95,7 @@ class _Running(_Promotion):
         serves them: ``records._Lane``), the smallest TPOT allowance among the decodes, s, and
         the KV blocks the decodes' next tokens need."""
         state = step.state
-        books = self._books(rep)
+        books = rep.books
         books.growers = []
         books.need = 0
         visit = self._visit_running
@@ -107,7 +103,7 @@ class _Running(_Promotion):
         visited: list[_Entry] = []
         if todo is None:  # rebuild: visit every running request, as without a change set
             self.__dict__["_run_rebuilds"] = self.__dict__.get("_run_rebuilds", 0) + 1
-            books = self.__dict__["_run_books"][rep.index] = _RunBooks(self.num_tiers)
+            books = rep.books = _RunBooks(self.num_tiers)
             books.bs, books.packing = state.block_size_tokens, state.kv_packing
             rep.run_due = []
             for v in state.running:
