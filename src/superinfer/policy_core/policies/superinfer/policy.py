@@ -90,11 +90,7 @@ class SuperInferPolicy(_Rotation):
         cpu = has_cpu_tier(state)
         if cpu:
             self._counters["saw_cpu_tier"] = 1
-        link_step = (
-            state.link_bytes_per_s * self._typical_step_s() * self.swap_budget_fraction
-            if cpu
-            else 0.0
-        )
+        link_step = state.link_bytes_per_s * self._typical_step_s() * self.swap_budget_fraction
         step = _Step(
             state=state,
             free=state.free_hbm_blocks,
