@@ -54,7 +54,7 @@ class _Decodes:
         self.ids: dict[str, int] = ids
         self.per_tier: list[int] = per_tier
         #: ``(position, entry, blocks)`` of the decodes whose next token needs KV blocks, in
-        #: ``state.running`` order
+        #: the order they were looked at (they only set ``_Step.new_blocks``, a map)
         self.growers: list[tuple[int, _Entry, int]] = growers
         self._n = len(ids)
         self._owner: _Running = owner
@@ -133,10 +133,8 @@ class _Running(_Promotion):
         while worst >= 0 and not counts[worst]:
             worst -= 1
         step.worst_tier = worst  # the worst tier with a running request, -1 if none
-        growers = books.growers
-        growers.sort()  # by position (unique), i.e. in running order
         ids = dict.fromkeys(books.dec_ids, 1)  # the decodes' ``num_tokens``, in running order
-        decodes = _Decodes(ids, list(books.dec_count), growers, self, state)
+        decodes = _Decodes(ids, list(books.dec_count), books.growers, self, state)
         if todo is None:
             decodes._list = [e for e in visited if e.rid in ids]
         cap = self._tpot_cap(books, state, now)
