@@ -45,7 +45,8 @@ shedding (with the default bound of 4,096 per tier they would shed at the 10x si
 Usage::
 
     python benchmarks/policy_overhead.py [--calls 2000] [--repeats 3] [--policies fcfs,superinfer]
-        [--sizes 256x4096,2560x40960] [--warmup-s 30] [--legacy-double] [--out DIR] [--plot-only]
+        [--sizes 256x4096,2560x40960] [--warmup-s 30] [--legacy-double] [--block-tokens 16]
+        [--out DIR] [--plot-only]
 """
 
 from __future__ import annotations
@@ -394,8 +395,19 @@ def main(argv: list[str] | None = None) -> int:
         help="the double before issue 21's third pass: step costs not scaled with size, "
         "no --warmup-s (reproduces the earlier rows)",
     )
+    parser.add_argument(
+        "--block-tokens",
+        type=int,
+        default=16,
+        help="the double's KV block (page) size, tokens: 16 as vLLM's; 1 is SGLang's default "
+        "page size, where every decode needs a new page at every token",
+    )
     parser.add_argument("--plot-only", action="store_true", help="redraw the plot from the csv")
     args = parser.parse_args(argv)
+    if args.block_tokens < 1:
+        parser.error("--block-tokens must be >= 1")
+    global BLOCK_TOKENS  # the engine double reads it
+    BLOCK_TOKENS = args.block_tokens
     out = Path(args.out)
     path = out / "policy_overhead.csv"
     if args.plot_only:

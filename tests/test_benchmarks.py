@@ -42,6 +42,24 @@ def test_policy_overhead_writes_its_csv(tmp_path: Path) -> None:
     assert all(float(r["median_us"]) > 0 for r in rows)
 
 
+def test_policy_overhead_takes_the_page_size(tmp_path: Path) -> None:
+    """``--block-tokens 1`` (SGLang's default page size) runs the double with one-token pages;
+    0 is a one-line usage error."""
+    script = [sys.executable, str(ROOT / "benchmarks" / "policy_overhead.py")]
+    args = ["--sizes", "8x32", "--calls", "6", "--warmup", "2", "--repeats", "1"]
+    args += ["--policies", "superinfer,fcfs", "--out", str(tmp_path)]
+    proc = subprocess.run([*script, *args, "--block-tokens", "1"], capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    with (tmp_path / "policy_overhead.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["policy"], r["calls"]) for r in rows] == [("superinfer", "6"), ("fcfs", "6")]
+    bad = subprocess.run([*script, *args, "--block-tokens", "0"], capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1].endswith("--block-tokens must be >= 1")
+
+
 # Runs each script's module body (its imports) without its `__main__` block, in one child process.
 _IMPORT_ALL = """
 import json, runpy, sys

@@ -20,7 +20,6 @@ from superinfer.policy_core.policies.superinfer.records import (
 )
 from superinfer.policy_core.policies.superinfer.running import _Decodes
 
-
 _NONE: frozenset[str] = frozenset()
 
 
