@@ -132,6 +132,7 @@ class _RunBooks:
         self.lanes: list[list[_LaneItem]] = [[] for _ in range(num_tiers)]
         # the same for the ones awaiting a first token with a TTFT target, not best effort
         self.ttft_lanes: list[list[_LaneItem]] = [[] for _ in range(num_tiers)]
+        self.in_ttft: set[str] = set()  # the ids filed in ``ttft_lanes``
         self.run_count = [0] * num_tiers  # running requests per tier
         self.dec_count = [0] * num_tiers  # decodes per tier
         # the decodes in ``state.running`` order: their positions (sorted) and ids, side by side
@@ -181,9 +182,24 @@ def _file_prefill(books: _RunBooks, e: _Entry, t: int) -> None:
     insort(books.lanes[t], item)
     if _awaits_first_token(e):
         insort(books.ttft_lanes[t], item)
+        books.in_ttft.add(e.rid)
+
+
+def _filed_as_before(books: _RunBooks, e: _Entry, t: int) -> bool:
+    """Whether running prefill ``e``, counted in tier ``t`` and still prefilling there, would be
+    filed where it is: its lane item (key, position, id) and its TTFT-lane membership are the
+    ones it has (then a visit leaves its lanes alone instead of taking it out and back in)."""
+    item = books.prefilling.get(e.rid)
+    return (
+        item is not None
+        and books.tier.get(e.rid) == t
+        and item[0] == e.key
+        and (e.rid in books.in_ttft) == _awaits_first_token(e)
+    )
 
 
 def _unfile_prefill(books: _RunBooks, rid: str, t: int) -> None:
+    books.in_ttft.discard(rid)
     item = books.prefilling.pop(rid)
     for lane in (books.lanes[t], books.ttft_lanes[t]):
         i = bisect_left(lane, item)

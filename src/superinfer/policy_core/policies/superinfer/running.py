@@ -27,6 +27,7 @@ from superinfer.policy_core.policies.superinfer.records import (
     _RUNNING,
     _Entry,
     _file_prefill,
+    _filed_as_before,
     _LaneItem,
     _Replica,
     _RunBooks,
@@ -320,14 +321,18 @@ class _Running(_Promotion):
         rid = e.rid
         if rid not in books.order:
             books.order[rid] = next(books.positions)
+        generated = v.generated_tokens
+        decoding = generated and v.prompt_tokens + generated - computed == 1
+        if not decoding and _filed_as_before(books, e, e.tier):
+            books.ver[rid] = next(_VERSIONS)
+            return e  # a prefill that ran a chunk: its lanes and counts stand
         old = books.tier.get(rid)
         if old is not None:
             self._unfile(books, rid, old)
         t = books.tier[rid] = e.tier
         books.run_count[t] += 1
         version = books.ver[rid] = next(_VERSIONS)
-        generated = v.generated_tokens
-        if generated and v.prompt_tokens + generated - computed == 1:
+        if decoding:
             books.dec_count[t] += 1
             pos = books.order[rid]
             i = bisect_left(books.dec_pos, pos)
