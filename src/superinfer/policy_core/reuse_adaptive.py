@@ -19,7 +19,8 @@ cached and returns the blocks that left to bring the cache back within ``capacit
   (``learned``), no longer a default one (issue 22: LRFU with a 200 s half-life led where it
   did, at a tenth of its cost).
 - :class:`AdaptiveCache` -- the adaptive reuse predictor. It runs its experts (default: LRU,
-  ARC, S3-FIFO, LFU and LRFU with half-lives 20 s and 200 s) as shadow caches of the same
+  ARC, S3-FIFO, LFU, LRFU with half-lives 20 s and 200 s, and the reuse-hazard expert
+  :class:`~superinfer.policy_core.reuse_hazard.HazardCache`) as shadow caches of the same
   capacity on the same requests (ids only, no KV), scores each by its exponentially decayed
   prefix-hit blocks (half-life ``half_life_blocks`` block references), and
   makes its own cache follow the current leader: when over capacity it evicts first the blocks
@@ -53,6 +54,7 @@ from superinfer.policy_core.reuse_blocks import (
     LrfuCache,
     S3FifoBlocks,
 )
+from superinfer.policy_core.reuse_hazard import HazardCache
 from superinfer.policy_core.reuse_learned import LearnedCache
 
 __all__ = [
@@ -68,7 +70,7 @@ __all__ = [
 ]
 
 #: The shadow policies of :class:`AdaptiveCache`, in tie-break order (first wins a tie).
-ADAPTIVE_EXPERTS = ("lru", "arc", "s3fifo", "lfu", "lrfu20", "lrfu200")
+ADAPTIVE_EXPERTS = ("lru", "arc", "s3fifo", "lfu", "lrfu20", "lrfu200", "hazard")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +96,7 @@ class AdaptiveConfig:
     min_lead: float = 5.0
 
     def __post_init__(self) -> None:
-        known = ("lru", "lfu", "arc", "s3fifo", "learned")
+        known = ("lru", "lfu", "arc", "s3fifo", "learned", "hazard")
         if not self.experts or any(e not in known and _lrfu_half_life(e) is None
                                    for e in self.experts):  # fmt: skip
             raise ValueError(
@@ -303,8 +305,8 @@ def make_block_cache(
     *,
     cpu_capacity: int = 0,
 ) -> BlockCache:
-    """The block cache called ``name``: ``lru``, ``lfu``, ``arc``, ``s3fifo``, ``learned`` or
-    ``adaptive`` (``cpu_capacity``: the CPU tier its shadow policies are scored with).
+    """The block cache called ``name``: ``lru``, ``lfu``, ``arc``, ``s3fifo``, ``lrfuH``,
+    ``hazard``, ``learned`` or ``adaptive`` (``cpu_capacity``: the CPU tier its shadow policies are scored with).
 
     Raises:
         ValueError: an unknown name.
@@ -320,6 +322,8 @@ def make_block_cache(
         return S3FifoBlocks(capacity, parent, depth)
     if name == "learned":
         return LearnedCache(capacity, parent, depth)
+    if name == "hazard":
+        return HazardCache(capacity, parent, depth)
     if name == "adaptive":
         return AdaptiveCache(capacity, parent, depth, cpu_capacity=cpu_capacity)
     raise ValueError(f"unknown block cache {name!r}")
