@@ -1,11 +1,17 @@
-"""The reuse-hazard expert (``policy_core.reuse_hazard``) on sequences worked out by hand."""
+"""The reuse-hazard expert (``policy_core.reuse_hazard``) and the adaptive predictor's union
+shadows, on hand-made sequences worked out by hand."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from superinfer.policy_core.reuse_adaptive import ADAPTIVE_EXPERTS, HeapCache, make_block_cache
+from superinfer.policy_core.reuse_adaptive import (
+    ADAPTIVE_EXPERTS,
+    AdaptiveCache,
+    HeapCache,
+    make_block_cache,
+)
 from superinfer.policy_core.reuse_hazard import AGE_EDGES_S, HazardCache, hazard_tables, rho_index
 
 
@@ -118,3 +124,31 @@ def test_hazard_is_a_default_adaptive_expert() -> None:
     assert [HazardCache(3, [-1], [0]).block_class(n) for n in (1, 2, 3, 4, 7, 8, 100)] == [
         0, 1, 1, 2, 2, 3, 3,
     ]  # fmt: skip
+
+
+def test_adaptive_cpu_tier_drops_what_the_union_leader_does_not_hold() -> None:
+    # A hot block 0 every third request between fresh blocks; 1 HBM slot, 1 CPU slot (the
+    # union holds 2). Union-sized LRU never hits 0 (two fresh blocks push it out); the union
+    # shadows that keep 0 hit it every time and take the lead. From then on the CPU tier's key
+    # of a block the union leader holds is raised by UNION_HELD, so 0 outlasts a fresh block,
+    # and cpu_rekey() names the blocks the union leader drops.
+    n = 900
+    parent, depth = [-1] * n, [0] * n
+    seq = [0 if t % 3 == 0 else t for t in range(n)]
+    ada = AdaptiveCache(1, parent, depth, cpu_capacity=1)
+    assert set(ada.union) == set(ADAPTIVE_EXPERTS) and ada.union["lru"].capacity == 2
+    assert ada.cpu_key(0, 7) == (1, 7) and ada.cpu_rekey() == []
+    rekeyed: list[int] = []
+    for t, b in enumerate(seq):
+        ada.request([b], float(t))
+        rekeyed += ada.cpu_rekey()
+    assert ada.union_leader != "lru" and ada.union_switches
+    assert 0 in ada.union[ada.union_leader]
+    assert ada.cpu_key(0, 7) == (1 + AdaptiveCache.UNION_HELD, 7)
+    # The last two requests are the fresh 898 and 899: the union leader dropped 898 for 899.
+    assert seq[-2:] == [898, 899] and rekeyed[-1] == 898
+    assert ada.cpu_key(898, 8) == (1, 8)
+    assert 0 not in rekeyed and all(b % 3 != 0 for b in rekeyed)
+    # Without a CPU tier there are no union shadows and the key is the offload order.
+    plain = AdaptiveCache(1, parent, depth)
+    assert plain.union == {} and plain.cpu_key(0, 3) == (1, 3) and plain.cpu_rekey() == []

@@ -31,9 +31,14 @@ cached and returns the blocks that left to bring the cache back within ``capacit
   window), so it adapts when the structure shifts. With a CPU tier, each shadow also keeps a CPU
   tier of its HBM victims as large as the real one (LRU; LFU-ordered for the LFU shadow, whose
   counts survive it) and is scored by its hits in both; while LFU leads, :meth:`cpu_key` orders
-  the real CPU tier by the LFU counts too. The per-request work is the shadow caches' (O(blocks
-  log cache) each, amortized) and O(log cache) per eviction of its own; a switch costs one
-  O(cache) pass.
+  the real CPU tier by the LFU counts too. With a CPU tier it also runs every expert again as a
+  *union shadow*, one cache as large as HBM + CPU, scored by its plain prefix hits, with a
+  leader of its own (same switching rule, cold start LRU); once that leader is not LRU, the
+  real CPU tier drops first the blocks the union leader does not hold (:meth:`cpu_key`,
+  re-keyed through :meth:`cpu_rekey`), so the union of HBM and CPU follows the policy that does
+  best at the union's size (a CPU hit counts as a hit). The per-request work is the shadow
+  caches' (O(blocks log cache) each, amortized; twice as many shadows with a CPU tier) and
+  O(log cache) per eviction of its own; a switch costs one O(cache) pass.
 
 Pure: stdlib and numpy.
 """
@@ -144,6 +149,23 @@ class AdaptiveCache(BlockCache):
         self.shadow_cpu: dict[str, OrderedDict[int, None]] = {
             n: OrderedDict() for n in self.experts
         }
+        # With a CPU tier, the union shadows: each expert again, as one cache as large as HBM +
+        # CPU, scored by its plain prefix hits. The real CPU tier drops first the blocks the
+        # union leader does not hold (cpu_key), so the union of the tiers follows the policy
+        # that does best at the size of the union; while the union leader is the first expert
+        # (the cold start), the CPU tier is ordered as without union shadows.
+        self.union: dict[str, BlockCache] = (
+            {
+                name: make_block_cache(name, capacity + cpu_capacity, self.parent, self.depth)
+                for name in self.config.experts
+            }
+            if cpu_capacity
+            else {}
+        )
+        self.union_leader = self.config.experts[0]
+        self.union_scores = dict.fromkeys(self.union, 0.0)
+        self.union_switches: list[tuple[int, str, str]] = []
+        self._rekey: list[int] = []
         self._lfu_cpu: dict[int, tuple[int, float, int]] = {}
         self._lfu_heap: list[tuple[int, float, int, int]] = []
         lfu = self.experts.get("lfu")
@@ -166,6 +188,8 @@ class AdaptiveCache(BlockCache):
         keep = math.exp(-self._decay * len(blocks))
         for name, cache in self.experts.items():
             self.scores[name] = keep * self.scores[name] + self._shadow_hit(name, cache, blocks)
+        for name, cache in self.union.items():
+            self.union_scores[name] = keep * self.union_scores[name] + cache.prefix_hit(blocks)
         self.refs += len(blocks)
         self.decayed_refs = keep * self.decayed_refs + len(blocks)
         for b in blocks:
@@ -192,8 +216,30 @@ class AdaptiveCache(BlockCache):
                 for v in gone:
                     if self.cached[v]:
                         heapq.heappush(self.stale, (self.last[v], -self.depth[v], v))
+        if self.union:
+            ulead = self.union[self.union_leader]
+            for cache in self.union.values():
+                gone = cache.request(blocks, now_s)
+                if cache is ulead and self.union_leader != self.config.experts[0]:
+                    self._rekey.extend(gone)
         self._maybe_switch()
+        self._maybe_switch_union()
         return self._trim()
+
+    def _maybe_switch_union(self) -> None:
+        if not self.union:
+            return
+        cfg, scores = self.config, self.union_scores
+        best = max(self.union, key=lambda n: scores[n])
+        lead = scores[best] - scores[self.union_leader]
+        if best == self.union_leader or lead < max(
+            cfg.switch_margin * self.decayed_refs, cfg.min_lead
+        ):
+            return
+        self.union_switches.append((self.refs, self.union_leader, best))
+        self.union_leader = best
+        self.cpu_epoch += 1
+        self._rekey.clear()
 
     def _lfu_shadow_cpu(self, cache: HeapCache, blocks: Sequence[int], gone: Sequence[int]) -> None:
         """The LFU shadow's CPU tier: victims keyed (count, last access, -depth) as in HBM; the
@@ -213,13 +259,27 @@ class AdaptiveCache(BlockCache):
             self._lfu_heap = [(*k, v) for v, k in cpu.items()]
             heapq.heapify(self._lfu_heap)
 
+    #: added to the CPU key of a block the union leader holds (above any access count)
+    UNION_HELD = 1 << 40
+
     def cpu_key(self, block: int, seq: int) -> tuple[int, int]:
         """While LFU leads, the real CPU tier drops the least LFU-counted leaves first, in
-        offload order among equal counts; otherwise the least recently offloaded first."""
+        offload order among equal counts; otherwise the least recently offloaded first. Once
+        the union leader is not the cold-start expert, the blocks it does not hold go first
+        (:attr:`UNION_HELD` added to the others' first key)."""
         lfu = self.experts.get("lfu")
-        if self.leader == "lfu" and isinstance(lfu, HeapCache):
-            return (lfu.count[block], seq)
-        return (1, seq)
+        base = lfu.count[block] if self.leader == "lfu" and isinstance(lfu, HeapCache) else 1
+        if self.union and self.union_leader != self.config.experts[0]:
+            if block in self.union[self.union_leader]:
+                base += self.UNION_HELD
+        return (base, seq)
+
+    def cpu_rekey(self) -> list[int]:
+        """The blocks the union leader evicted since the last call (their :meth:`cpu_key`
+        drops below the held blocks'); none while the cold-start expert is the union leader."""
+        out = self._rekey if self.union_leader != self.config.experts[0] else []
+        self._rekey = []
+        return out
 
     def _shadow_hit(self, name: str, cache: BlockCache, blocks: Sequence[int]) -> int:
         if not self.cpu_capacity:
@@ -294,6 +354,14 @@ class AdaptiveCache(BlockCache):
             "num_switches": len(self.switches),
             "switches": [f"{n}:{a}->{b}" for n, a, b in self.switches[:20]],
             "scores": {k: round(v, 1) for k, v in self.scores.items()},
+            **(
+                {
+                    "union_leader": self.union_leader,
+                    "union_switches": [f"{n}:{a}->{b}" for n, a, b in self.union_switches[:20]],
+                }
+                if self.union
+                else {}
+            ),
         }
 
 
