@@ -147,8 +147,8 @@ class HazardCache(BlockCache):
         self.classes = classes
         self.min_intervals = min_intervals
         self.refit_blocks = refit_blocks
-        self.last = np.full(u, -np.inf)  # last access of every block ever seen, s
-        self.count = np.zeros(u, dtype=np.int64)  # accesses ever
+        self.last = [0.0] * u  # last access of every block ever seen, s
+        self.count = [0] * u  # accesses ever
         self.cached = bytearray(u)
         self.bucket_of = [-1] * u  # the request (bucket id) of the block's last access
         self.size = 0
@@ -160,6 +160,8 @@ class HazardCache(BlockCache):
         self.fits = 0
         self.x = np.zeros(len(AGE_EDGES_S) + 1)
         self.rho = np.zeros((classes, len(AGE_EDGES_S) + 1))
+        self._x: list[float] = []  # self.x and self.rho as lists (scalar scores)
+        self._rho: list[list[float]] = []
         # Buckets: one per request, id = request number; blocks root first.
         self._blocks: dict[int, list[int]] = {}  # live buckets, in id order
         self._time = np.zeros(1024)  # by bucket id: the request's instant, s
@@ -184,11 +186,12 @@ class HazardCache(BlockCache):
         self._time[bid] = now_s
         last, count, cached, bucket_of = self.last, self.count, self.cached, self.bucket_of
         closed, edges, dirty = self.closed, self._edges, self._dirty
+        top = self.classes - 1
         for b in blocks:
-            n = int(count[b])
+            n = count[b]
             if n:
-                cls = min(n.bit_length() - 1, self.classes - 1)
-                i = bisect_right(edges, now_s - float(last[b])) - 1
+                cls = min(n.bit_length() - 1, top)
+                i = bisect_right(edges, now_s - last[b]) - 1
                 closed[cls, max(i, 0)] += 1.0
                 self.num_closed += 1
                 dirty.add(bucket_of[b])
@@ -210,9 +213,10 @@ class HazardCache(BlockCache):
         return self._trim(now_s)
 
     def _fit(self, now_s: float) -> None:
-        seen = np.flatnonzero(self.count > 0)
-        ages = now_s - self.last[seen]
-        n = self.count[seen]
+        count = np.asarray(self.count)
+        seen = np.flatnonzero(count > 0)
+        ages = now_s - np.asarray(self.last)[seen]
+        n = count[seen]
         cls = np.minimum(np.floor(np.log2(n)).astype(np.int64), self.classes - 1)
         nb = len(AGE_EDGES_S)
         bins = np.clip(np.searchsorted(np.asarray(AGE_EDGES_S), ages, side="right") - 1, 0, nb - 1)
@@ -223,6 +227,8 @@ class HazardCache(BlockCache):
             self.x = x
         self.fits += 1
         self.fitted = self.num_closed >= self.min_intervals
+        self._x = self.x.tolist()
+        self._rho = self.rho.tolist()
 
     def _retail(self, bid: int) -> bool:
         """Drop the bucket's blocks that left it (from the deep end) and record its tail's
@@ -234,7 +240,7 @@ class HazardCache(BlockCache):
         while lst:
             b = lst[-1]
             if cached[b] and bucket_of[b] == bid:
-                self._tail_cls[bid] = self.block_class(int(self.count[b]))
+                self._tail_cls[bid] = min(self.count[b].bit_length() - 1, self.classes - 1)
                 return True
             lst.pop()
         del self._blocks[bid]
@@ -252,6 +258,19 @@ class HazardCache(BlockCache):
                 out[m] = np.interp(ages[m], self.x, self.rho[c])
         return out
 
+    def _score_one(self, bid: int, now_s: float) -> float:
+        """:meth:`_scores` of one bucket, in Python (the same interpolation)."""
+        age = now_s - float(self._time[bid])
+        if not self.fitted:
+            return -age
+        x, rho = self._x, self._rho[int(self._tail_cls[bid])]
+        i = bisect_right(x, age) - 1
+        if i >= len(x) - 1:
+            return rho[-1]
+        i = max(i, 0)
+        w = (age - x[i]) / (x[i + 1] - x[i])
+        return rho[i] + w * (rho[i + 1] - rho[i])
+
     def _trim(self, now_s: float) -> list[int]:
         out: list[int] = []
         if self.size <= self.capacity:
@@ -263,14 +282,12 @@ class HazardCache(BlockCache):
         if not len(ids):
             return out
         score = self._scores(ids, now_s)
-        blocked = np.zeros(len(ids), dtype=bool)
-        cached, kids, bucket_of = self.cached, self.kids, self.bucket_of
+        cached, kids, bucket_of, count = self.cached, self.kids, self.bucket_of, self.count
+        top = self.classes - 1
         while self.size > self.capacity:
-            live = np.flatnonzero(~blocked)
-            if not len(live):
-                break
-            best = score[live].min()
-            j = int(live[np.flatnonzero(score[live] == best)[0]])  # ties: the oldest bucket
+            j = int(np.argmin(score))  # ties: the first, the oldest bucket
+            if score[j] == np.inf:
+                break  # every bucket is passed over
             bid = int(ids[j])
             lst = self._blocks[bid]
             cls = int(self._tail_cls[bid])
@@ -280,7 +297,7 @@ class HazardCache(BlockCache):
                 if not (cached[b] and bucket_of[b] == bid):
                     lst.pop()
                     continue
-                if kids[b] or self.block_class(int(self.count[b])) != cls:
+                if kids[b] or min(count[b].bit_length() - 1, top) != cls:
                     break
                 lst.pop()
                 cached[b] = 0
@@ -289,9 +306,9 @@ class HazardCache(BlockCache):
                 out.append(b)
                 evicted = True
             if not self._retail(bid):
-                blocked[j] = True
+                score[j] = np.inf
             elif not evicted and kids[lst[-1]]:
-                blocked[j] = True  # its tail has a cached child in an older bucket
+                score[j] = np.inf  # its tail has a cached child in an older bucket
             else:
-                score[j] = self._scores(ids[j : j + 1], now_s)[0]
+                score[j] = self._score_one(bid, now_s)
         return out
