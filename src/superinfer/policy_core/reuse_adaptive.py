@@ -374,7 +374,8 @@ def make_block_cache(
     cpu_capacity: int = 0,
 ) -> BlockCache:
     """The block cache called ``name``: ``lru``, ``lfu``, ``arc``, ``s3fifo``, ``lrfuH``,
-    ``hazard``, ``learned`` or ``adaptive`` (``cpu_capacity``: the CPU tier its shadow policies are scored with).
+    ``hazard``, ``learned`` or ``adaptive`` (``cpu_capacity``: the CPU tier its shadow policies
+    are scored with).
 
     Raises:
         ValueError: an unknown name.

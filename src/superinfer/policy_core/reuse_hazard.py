@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -104,7 +105,8 @@ def rho_index(s: np.ndarray, integral: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         dens = np.where(den > 1e-12, num / den, 0.0)
     dens = np.triu(dens, 1)  # only j > i
-    return np.maximum(dens.max(axis=1), 0.0)
+    out: np.ndarray = np.maximum(dens.max(axis=1), 0.0)
+    return out
 
 
 class HazardCache(BlockCache):
@@ -171,7 +173,7 @@ class HazardCache(BlockCache):
         self.num_seen = 0
 
     def __contains__(self, block: object) -> bool:
-        return bool(self.cached[block])  # type: ignore[index]
+        return bool(self.cached[cast(int, block)])
 
     def block_class(self, accesses: int) -> int:
         """The interval class of a block accessed ``accesses`` (>= 1) times."""
@@ -247,7 +249,7 @@ class HazardCache(BlockCache):
         return False
 
     def _scores(self, ids: np.ndarray, now_s: float) -> np.ndarray:
-        ages = now_s - self._time[ids]
+        ages: np.ndarray = now_s - self._time[ids]
         if not self.fitted:
             return -ages
         cls = self._tail_cls[ids]
