@@ -28,12 +28,15 @@ cached and returns the blocks that left to bring the cache back within ``capacit
   leader's and, while the leader stays the same, equals it. It starts as LRU (cold start: LRU's
   hits exactly until another policy leads by the switching margin) and switches leader only when
   another policy's score exceeds the leader's by ``switch_margin`` (in hit rate over the decayed
-  window), so it adapts when the structure shifts. With a CPU tier, each shadow also keeps a CPU
-  tier of its HBM victims as large as the real one (LRU; LFU-ordered for the LFU shadow, whose
-  counts survive it) and is scored by its hits in both; while LFU leads, :meth:`cpu_key` orders
-  the real CPU tier by the LFU counts too. With a CPU tier it also runs every expert again as a
-  *union shadow*, one cache as large as HBM + CPU, scored by its plain prefix hits, with a
-  leader of its own (same switching rule, cold start LRU); once that leader is not LRU, the
+  window) and by the measured cost of a switch (the hits it lost to its leader over the last
+  leader's tenure while its content converged, ``switch_cost``), so it adapts when the
+  structure shifts but does not chase near-tied experts. With a CPU tier, each shadow also
+  keeps a CPU tier of its HBM victims as large as the real one (LRU; LFU-ordered for the LFU
+  shadow, whose counts survive it) and is scored by its hits in both; while LFU leads,
+  :meth:`cpu_key` orders the real CPU tier by the LFU counts too. With a CPU tier it also runs
+  every expert again as a *union shadow*, one cache as large as HBM + CPU, scored by its plain
+  prefix hits, with a leader of its own (the margin rule without the switch charge, cold start
+  LRU); once that leader is not LRU, the
   real CPU tier drops first the blocks the union leader does not hold (:meth:`cpu_key`,
   re-keyed through :meth:`cpu_rekey`), so the union of HBM and CPU follows the policy that does
   best at the union's size (a CPU hit counts as a hit). The per-request work is the shadow
@@ -90,6 +93,10 @@ class AdaptiveConfig:
             fraction of the decayed block references (a lead in hit rate, 0.003 = 0.3 points)
             and by ``min_lead`` hits.
         min_lead: absolute lead needed, in decayed hit blocks.
+        switch_cost: the lead must also exceed this multiple of the measured cost of a switch:
+            the hits the cache lost to its leader (the leader's HBM prefix hits minus its own)
+            over the last leader's tenure, while its content converged to the leader's (or over
+            the current tenure so far, if more); 0: off.
 
     Raises:
         ValueError: an unknown expert or a value out of range.
@@ -99,6 +106,7 @@ class AdaptiveConfig:
     half_life_blocks: float = 20_000.0
     switch_margin: float = 0.003
     min_lead: float = 5.0
+    switch_cost: float = 1.0
 
     def __post_init__(self) -> None:
         known = ("lru", "lfu", "arc", "s3fifo", "learned", "hazard")
@@ -109,8 +117,8 @@ class AdaptiveConfig:
             )
         if not self.half_life_blocks > 0:
             raise ValueError(f"half_life_blocks must be > 0, got {self.half_life_blocks}")
-        if self.switch_margin < 0 or self.min_lead < 0:
-            raise ValueError("switch_margin and min_lead must be >= 0")
+        if min(self.switch_margin, self.min_lead, self.switch_cost) < 0:
+            raise ValueError("switch_margin, min_lead and switch_cost must be >= 0")
 
 
 class AdaptiveCache(BlockCache):
@@ -172,6 +180,11 @@ class AdaptiveCache(BlockCache):
         if cpu_capacity and isinstance(lfu, HeapCache):
             lfu.resume = self._lfu_cpu
         self.switches: list[tuple[int, str, str]] = []
+        # The cost of a switch, measured: over each leader's tenure, the leader's HBM prefix hits
+        # minus this cache's own (its content converging to the leader's, then equal to it).
+        self.switch_costs: list[float] = []  # the tenure cost each switch closed
+        self.tenure_cost = 0.0  # the current tenure's, so far
+        self.last_switch_cost = 0.0  # the last closed tenure's
         self.refs = 0
         self.decayed_refs = 0.0
         self.cached = [False] * len(self.parent)
@@ -186,8 +199,16 @@ class AdaptiveCache(BlockCache):
 
     def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
         keep = math.exp(-self._decay * len(blocks))
+        cached, own, n = self.cached, 0, len(blocks)
+        while own < n and cached[blocks[own]]:
+            own += 1
+        lead_hit = 0
         for name, cache in self.experts.items():
-            self.scores[name] = keep * self.scores[name] + self._shadow_hit(name, cache, blocks)
+            hit = self._shadow_hit(name, cache, blocks)
+            if name == self.leader:
+                lead_hit = cache.prefix_hit(blocks) if self.cpu_capacity else hit
+            self.scores[name] = keep * self.scores[name] + hit
+        self.tenure_cost += lead_hit - own
         for name, cache in self.union.items():
             self.union_scores[name] = keep * self.union_scores[name] + cache.prefix_hit(blocks)
         self.refs += len(blocks)
@@ -295,9 +316,17 @@ class AdaptiveCache(BlockCache):
         best = max(self.experts, key=lambda n: self.scores[n])
         cur = self.scores[self.leader]
         lead = self.scores[best] - cur
-        if best == self.leader or lead < max(cfg.switch_margin * self.decayed_refs, cfg.min_lead):
+        # A switch costs what the cache loses while its content converges to the new leader's:
+        # the lead (decayed hits, what the new leader gains over one window if it keeps it) must
+        # pay for it, as measured at the last switch (or so far in this tenure, if more).
+        cost = cfg.switch_cost * max(self.last_switch_cost, self.tenure_cost)
+        need = max(cfg.switch_margin * self.decayed_refs, cfg.min_lead, cost)
+        if best == self.leader or lead < need:
             return
         self.switches.append((self.refs, self.leader, best))
+        self.switch_costs.append(self.tenure_cost)
+        self.last_switch_cost = self.tenure_cost
+        self.tenure_cost = 0.0
         if "lfu" in (self.leader, best):
             self.cpu_epoch += 1  # the real CPU tier's order changes with the leader
         self.leader = best
