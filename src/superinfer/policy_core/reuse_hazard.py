@@ -154,7 +154,9 @@ class HazardCache(BlockCache):
         self.cached = bytearray(u)
         self.bucket_of = [-1] * u  # the request (bucket id) of the block's last access
         self.size = 0
-        self.closed = np.zeros((classes, len(AGE_EDGES_S)))
+        # closed intervals per class and gap bin (Python floats: one += per block is cheaper
+        # than on a numpy array; _fit reads them as arrays)
+        self.closed = [[0.0] * len(AGE_EDGES_S) for _ in range(classes)]
         self.num_closed = 0
         self._edges = list(AGE_EDGES_S)
         self._since_fit = 0
@@ -189,13 +191,14 @@ class HazardCache(BlockCache):
         last, count, cached, bucket_of = self.last, self.count, self.cached, self.bucket_of
         closed, edges, dirty = self.closed, self._edges, self._dirty
         top = self.classes - 1
+        num_closed = 0
         for b in blocks:
             n = count[b]
             if n:
-                cls = min(n.bit_length() - 1, top)
+                cls = n.bit_length() - 1
                 i = bisect_right(edges, now_s - last[b]) - 1
-                closed[cls, max(i, 0)] += 1.0
-                self.num_closed += 1
+                closed[cls if cls < top else top][i if i > 0 else 0] += 1.0
+                num_closed += 1
                 dirty.add(bucket_of[b])
             else:
                 self.num_seen += 1
@@ -206,6 +209,7 @@ class HazardCache(BlockCache):
                 cached[b] = 1
                 self.size += 1
                 self._entered(b)
+        self.num_closed += num_closed
         self._blocks[bid] = list(blocks)
         dirty.add(bid)
         self._since_fit += len(blocks)
@@ -224,7 +228,7 @@ class HazardCache(BlockCache):
         bins = np.clip(np.searchsorted(np.asarray(AGE_EDGES_S), ages, side="right") - 1, 0, nb - 1)
         for c in range(self.classes):
             censored = np.bincount(bins[cls == c], minlength=nb).astype(np.float64)
-            x, s, integral = hazard_tables(self.closed[c], censored)
+            x, s, integral = hazard_tables(np.asarray(self.closed[c]), censored)
             self.rho[c] = rho_index(s, integral)
             self.x = x
         self.fits += 1
