@@ -351,3 +351,22 @@ def test_targets_gap_closed_is_exact_and_several_traces_share_one_run(tmp_path: 
     for _, grp in hit.groupby(["trace", "cpu_tier"]):
         by = grp.set_index("policy").block_hit_rate
         assert (by <= by["belady"] + 1e-12).all()
+
+
+def test_adaptive_cpu_tier_follows_the_union_leader() -> None:
+    # A hot two-block prompt [0, 1] every third request, fresh one-block prompts between; 1 HBM
+    # block and 2 CPU blocks (a union of 3). LRU's tiers, like a 3-block LRU, keep 0 but drop 1
+    # for the two fresh blocks: one hit per hot request (99 of the 100; the first is cold).
+    # The union-sized S3-FIFO shadow keeps both and takes the union lead once 30 block
+    # references are seen (the 8th hot request, whose hit was counted before); from then on
+    # the CPU tier drops the fresh block, which the union leader does not hold, instead of 1:
+    # the 7 hot requests before hit 1 block, the 92 after hit 2: 7 + 184 = 191, all from CPU
+    # (HBM follows LRU and holds the last fresh block).
+    n = 300
+    tr = trace([[0, 1] if i % 3 == 0 else [i + 1000] for i in range(n)])
+    assert hits("lru", tr, 1, 2)[:2] == (99, 99)
+    res = replay(tr, "adaptive", 0.0, 1, 2)
+    assert (res.hit_blocks, res.cpu_hit_blocks) == (191, 191)
+    assert res.predictor is not None
+    assert res.predictor["union_switches"] == ["30:lru->s3fifo"]
+    assert res.predictor["leader"] == "lru"

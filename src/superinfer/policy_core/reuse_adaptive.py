@@ -19,7 +19,8 @@ cached and returns the blocks that left to bring the cache back within ``capacit
   (``learned``), no longer a default one (issue 22: LRFU with a 200 s half-life led where it
   did, at a tenth of its cost).
 - :class:`AdaptiveCache` -- the adaptive reuse predictor. It runs its experts (default: LRU,
-  ARC, S3-FIFO, LFU and LRFU with half-lives 20 s and 200 s) as shadow caches of the same
+  ARC, S3-FIFO, LFU, LRFU with half-lives 20 s and 200 s, and the reuse-hazard expert
+  :class:`~superinfer.policy_core.reuse_hazard.HazardCache`) as shadow caches of the same
   capacity on the same requests (ids only, no KV), scores each by its exponentially decayed
   prefix-hit blocks (half-life ``half_life_blocks`` block references), and
   makes its own cache follow the current leader: when over capacity it evicts first the blocks
@@ -27,12 +28,20 @@ cached and returns the blocks that left to bring the cache back within ``capacit
   leader's and, while the leader stays the same, equals it. It starts as LRU (cold start: LRU's
   hits exactly until another policy leads by the switching margin) and switches leader only when
   another policy's score exceeds the leader's by ``switch_margin`` (in hit rate over the decayed
-  window), so it adapts when the structure shifts. With a CPU tier, each shadow also keeps a CPU
-  tier of its HBM victims as large as the real one (LRU; LFU-ordered for the LFU shadow, whose
-  counts survive it) and is scored by its hits in both; while LFU leads, :meth:`cpu_key` orders
-  the real CPU tier by the LFU counts too. The per-request work is the shadow caches' (O(blocks
-  log cache) each, amortized) and O(log cache) per eviction of its own; a switch costs one
-  O(cache) pass.
+  window) and by the measured cost of a switch (the hits it lost to its leader over the last
+  leader's tenure while its content converged, ``switch_cost``), so it adapts when the
+  structure shifts but does not chase near-tied experts. With a CPU tier, each shadow also
+  keeps a CPU tier of its HBM victims as large as the real one (LRU; LFU-ordered for the LFU
+  shadow, whose counts survive it) and is scored by its hits in both; while LFU leads,
+  :meth:`cpu_key` orders the real CPU tier by the LFU counts too. With a CPU tier it also runs
+  every expert again as a *union shadow*, one cache as large as HBM + CPU, scored by its plain
+  prefix hits, with a leader of its own (the margin rule without the switch charge, cold start
+  LRU); once that leader is not LRU, the
+  real CPU tier drops first the blocks the union leader does not hold (:meth:`cpu_key`,
+  re-keyed through :meth:`cpu_rekey`), so the union of HBM and CPU follows the policy that does
+  best at the union's size (a CPU hit counts as a hit). The per-request work is the shadow
+  caches' (O(blocks log cache) each, amortized; twice as many shadows with a CPU tier) and
+  O(log cache) per eviction of its own; a switch costs one O(cache) pass.
 
 Pure: stdlib and numpy.
 """
@@ -53,6 +62,7 @@ from superinfer.policy_core.reuse_blocks import (
     LrfuCache,
     S3FifoBlocks,
 )
+from superinfer.policy_core.reuse_hazard import HazardCache
 from superinfer.policy_core.reuse_learned import LearnedCache
 
 __all__ = [
@@ -68,7 +78,7 @@ __all__ = [
 ]
 
 #: The shadow policies of :class:`AdaptiveCache`, in tie-break order (first wins a tie).
-ADAPTIVE_EXPERTS = ("lru", "arc", "s3fifo", "lfu", "lrfu20", "lrfu200")
+ADAPTIVE_EXPERTS = ("lru", "arc", "s3fifo", "lfu", "lrfu20", "lrfu200", "hazard")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +93,10 @@ class AdaptiveConfig:
             fraction of the decayed block references (a lead in hit rate, 0.003 = 0.3 points)
             and by ``min_lead`` hits.
         min_lead: absolute lead needed, in decayed hit blocks.
+        switch_cost: the lead must also exceed this multiple of the measured cost of a switch:
+            the hits the cache lost to its leader (the leader's HBM prefix hits minus its own)
+            over the last leader's tenure, while its content converged to the leader's (or over
+            the current tenure so far, if more); 0: off.
 
     Raises:
         ValueError: an unknown expert or a value out of range.
@@ -92,9 +106,10 @@ class AdaptiveConfig:
     half_life_blocks: float = 20_000.0
     switch_margin: float = 0.003
     min_lead: float = 5.0
+    switch_cost: float = 1.0
 
     def __post_init__(self) -> None:
-        known = ("lru", "lfu", "arc", "s3fifo", "learned")
+        known = ("lru", "lfu", "arc", "s3fifo", "learned", "hazard")
         if not self.experts or any(e not in known and _lrfu_half_life(e) is None
                                    for e in self.experts):  # fmt: skip
             raise ValueError(
@@ -102,8 +117,8 @@ class AdaptiveConfig:
             )
         if not self.half_life_blocks > 0:
             raise ValueError(f"half_life_blocks must be > 0, got {self.half_life_blocks}")
-        if self.switch_margin < 0 or self.min_lead < 0:
-            raise ValueError("switch_margin and min_lead must be >= 0")
+        if min(self.switch_margin, self.min_lead, self.switch_cost) < 0:
+            raise ValueError("switch_margin, min_lead and switch_cost must be >= 0")
 
 
 class AdaptiveCache(BlockCache):
@@ -142,12 +157,34 @@ class AdaptiveCache(BlockCache):
         self.shadow_cpu: dict[str, OrderedDict[int, None]] = {
             n: OrderedDict() for n in self.experts
         }
+        # With a CPU tier, the union shadows: each expert again, as one cache as large as HBM +
+        # CPU, scored by its plain prefix hits. The real CPU tier drops first the blocks the
+        # union leader does not hold (cpu_key), so the union of the tiers follows the policy
+        # that does best at the size of the union; while the union leader is the first expert
+        # (the cold start), the CPU tier is ordered as without union shadows.
+        self.union: dict[str, BlockCache] = (
+            {
+                name: make_block_cache(name, capacity + cpu_capacity, self.parent, self.depth)
+                for name in self.config.experts
+            }
+            if cpu_capacity
+            else {}
+        )
+        self.union_leader = self.config.experts[0]
+        self.union_scores = dict.fromkeys(self.union, 0.0)
+        self.union_switches: list[tuple[int, str, str]] = []
+        self._rekey: list[int] = []
         self._lfu_cpu: dict[int, tuple[int, float, int]] = {}
         self._lfu_heap: list[tuple[int, float, int, int]] = []
         lfu = self.experts.get("lfu")
         if cpu_capacity and isinstance(lfu, HeapCache):
             lfu.resume = self._lfu_cpu
         self.switches: list[tuple[int, str, str]] = []
+        # The cost of a switch, measured: over each leader's tenure, the leader's HBM prefix hits
+        # minus this cache's own (its content converging to the leader's, then equal to it).
+        self.switch_costs: list[float] = []  # the tenure cost each switch closed
+        self.tenure_cost = 0.0  # the current tenure's, so far
+        self.last_switch_cost = 0.0  # the last closed tenure's
         self.refs = 0
         self.decayed_refs = 0.0
         self.cached = [False] * len(self.parent)
@@ -162,8 +199,18 @@ class AdaptiveCache(BlockCache):
 
     def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
         keep = math.exp(-self._decay * len(blocks))
+        cached, own, n = self.cached, 0, len(blocks)
+        while own < n and cached[blocks[own]]:
+            own += 1
+        lead_hit = 0
         for name, cache in self.experts.items():
-            self.scores[name] = keep * self.scores[name] + self._shadow_hit(name, cache, blocks)
+            hit = self._shadow_hit(name, cache, blocks)
+            if name == self.leader:
+                lead_hit = cache.prefix_hit(blocks) if self.cpu_capacity else hit
+            self.scores[name] = keep * self.scores[name] + hit
+        self.tenure_cost += lead_hit - own
+        for name, cache in self.union.items():
+            self.union_scores[name] = keep * self.union_scores[name] + cache.prefix_hit(blocks)
         self.refs += len(blocks)
         self.decayed_refs = keep * self.decayed_refs + len(blocks)
         for b in blocks:
@@ -190,8 +237,30 @@ class AdaptiveCache(BlockCache):
                 for v in gone:
                     if self.cached[v]:
                         heapq.heappush(self.stale, (self.last[v], -self.depth[v], v))
+        if self.union:
+            ulead = self.union[self.union_leader]
+            for cache in self.union.values():
+                gone = cache.request(blocks, now_s)
+                if cache is ulead and self.union_leader != self.config.experts[0]:
+                    self._rekey.extend(gone)
         self._maybe_switch()
+        self._maybe_switch_union()
         return self._trim()
+
+    def _maybe_switch_union(self) -> None:
+        if not self.union:
+            return
+        cfg, scores = self.config, self.union_scores
+        best = max(self.union, key=lambda n: scores[n])
+        lead = scores[best] - scores[self.union_leader]
+        if best == self.union_leader or lead < max(
+            cfg.switch_margin * self.decayed_refs, cfg.min_lead
+        ):
+            return
+        self.union_switches.append((self.refs, self.union_leader, best))
+        self.union_leader = best
+        self.cpu_epoch += 1
+        self._rekey.clear()
 
     def _lfu_shadow_cpu(self, cache: HeapCache, blocks: Sequence[int], gone: Sequence[int]) -> None:
         """The LFU shadow's CPU tier: victims keyed (count, last access, -depth) as in HBM; the
@@ -211,13 +280,27 @@ class AdaptiveCache(BlockCache):
             self._lfu_heap = [(*k, v) for v, k in cpu.items()]
             heapq.heapify(self._lfu_heap)
 
+    #: added to the CPU key of a block the union leader holds (above any access count)
+    UNION_HELD = 1 << 40
+
     def cpu_key(self, block: int, seq: int) -> tuple[int, int]:
         """While LFU leads, the real CPU tier drops the least LFU-counted leaves first, in
-        offload order among equal counts; otherwise the least recently offloaded first."""
+        offload order among equal counts; otherwise the least recently offloaded first. Once
+        the union leader is not the cold-start expert, the blocks it does not hold go first
+        (:attr:`UNION_HELD` added to the others' first key)."""
         lfu = self.experts.get("lfu")
-        if self.leader == "lfu" and isinstance(lfu, HeapCache):
-            return (lfu.count[block], seq)
-        return (1, seq)
+        base = lfu.count[block] if self.leader == "lfu" and isinstance(lfu, HeapCache) else 1
+        if self.union and self.union_leader != self.config.experts[0]:
+            if block in self.union[self.union_leader]:
+                base += self.UNION_HELD
+        return (base, seq)
+
+    def cpu_rekey(self) -> list[int]:
+        """The blocks the union leader evicted since the last call (their :meth:`cpu_key`
+        drops below the held blocks'); none while the cold-start expert is the union leader."""
+        out = self._rekey if self.union_leader != self.config.experts[0] else []
+        self._rekey = []
+        return out
 
     def _shadow_hit(self, name: str, cache: BlockCache, blocks: Sequence[int]) -> int:
         if not self.cpu_capacity:
@@ -233,9 +316,17 @@ class AdaptiveCache(BlockCache):
         best = max(self.experts, key=lambda n: self.scores[n])
         cur = self.scores[self.leader]
         lead = self.scores[best] - cur
-        if best == self.leader or lead < max(cfg.switch_margin * self.decayed_refs, cfg.min_lead):
+        # A switch costs what the cache loses while its content converges to the new leader's:
+        # the lead (decayed hits, what the new leader gains over one window if it keeps it) must
+        # pay for it, as measured at the last switch (or so far in this tenure, if more).
+        cost = cfg.switch_cost * max(self.last_switch_cost, self.tenure_cost)
+        need = max(cfg.switch_margin * self.decayed_refs, cfg.min_lead, cost)
+        if best == self.leader or lead < need:
             return
         self.switches.append((self.refs, self.leader, best))
+        self.switch_costs.append(self.tenure_cost)
+        self.last_switch_cost = self.tenure_cost
+        self.tenure_cost = 0.0
         if "lfu" in (self.leader, best):
             self.cpu_epoch += 1  # the real CPU tier's order changes with the leader
         self.leader = best
@@ -292,6 +383,14 @@ class AdaptiveCache(BlockCache):
             "num_switches": len(self.switches),
             "switches": [f"{n}:{a}->{b}" for n, a, b in self.switches[:20]],
             "scores": {k: round(v, 1) for k, v in self.scores.items()},
+            **(
+                {
+                    "union_leader": self.union_leader,
+                    "union_switches": [f"{n}:{a}->{b}" for n, a, b in self.union_switches[:20]],
+                }
+                if self.union
+                else {}
+            ),
         }
 
 
@@ -303,8 +402,9 @@ def make_block_cache(
     *,
     cpu_capacity: int = 0,
 ) -> BlockCache:
-    """The block cache called ``name``: ``lru``, ``lfu``, ``arc``, ``s3fifo``, ``learned`` or
-    ``adaptive`` (``cpu_capacity``: the CPU tier its shadow policies are scored with).
+    """The block cache called ``name``: ``lru``, ``lfu``, ``arc``, ``s3fifo``, ``lrfuH``,
+    ``hazard``, ``learned`` or ``adaptive`` (``cpu_capacity``: the CPU tier its shadow policies
+    are scored with).
 
     Raises:
         ValueError: an unknown name.
@@ -320,6 +420,8 @@ def make_block_cache(
         return S3FifoBlocks(capacity, parent, depth)
     if name == "learned":
         return LearnedCache(capacity, parent, depth)
+    if name == "hazard":
+        return HazardCache(capacity, parent, depth)
     if name == "adaptive":
         return AdaptiveCache(capacity, parent, depth, cpu_capacity=cpu_capacity)
     raise ValueError(f"unknown block cache {name!r}")

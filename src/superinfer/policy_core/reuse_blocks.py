@@ -75,6 +75,11 @@ class BlockCache:
         offloaded first."""
         return (1, seq)
 
+    def cpu_rekey(self) -> list[int]:
+        """Blocks whose :meth:`cpu_key` may have changed since the last call (a replay re-keys
+        those it holds in its CPU tier); here none."""
+        return []
+
     def content(self) -> list[int]:
         """The cached blocks, by id (O(U))."""
         return [b for b in range(len(self.parent)) if b in self]

@@ -5,7 +5,9 @@
 The HBM tier is the policy's cache; with a CPU tier, the blocks HBM evicts move to CPU memory,
 which drops its least leaf (a block none of whose children is cached in either tier) when full,
 in the order of the cache's ``cpu_key``: the least recently offloaded first, and for the
-adaptive predictor while LFU leads, the least LFU-counted first. A request's blocks found in
+adaptive predictor while LFU leads, the least LFU-counted first, and once its union leader is
+not LRU, the blocks that leader does not hold first (re-keyed as ``cpu_rekey`` names them). A
+request's blocks found in
 CPU memory are loaded back to HBM, where the policy sees them as misses (a key the policy
 remembers as a ghost counts as one).
 """
@@ -89,6 +91,13 @@ def replay_blocks(
             cpu = {b: cache.cpu_key(b, cpu_seq[b]) for b in cpu}
             heap = [(k[0], k[1], b) for b, k in cpu.items()]
             heapq.heapify(heap)
+        else:
+            for b in cache.cpu_rekey():  # blocks whose order in the CPU tier changed
+                if b in cpu:
+                    key = cache.cpu_key(b, cpu_seq[b])
+                    if key != cpu[b]:
+                        cpu[b] = key
+                        heapq.heappush(heap, (key[0], key[1], b))
         held: list[tuple[int, int, int]] = []
         while len(cpu) > cpu_blocks and heap:
             entry = heapq.heappop(heap)

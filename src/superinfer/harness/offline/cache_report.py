@@ -91,8 +91,9 @@ def render_cache_report(
         "of a request; with a CPU tier a block found in CPU memory counts as a hit (it saves its "
         "prefill) and is reported separately in `hit_rates_detail.csv` (`cpu_block_hit_rate`). "
         "`adaptive` is the adaptive reuse predictor (follows the best of LRU, ARC, S3-FIFO, "
-        "LFU and LRFU with 20 s and 200 s half-lives, run as shadow caches), `predictor` the "
-        "learned logistic model of issue 6.",
+        "LFU, LRFU with 20 s and 200 s half-lives and the reuse-hazard expert, run as shadow "
+        "caches; with a CPU tier the CPU tier drops first what the best of them at the size of "
+        "HBM + CPU does not hold), `predictor` the learned logistic model of issue 6.",
         "",
         "| trace | requests | block references | unique blocks | block tokens | minutes |",
         "|---|---:|---:|---:|---:|---:|",
