@@ -61,7 +61,7 @@ def test_the_lanes_equal_a_stable_sort_of_each_tiers_prefills_after_every_call(
 
     def checking_schedule(state):  # noqa: ANN001, ANN202
         decision = schedule(state)
-        books = policy._books(policy._replica(state.replica))
+        books = policy._replica(state.replica).books
         entries = policy._entries
         # the decodes' ids, kept in running order across calls (the decision's num_tokens order)
         assert books.dec_ids == [rid for rid in books.order if rid not in books.prefilling]

@@ -22,16 +22,13 @@ _COUNTER = {"age": "aged", "hopeless": "best_effort", "promote": "promotions"}
 class _Promotion(_Admission):
     """Layer 5: aging, best-effort demotion and deadline-aware promotion."""
 
-    def _check(self, rep: _Replica, e: _Entry, step: _Step, now: float) -> str:
-        """Evaluate aging, hopelessness and promotion for ``e``; returns what happened."""
-        return self._check_target(rep, e, now)[0]
-
     def _check_target(
         self, rep: _Replica, e: _Entry, now: float
     ) -> tuple[str, tuple[float, float, float] | None]:
-        """:meth:`_check`'s outcome, and the ``_target`` it computed on the way (``None`` if
-        none), which :meth:`_schedule_check` reuses when nothing happened: nothing it reads
-        (the view, the replica's load, the estimators) changes in between."""
+        """Evaluate aging, hopelessness and promotion for ``e``: what happened (``""`` for
+        nothing), and the ``_target`` computed on the way (``None`` if none), which
+        :meth:`_schedule_check` reuses when nothing happened: nothing it reads (the view, the
+        replica's load, the estimators) changes in between."""
         v = e.view
         queued = e.where in (_WAITING, _SWAPPED)
         if queued and self.aging and not e.aged and self._aging_due(e, now):

@@ -77,9 +77,6 @@ class _Decodes:
 class _Running(_Promotion):
     """Layer 5b: the running pass, incremental where the change set allows."""
 
-    def _books(self, rep: _Replica) -> _RunBooks:
-        return rep.books
-
     def _forget(self, rid: str) -> None:
         e = self._entries.get(rid)
         if e is not None:
