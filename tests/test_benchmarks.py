@@ -161,3 +161,65 @@ def test_feasible_misses_breaks_attainment_down_by_prompt_band() -> None:
     assert table["isolated_slack_ms"].iloc[1] == 1000.0 - iso
     with pytest.raises(ValueError, match="no request of class 'code'"):
         mod["band_rows"](df, BenchConfig(), "r", "code")
+
+
+def test_cache_predictability_hindsight_policies_by_hand() -> None:
+    """One reused block H (every 2 s) between one-shot blocks X1..X3, one block of cache: LRU
+    always evicts H for the next X (no hit); Belady and both hindsight policies keep H (its class
+    and age promise a reuse, an X's does not), so H hits at t = 2, 4, 6: 3 of 7 references."""
+    import runpy
+
+    import numpy as np
+
+    from superinfer.harness.offline.cache_replay import replay
+    from superinfer.harness.offline.cache_trace import BlockTrace
+
+    mod = runpy.run_path(str(ROOT / "benchmarks" / "cache_predictability.py"), run_name="t")
+    seq = [0, 1, 0, 2, 0, 3, 0]  # H X1 H X2 H X3 H, one block per request, 1 s apart
+    n = len(seq)
+    trace = BlockTrace("hand", np.arange(n, dtype=np.float64), np.full(n, 4), np.arange(n + 1),
+                       np.array(seq), np.full(4, -1), np.zeros(4, dtype=np.int64),
+                       np.full(4, 4), 4)  # fmt: skip
+    cls, length, closed = mod["intervals"](trace, ("accesses",))
+    # H's accesses 1, 2, 3, 4 -> classes 0, 1, 1, 2; its last interval and the X's stay open
+    assert cls.tolist() == [0, 0, 1, 0, 1, 0, 2]
+    assert length.tolist() == [2, 5, 2, 3, 2, 1, 0]
+    assert closed.tolist() == [True, False, True, False, True, False, False]
+    assert replay(trace, "lru", 0.25, 1).block_hit_rate == 0.0
+    assert replay(trace, "belady", 0.25, 1).block_hit_rate == 3 / 7
+    for method in mod["METHODS"]:
+        for classing in (("accesses",), ()):
+            ivl = mod["intervals"](trace, classing)
+            k = mod["num_classes"](classing)
+            table = mod["hindsight_tables"](*ivl, k, method, 6.0)
+            cache = mod["HindsightCache"](1, [-1] * 4, [0] * 4, classing, table)
+            stats: dict[str, float] = {}
+            thr = mod["GAP"]["belady_threshold"](trace, mod["next_use"](trace), 1)
+            assert mod["block_hit_rate"](trace, cache, thr, stats) == 3 / 7, (method, classing)
+            assert stats["kept_share"] == 0.0  # every eviction is an X, never used again
+
+
+def test_cache_predictability_tables_by_hand() -> None:
+    """Two gaps of exactly 1 s (an age-bin edge): binned, the gap is spread over [1, 2^(1/4)) s,
+    so the mean gap is (1 + 2^(1/4)) / 2 and the hit density from age 0 its inverse."""
+    import runpy
+
+    import numpy as np
+
+    mod = runpy.run_path(str(ROOT / "benchmarks" / "cache_predictability.py"), run_name="t")
+    cls, length, closed = np.zeros(2, dtype=np.int64), np.ones(2), np.ones(2, dtype=bool)
+    mean = (1 + 2**0.25) / 2
+    oracle = mod["hindsight_tables"](cls, length, closed, 1, "class-oracle", 100.0)
+    assert oracle[0, 0] == pytest.approx(-mean)
+    hazard = mod["hindsight_tables"](cls, length, closed, 1, "hazard-hindsight", 100.0)
+    assert hazard[0, 0] == pytest.approx(1 / mean)
+    # one of two never closes: the oracle counts it as a 100 s gap, the hazard as censored at 0 s
+    closed[1], length[1] = False, 0.0
+    oracle = mod["hindsight_tables"](cls, length, closed, 1, "class-oracle", 100.0)
+    edges = mod["AGE_EDGES_S"]
+    i = max(j for j, e in enumerate(edges) if e <= 100.0)  # the 100 s gap's bin
+    assert oracle[0, 0] == pytest.approx(-(mean + (edges[i] + edges[i + 1]) / 2) / 2)
+    with pytest.raises(ValueError, match="unknown method"):
+        mod["hindsight_tables"](cls, length, closed, 1, "lru", 100.0)
+    assert mod["class_of"](("accesses", "children"), 5, 0, 2, -1.0) == 2 * 4 + 2
+    assert mod["class_of"](("depth", "last_gap"), 1, 6, 0, 20.0) == 2 * 6 + 3

@@ -181,6 +181,11 @@ class HazardCache(BlockCache):
         """The interval class of a block accessed ``accesses`` (>= 1) times."""
         return min(int(math.log2(accesses)), self.classes - 1) if accesses > 0 else 0
 
+    def cached_class(self, b: int) -> int:
+        """The class whose ``rho`` scores cached block ``b`` now (by its accesses so far; a
+        subclass may classify otherwise, e.g. ``benchmarks/cache_predictability.py``)."""
+        return min(self.count[b].bit_length() - 1, self.classes - 1)
+
     def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
         bid = self._num_buckets
         self._num_buckets += 1
@@ -246,7 +251,7 @@ class HazardCache(BlockCache):
         while lst:
             b = lst[-1]
             if cached[b] and bucket_of[b] == bid:
-                self._tail_cls[bid] = min(self.count[b].bit_length() - 1, self.classes - 1)
+                self._tail_cls[bid] = self.cached_class(b)
                 return True
             lst.pop()
         del self._blocks[bid]
@@ -288,8 +293,12 @@ class HazardCache(BlockCache):
         if not len(ids):
             return out
         score = self._scores(ids, now_s)
-        cached, kids, bucket_of, count = self.cached, self.kids, self.bucket_of, self.count
-        top = self.classes - 1
+        cached, kids, bucket_of, cached_class = (
+            self.cached,
+            self.kids,
+            self.bucket_of,
+            self.cached_class,
+        )
         while self.size > self.capacity:
             j = int(np.argmin(score))  # ties: the first, the oldest bucket
             if score[j] == np.inf:
@@ -303,7 +312,7 @@ class HazardCache(BlockCache):
                 if not (cached[b] and bucket_of[b] == bid):
                     lst.pop()
                     continue
-                if kids[b] or min(count[b].bit_length() - 1, top) != cls:
+                if kids[b] or cached_class(b) != cls:
                     break
                 lst.pop()
                 cached[b] = 0
