@@ -20,13 +20,14 @@ published throughput allows at the simulated batch (batch / published tok/s; a b
 prefill takes little of the time). Then what ``trtllm-bench``'s build heuristic would
 have chosen for ``max_batch_size`` / ``max_num_tokens`` and its estimate of the requests in KV
 (TensorRT-LLM ``tensorrt_llm/bench/build/tuning.py``, ``calc_engine_setting`` and
-``finetune_setting``: memory = NVML total GiB - params x bytes per weight, x 0.95, over the KV bytes
-of ISL + OSL tokens; batch rounded up to 64 / 32 / 128 / 256 steps, capped at 4,096; tokens =
-batch x (1 + ISL / OSL), rounded up, 2,048 to 32,768), and the rows re-simulated with profile
-variants (``--variant``). Last, the published and simulated H200 / H100 throughput ratio of every
-setup run on both (from ``results/fidelity/published.csv``).
+``finetune_setting``: requests = (NVML total GiB - params x bytes per weight) x 0.95 over the KV
+GiB of ISL + OSL tokens; batch = that, capped at 4,096, rounded up to a multiple of 32 (at least
+64) below 256, of 128 below 1,024, else of 256; tokens = batch x (1 + ISL / OSL), at most
+32,768, rounded up to a multiple of 256 (at least 2,048), 512 or 1,024), and the rows
+re-simulated with profile variants (:data:`VARIANTS`). Last, the published and simulated
+H200 / H100 throughput ratio of every setup run on both (from ``results/fidelity/published.csv``).
 
-Prints only; writes nothing. Usage (about 3 minutes on 2 cores)::
+Prints only; writes nothing. Usage (about 8 minutes on 2 shared cores)::
 
     python benchmarks/trtllm_max_load_diagnosis.py [--rows 29,31,...] [--no-variants]
 """
@@ -62,8 +63,10 @@ from superinfer.sim.versions import get_version
 #: Cluster (2): 70B FP8, one H100 (and the H200 128/2048 row for contrast); cluster (3): 8B FP8
 #: 128/128 on H200 and H100, releases 0.17 and 0.21 (``shared/data/published/engine_perf.csv``).
 DEFAULT_ROWS = (29, 31, 33, 35, 37, 39, 30, 1, 2, 483, 484)
-#: Profile variants: (name, ``EngineProfile`` overrides, rows it is run on).
-VARIANTS: tuple[tuple[str, dict[str, Any], tuple[int, ...]], ...] = (
+#: Profile variants: (name, ``EngineProfile`` overrides, rows it is run on); ``None``: each
+#: row's own ``trtllm-bench`` limits (:func:`bench_heuristic`).
+VARIANTS: tuple[tuple[str, dict[str, Any] | None, tuple[int, ...]], ...] = (
+    ("trtllm-bench limits", None, (29, 31, 33, 35, 37, 39, 1, 2, 484)),
     # Every byte of HBM beside the weights as KV: the most KV one 80 GB H100 can hold.
     ("kv=all free HBM", {"activation_reserve_bytes": 0, "memory_fraction": 1.0}, (31, 35)),
     # trtllm-bench's heuristic for these setups (printed below): max_batch_size 4,096.
@@ -158,6 +161,13 @@ def bench_heuristic(row: dict[str, str]) -> tuple[float, int, int]:
     return requests, max_bs, max_tokens
 
 
+def _limits(row: dict[str, str]) -> dict[str, Any]:
+    """``EngineProfile`` overrides with the row's ``trtllm-bench`` batch and token limits."""
+    _, bs, tok = bench_heuristic(row)
+    return {"max_num_seqs": bs, "max_num_seqs_large_gpu": bs, "token_budget": tok,
+            "token_budget_large_gpu": tok}  # fmt: skip
+
+
 def _fmt(x: float) -> str:
     return f"{x:.3f}" if abs(x) < 10 else f"{x:,.1f}"
 
@@ -196,7 +206,7 @@ def main() -> None:
     if not args.no_variants:
         for name, over, vrows in VARIANTS:
             for rid in vrows:
-                nums = run_row(rows[rid], over)
+                nums = run_row(rows[rid], over if over is not None else _limits(rows[rid]))
                 print(f"variant {name!r} row {rid}: sim_tok_s={nums['sim_tok_s']:,.1f} "
                       f"rel_err={nums['rel_err']:+.3f} kv_tokens={nums['kv_tokens']:,.0f} "
                       f"running_per_step={nums['running_per_step']:.1f}")  # fmt: skip
