@@ -101,6 +101,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "aging",
         "aging_s",
         "aging_deadline_fraction",
+        "fcfs_guard",
         "max_waiting_per_tier",
         "rotation",
         "rotation_slice_tokens",

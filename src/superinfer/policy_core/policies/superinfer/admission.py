@@ -79,6 +79,10 @@ class _Admission(_Preemption):
             step.seats -= 1
             self._schedule_check(rep, e, state.now_s)
         step.tokens[rid] = given + n
+        if e.fcfs_tokens:  # fcfs guard: prompt tokens served (or found cached) leave the queue
+            done = min(max(e.fcfs_tokens - v.pending_tokens, 0) + n, e.fcfs_tokens)
+            e.fcfs_tokens -= done
+            rep.fcfs_left += done
         step.new_blocks[rid] = step.new_blocks.get(rid, 0) + extra
         step.free -= extra
         step.budget -= n
@@ -86,6 +90,7 @@ class _Admission(_Preemption):
 
     def _reject(self, rep: _Replica, e: _Entry, step: _Step, reason: str) -> None:
         self._counters["rejected"] += 1
+        self._fcfs_leave(rep, e)
         self._dequeue(rep, e)
         step.reject[e.rid] = reason
         self._entries.pop(e.rid, None)

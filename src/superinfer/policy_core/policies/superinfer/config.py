@@ -113,6 +113,12 @@ class SuperInferConfig(BasePolicy):
         "a deadline-class request is aged no sooner than this fraction of its deadline budget "
         "(deadline - arrival) after arrival; 0 ages every class at aging_s",
     )
+    fcfs_guard: bool = _opt(
+        False,
+        "age a waiting request without a TTFT target once the prompt tokens its replica "
+        "prefilled (or dropped: rejected, ended) reach those that arrived before it, the point "
+        "fcfs would start it; aged ones then prefill first, in arrival order",
+    )
     max_waiting_per_tier: int = _opt(
         4096, "bounded queue: waiting requests per tier and replica before shedding"
     )
@@ -164,6 +170,7 @@ class SuperInferConfig(BasePolicy):
             "rejected": 0,
             "first_token_trims": 0,
             "hopeless_kept": 0,
+            "fcfs_aged": 0,
         }
         self.estimator = OutputLengthEstimator(
             window=self.estimator_window, min_samples=self.estimator_min_samples

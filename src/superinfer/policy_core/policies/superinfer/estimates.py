@@ -71,6 +71,8 @@ class _Estimates(SuperInferConfig):
         requests come after every other, in arrival order."""
         if e.best_effort:
             return _BEST_EFFORT_KEY + e.arrival_s
+        if e.aged and self.fcfs_guard:
+            return e.arrival_s - _BEST_EFFORT_KEY  # aged: before the rest of its tier, fcfs
         if e.ttft_s is not None and v.first_token_s is None:
             return e.arrival_s + e.ttft_s
         if e.tpot_s is not None and v.first_token_s is not None:

@@ -49,6 +49,7 @@ class SuperInferPolicy(_Rotation):
         if e.ttft_s is not None and self.ttft_reserve_quantile > 0:
             self.ttft_prompts.observe(request.pending_tokens)
         rep = self._replica(request.replica)
+        self._fcfs_join(rep, e)
         self._enqueue(rep, e, _WAITING, now_s)
         if e.tier != e.reported_tier:
             rep.unreported.append(e)

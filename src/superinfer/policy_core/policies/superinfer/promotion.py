@@ -16,7 +16,12 @@ from superinfer.policy_core.policies.superinfer.records import (
 )
 
 #: The counter each check outcome adds to.
-_COUNTER = {"age": "aged", "hopeless": "best_effort", "promote": "promotions"}
+_COUNTER = {
+    "age": "aged",
+    "fcfs": "fcfs_aged",
+    "hopeless": "best_effort",
+    "promote": "promotions",
+}
 
 
 class _Promotion(_Admission):
@@ -55,7 +60,7 @@ class _Promotion(_Admission):
         if queued:
             self._dequeue(rep, e)
         self._counters[_COUNTER[outcome]] += 1
-        if outcome == "age":
+        if outcome in ("age", "fcfs"):
             e.aged = True
             self._set_tier(e, 0)
         elif outcome == "hopeless":
@@ -72,6 +77,11 @@ class _Promotion(_Admission):
             self._schedule_check(rep, e, now, checked=True)
 
     def _run_due_checks(self, rep: _Replica, step: _Step, now: float) -> None:
+        fcfs = rep.fcfs_due
+        while fcfs and fcfs[0][0] <= rep.fcfs_left:
+            e = self._entries.get(heapq.heappop(fcfs)[2])
+            if e is not None and e.where in (_WAITING, _SWAPPED) and not e.aged:
+                self._apply_check(rep, e, "fcfs", step, now)
         due = rep.due
         hopeless: list[_Entry] = []
         while due and due[0][0] <= now:

@@ -89,7 +89,28 @@ class _Queues(_Estimates):
     def _forget(self, rid: str) -> None:
         e = self._entries.pop(rid, None)
         if e is not None:
-            self._dequeue(self._replica(e.replica), e)
+            rep = self._replica(e.replica)
+            self._fcfs_leave(rep, e)
+            self._dequeue(rep, e)
+
+    def _fcfs_join(self, rep: _Replica, e: _Entry) -> None:
+        """Count a new ``e``'s prompt tokens for the fcfs guard and, if it has no TTFT target,
+        file it to be aged once the prompt tokens gone from ``rep`` (prefilled, found cached,
+        or of requests rejected or ended: :meth:`_fcfs_leave`, ``_Admission._place``) reach
+        the ones that arrived before it: the point where fcfs, which prefills in arrival
+        order, would have started it. O(log n) per request."""
+        if self.fcfs_guard:
+            e.fcfs_tokens = max(e.view.pending_tokens, 1)
+            if e.ttft_s is None:
+                heapq.heappush(rep.fcfs_due, (rep.fcfs_arrived, self._next_seq(), e.rid))
+            rep.fcfs_arrived += e.fcfs_tokens
+
+    @staticmethod
+    def _fcfs_leave(rep: _Replica, e: _Entry) -> None:
+        """Count the rest of ``e``'s prompt tokens as gone (it is rejected or ended)."""
+        if e.fcfs_tokens:
+            rep.fcfs_left += e.fcfs_tokens
+            e.fcfs_tokens = 0
 
     def _adopt(self, rep: _Replica, view: RequestView) -> _Entry:
         """An entry for a request the policy first meets in a state (never announced)."""
@@ -98,6 +119,7 @@ class _Queues(_Estimates):
             e = self._entries[view.request_id] = _Entry(view)
             e.tier = self._initial_tier(view)
             e.demote_at = self._quanta[e.tier]
+            self._fcfs_join(rep, e)
         elif e.where in (_WAITING, _SWAPPED):
             self._dequeue(self._replica(e.replica), e)
         e.view = view

@@ -60,6 +60,7 @@ class _Entry:
         "best_effort",
         "aged",
         "next_check_s",
+        "fcfs_tokens",
     )
 
     def __init__(self, view: RequestView) -> None:
@@ -87,6 +88,7 @@ class _Entry:
         self.best_effort = False
         self.aged = False
         self.next_check_s = _INF
+        self.fcfs_tokens = 0  # its prompt tokens until it leaves the queue (fcfs guard)
 
 
 class _Replica:
@@ -115,6 +117,11 @@ class _Replica:
         self.unreported: list[_Entry] = []  # new entries whose tier the engine has not seen
         self.token_budget = 1 << 30  # the replica's step token budget, once a state showed it
         self.books = _RunBooks(num_tiers)  # the running set as last seen (running.py)
+        # fcfs guard: prompt tokens of every request that arrived, and of those that left the
+        # waiting queue (admitted, rejected or ended); (arrived before it, seq, id) per request
+        self.fcfs_arrived = 0
+        self.fcfs_left = 0
+        self.fcfs_due: list[tuple[int, int, str]] = []
 
 
 class _RunBooks:
