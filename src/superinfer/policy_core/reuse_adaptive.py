@@ -43,6 +43,20 @@ cached and returns the blocks that left to bring the cache back within ``capacit
   caches' (O(blocks log cache) each, amortized; twice as many shadows with a CPU tier) and
   O(log cache) per eviction of its own; a switch costs one O(cache) pass.
 
+  With ``sample_rate`` R < 1 the scores come from *sampled* shadows (miniature simulations,
+  Waldspurger et al., USENIX ATC 2017; SHARDS, FAST 2015; :mod:`reuse_sampled`): each expert
+  (and each union shadow) runs at ``capacity * R`` blocks on the references to a fixed spatial
+  sample of the blocks, its hits scaled by 1/R. The real cache still needs a full-size
+  instance of the leader to follow (the blocks it evicts, its content), so one full-size
+  cache of the leader's policy runs on every reference (and one of the union leader's, while
+  that is not the cold start); on a switch it is built afresh and warmed by replaying the last
+  ``warm_window`` x its capacity block references (:class:`~reuse_sampled.WarmLog`), so its
+  state (counts, ghosts, the hazard model) is that of the recent window only. This was chosen
+  over keeping full-size experts and feeding the non-leaders only sampled references: a
+  full-size cache fed a sample holds 1/R times too much of it, so it would neither score nor
+  follow correctly. Per request: R x the shadows' work, plus one or two full-size caches.
+  R = 1 is exactly the unsampled predictor (the experts themselves are followed).
+
 Pure: stdlib and numpy.
 """
 
@@ -64,6 +78,7 @@ from superinfer.policy_core.reuse_blocks import (
 )
 from superinfer.policy_core.reuse_hazard import HazardCache
 from superinfer.policy_core.reuse_learned import LearnedCache
+from superinfer.policy_core.reuse_sampled import WarmLog, sample_mask, sampled_forest
 
 __all__ = [
     "ADAPTIVE_EXPERTS",
@@ -74,6 +89,7 @@ __all__ = [
     "HeapCache",
     "LearnedCache",
     "S3FifoBlocks",
+    "adaptive_sample_rate",
     "make_block_cache",
 ]
 
@@ -97,6 +113,11 @@ class AdaptiveConfig:
             the hits the cache lost to its leader (the leader's HBM prefix hits minus its own)
             over the last leader's tenure, while its content converged to the leader's (or over
             the current tenure so far, if more); 0: off.
+        sample_rate: fraction R in (0, 1] of the blocks the shadow caches see (a fixed spatial
+            sample; shadows of ``capacity * R`` blocks, hits scaled by 1/R; Waldspurger et al.,
+            USENIX ATC 2017); 1: unsampled, full-size shadows (the default).
+        warm_window: with ``sample_rate`` < 1, the block references (as a multiple of the
+            full-size leader's capacity) replayed to warm a new leader's full-size cache.
 
     Raises:
         ValueError: an unknown expert or a value out of range.
@@ -107,6 +128,8 @@ class AdaptiveConfig:
     switch_margin: float = 0.003
     min_lead: float = 5.0
     switch_cost: float = 1.0
+    sample_rate: float = 1.0
+    warm_window: float = 2.0
 
     def __post_init__(self) -> None:
         known = ("lru", "lfu", "arc", "s3fifo", "learned", "hazard")
@@ -119,6 +142,10 @@ class AdaptiveConfig:
             raise ValueError(f"half_life_blocks must be > 0, got {self.half_life_blocks}")
         if min(self.switch_margin, self.min_lead, self.switch_cost) < 0:
             raise ValueError("switch_margin, min_lead and switch_cost must be >= 0")
+        if not 0 < self.sample_rate <= 1:
+            raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate}")
+        if not self.warm_window > 0:
+            raise ValueError(f"warm_window must be > 0, got {self.warm_window}")
 
 
 class AdaptiveCache(BlockCache):
@@ -144,10 +171,24 @@ class AdaptiveCache(BlockCache):
         super().__init__(capacity, parent, depth)
         self.config = config or AdaptiveConfig()
         self.cpu_capacity = cpu_capacity
+        rate = self.rate = self.config.sample_rate
+        # The shadows' forest, capacities and hit scale (the full ones when unsampled).
+        self.mask: list[bool] | None = sample_mask(len(self.parent), rate) if rate < 1 else None
+        shadow_parent = self.parent if self.mask is None else sampled_forest(self.parent, self.mask)
+        self.shadow_capacity = max(1, round(capacity * rate))
+        self.shadow_cpu_capacity = max(1, round(cpu_capacity * rate)) if cpu_capacity else 0
+        self.scale = 1.0 / rate
         self.experts = {
-            name: make_block_cache(name, capacity, self.parent, self.depth)
+            name: make_block_cache(name, self.shadow_capacity, shadow_parent, self.depth)
             for name in self.config.experts
         }
+        # Sampled: the full-size caches followed (the leader's; the union leader's while that
+        # is not the cold start) and the recent references that warm them.
+        self.follow: BlockCache | None = None
+        self.union_follow: BlockCache | None = None
+        self.warm = None if self.mask is None else WarmLog(self._window(capacity + cpu_capacity))
+        if self.mask is not None and self.config.experts[0] != "lru":
+            self.follow = make_block_cache(self.config.experts[0], capacity, parent, depth)
         self.leader = self.config.experts[0]
         self.scores = dict.fromkeys(self.experts, 0.0)
         # With a CPU tier each shadow also keeps a CPU tier of its HBM victims (ids only), so
@@ -164,7 +205,12 @@ class AdaptiveCache(BlockCache):
         # (the cold start), the CPU tier is ordered as without union shadows.
         self.union: dict[str, BlockCache] = (
             {
-                name: make_block_cache(name, capacity + cpu_capacity, self.parent, self.depth)
+                name: make_block_cache(
+                    name,
+                    max(1, round((capacity + cpu_capacity) * rate)),
+                    shadow_parent,
+                    self.depth,
+                )
                 for name in self.config.experts
             }
             if cpu_capacity
@@ -197,20 +243,37 @@ class AdaptiveCache(BlockCache):
     def __contains__(self, block: object) -> bool:
         return bool(self.cached[cast(int, block)])
 
+    def lead_cache(self) -> BlockCache:
+        """The full-size cache of the leader's policy this cache follows (the leader's shadow
+        itself when unsampled; this cache itself while sampled and LRU leads, as its own
+        fallback order is LRU's)."""
+        if self.mask is None:
+            return self.experts[self.leader]
+        return self if self.follow is None else self.follow
+
+    def union_lead_cache(self) -> BlockCache | None:
+        """The full-size union cache of the union leader's policy (None without a CPU tier, or
+        while sampled and the union leader is the cold start)."""
+        if self.mask is not None:
+            return self.union_follow
+        return self.union.get(self.union_leader)
+
     def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
         keep = math.exp(-self._decay * len(blocks))
         cached, own, n = self.cached, 0, len(blocks)
         while own < n and cached[blocks[own]]:
             own += 1
-        lead_hit = 0
+        mask, scale = self.mask, self.scale
+        sub = blocks if mask is None else [b for b in blocks if mask[b]]  # the shadows' view
+        lead_hit = own if self.follow is None else self.follow.prefix_hit(blocks)
         for name, cache in self.experts.items():
-            hit = self._shadow_hit(name, cache, blocks)
-            if name == self.leader:
+            hit = self._shadow_hit(name, cache, sub)
+            if name == self.leader and mask is None:
                 lead_hit = cache.prefix_hit(blocks) if self.cpu_capacity else hit
-            self.scores[name] = keep * self.scores[name] + hit
+            self.scores[name] = keep * self.scores[name] + hit * scale
         self.tenure_cost += lead_hit - own
         for name, cache in self.union.items():
-            self.union_scores[name] = keep * self.union_scores[name] + cache.prefix_hit(blocks)
+            self.union_scores[name] = keep * self.union_scores[name] + cache.prefix_hit(sub) * scale
         self.refs += len(blocks)
         self.decayed_refs = keep * self.decayed_refs + len(blocks)
         for b in blocks:
@@ -220,29 +283,35 @@ class AdaptiveCache(BlockCache):
                 self._entered(b)
             self.last[b] = now_s
             heapq.heappush(self.lru, (now_s, -self.depth[b], b))
-        lead = self.experts[self.leader]
-        for name, cache in self.experts.items():
-            gone = cache.request(blocks, now_s)
-            if self.cpu_capacity and name == "lfu" and isinstance(cache, HeapCache):
-                self._lfu_shadow_cpu(cache, blocks, gone)
-            elif self.cpu_capacity:
+        lead, ulead = self.lead_cache(), self.union_lead_cache()
+        cpu_cap = self.shadow_cpu_capacity
+        for name, shadow in [*self.experts.items(), ("", self.follow)]:
+            if shadow is None:
+                continue
+            gone = shadow.request(sub if name else blocks, now_s)
+            if cpu_cap and name == "lfu" and isinstance(shadow, HeapCache):
+                self._lfu_shadow_cpu(shadow, sub, gone)
+            elif cpu_cap and name:
                 cpu = self.shadow_cpu[name]
-                for b in blocks:
+                for b in sub:
                     cpu.pop(b, None)
                 for v in gone:
                     cpu[v] = None
-                while len(cpu) > self.cpu_capacity:
+                while len(cpu) > cpu_cap:
                     cpu.popitem(last=False)
-            if cache is lead:
+            if shadow is lead:
                 for v in gone:
                     if self.cached[v]:
                         heapq.heappush(self.stale, (self.last[v], -self.depth[v], v))
         if self.union:
-            ulead = self.union[self.union_leader]
-            for cache in self.union.values():
-                gone = cache.request(blocks, now_s)
-                if cache is ulead and self.union_leader != self.config.experts[0]:
+            for union in [*self.union.values(), self.union_follow]:
+                if union is None:
+                    continue
+                gone = union.request(blocks if union is self.union_follow else sub, now_s)
+                if union is ulead and self.union_leader != self.config.experts[0]:
                     self._rekey.extend(gone)
+        if self.warm is not None:
+            self.warm.add(blocks, now_s)
         self._maybe_switch()
         self._maybe_switch_union()
         return self._trim()
@@ -259,6 +328,17 @@ class AdaptiveCache(BlockCache):
             return
         self.union_switches.append((self.refs, self.union_leader, best))
         self.union_leader = best
+        if (
+            self.warm is not None
+        ):  # sampled: a full-size union cache of the new union leader, warmed
+            cap = self.capacity + self.cpu_capacity
+            self.union_follow = (
+                self.warm.replay(
+                    make_block_cache(best, cap, self.parent, self.depth), self._window(cap)
+                )
+                if best != self.config.experts[0]
+                else None
+            )
         self.cpu_epoch += 1
         self._rekey.clear()
 
@@ -272,11 +352,11 @@ class AdaptiveCache(BlockCache):
             count, t, d = cache.count[v], last[v], -depth[v]
             cpu[v] = (count, t, d)
             heapq.heappush(heap, (count, t, d, v))
-        while len(cpu) > self.cpu_capacity and heap:
+        while len(cpu) > self.shadow_cpu_capacity and heap:
             count, t, d, v = heapq.heappop(heap)
             if cpu.get(v) == (count, t, d):
                 del cpu[v]
-        if len(heap) > 4 * self.cpu_capacity + 1024:
+        if len(heap) > 4 * self.shadow_cpu_capacity + 1024:
             self._lfu_heap = [(*k, v) for v, k in cpu.items()]
             heapq.heapify(self._lfu_heap)
 
@@ -288,10 +368,11 @@ class AdaptiveCache(BlockCache):
         offload order among equal counts; otherwise the least recently offloaded first. Once
         the union leader is not the cold-start expert, the blocks it does not hold go first
         (:attr:`UNION_HELD` added to the others' first key)."""
-        lfu = self.experts.get("lfu")
+        lfu = self.lead_cache()
         base = lfu.count[block] if self.leader == "lfu" and isinstance(lfu, HeapCache) else 1
-        if self.union and self.union_leader != self.config.experts[0]:
-            if block in self.union[self.union_leader]:
+        ulead = self.union_lead_cache()
+        if self.union and self.union_leader != self.config.experts[0] and ulead is not None:
+            if block in ulead:
                 base += self.UNION_HELD
         return (base, seq)
 
@@ -310,6 +391,10 @@ class AdaptiveCache(BlockCache):
         while k < len(blocks) and (blocks[k] in cache or blocks[k] in cpu):
             k += 1
         return k
+
+    def _window(self, capacity: int) -> int:
+        """Block references replayed to warm a full-size cache of ``capacity`` blocks."""
+        return max(1, math.ceil(self.config.warm_window * capacity))
 
     def _maybe_switch(self) -> None:
         cfg = self.config
@@ -330,7 +415,12 @@ class AdaptiveCache(BlockCache):
         if "lfu" in (self.leader, best):
             self.cpu_epoch += 1  # the real CPU tier's order changes with the leader
         self.leader = best
-        leader_cache = self.experts[best]
+        if self.warm is not None:  # sampled: a full-size cache of the new leader's, warmed
+            cap = self.capacity
+            self.follow = None if best == "lru" else self.warm.replay(
+                make_block_cache(best, cap, self.parent, self.depth), self._window(cap)
+            )  # fmt: skip
+        leader_cache = self.lead_cache()
         self.stale = [
             (self.last[b], -self.depth[b], b)
             for b in range(len(self.cached))
@@ -359,7 +449,7 @@ class AdaptiveCache(BlockCache):
 
     def _trim(self) -> list[int]:
         out: list[int] = []
-        lead = self.experts[self.leader]
+        lead = self.lead_cache()
         while self.size > self.capacity:
             b = self._pop_valid(self.stale, lead, True)
             if b is None:
@@ -403,8 +493,8 @@ def make_block_cache(
     cpu_capacity: int = 0,
 ) -> BlockCache:
     """The block cache called ``name``: ``lru``, ``lfu``, ``arc``, ``s3fifo``, ``lrfuH``,
-    ``hazard``, ``learned`` or ``adaptive`` (``cpu_capacity``: the CPU tier its shadow policies
-    are scored with).
+    ``hazard``, ``learned``, ``adaptive`` or ``adaptive-sN`` (its shadows sampled at 1/N;
+    ``cpu_capacity``: the CPU tier its shadow policies are scored with).
 
     Raises:
         ValueError: an unknown name.
@@ -424,7 +514,19 @@ def make_block_cache(
         return HazardCache(capacity, parent, depth)
     if name == "adaptive":
         return AdaptiveCache(capacity, parent, depth, cpu_capacity=cpu_capacity)
+    rate = adaptive_sample_rate(name)
+    if rate is not None:
+        cfg = AdaptiveConfig(sample_rate=rate)
+        return AdaptiveCache(capacity, parent, depth, cfg, cpu_capacity=cpu_capacity)
     raise ValueError(f"unknown block cache {name!r}")
+
+
+def adaptive_sample_rate(name: str) -> float | None:
+    """``adaptive-sN`` -> 1/N, the adaptive predictor with shadows sampled at rate 1/N
+    (:attr:`AdaptiveConfig.sample_rate`; N an integer >= 1); None for any other name."""
+    if not name.startswith("adaptive-s") or not name[10:].isdigit() or int(name[10:]) < 1:
+        return None
+    return 1.0 / int(name[10:])
 
 
 def _lrfu_half_life(name: str) -> float | None:
