@@ -23,9 +23,8 @@ cached and returns the blocks that left to bring the cache back within ``capacit
   :class:`~superinfer.policy_core.reuse_hazard.HazardCache`) as shadow caches of the same
   capacity on the same requests (ids only, no KV), scores each by its exponentially decayed
   prefix-hit blocks (half-life ``half_life_blocks`` block references), and
-  makes its own cache follow the current leader: when over capacity it evicts first the blocks
-  the leader does not hold (oldest first, deeper first), so its content converges to the
-  leader's and, while the leader stays the same, equals it. It starts as LRU (cold start: LRU's
+  makes its own cache follow the current leader (:mod:`~superinfer.policy_core.reuse_follow`:
+  the blocks the leader does not hold leave first). It starts as LRU (cold start: LRU's
   hits exactly until another policy leads by the switching margin) and switches leader only when
   another policy's score exceeds the leader's by ``switch_margin`` (in hit rate over the decayed
   window) and by the measured cost of a switch (the hits it lost to its leader over the last
@@ -36,26 +35,18 @@ cached and returns the blocks that left to bring the cache back within ``capacit
   :meth:`cpu_key` orders the real CPU tier by the LFU counts too. With a CPU tier it also runs
   every expert again as a *union shadow*, one cache as large as HBM + CPU, scored by its plain
   prefix hits, with a leader of its own (the margin rule without the switch charge, cold start
-  LRU); once that leader is not LRU, the
-  real CPU tier drops first the blocks the union leader does not hold (:meth:`cpu_key`,
-  re-keyed through :meth:`cpu_rekey`), so the union of HBM and CPU follows the policy that does
-  best at the union's size (a CPU hit counts as a hit). The per-request work is the shadow
-  caches' (O(blocks log cache) each, amortized; twice as many shadows with a CPU tier) and
-  O(log cache) per eviction of its own; a switch costs one O(cache) pass.
+  LRU); once that leader is not LRU, the real CPU tier drops first the blocks the union
+  leader does not hold (:meth:`cpu_key`, re-keyed through :meth:`cpu_rekey`), so the union of
+  HBM and CPU follows the policy that does best at the union's size (a CPU hit counts as a
+  hit). The per-request work is the shadow caches' (O(blocks log cache) each, amortized; twice
+  as many shadows with a CPU tier) and O(log cache) per eviction of its own; a switch costs one
+  O(cache) pass.
 
-  With ``sample_rate`` R < 1 the scores come from *sampled* shadows (miniature simulations,
-  Waldspurger et al., USENIX ATC 2017; SHARDS, FAST 2015; :mod:`reuse_sampled`): each expert
-  (and each union shadow) runs at ``capacity * R`` blocks on the references to a fixed spatial
-  sample of the blocks, its hits scaled by 1/R. The real cache still needs a full-size
-  instance of the leader to follow (the blocks it evicts, its content), so one full-size
-  cache of the leader's policy runs on every reference (and one of the union leader's, while
-  that is not the cold start); on a switch it is built afresh and warmed by replaying the last
-  ``warm_window`` x its capacity block references (:class:`~reuse_sampled.WarmLog`), so its
-  state (counts, ghosts, the hazard model) is that of the recent window only. This was chosen
-  over keeping full-size experts and feeding the non-leaders only sampled references: a
-  full-size cache fed a sample holds 1/R times too much of it, so it would neither score nor
-  follow correctly. Per request: R x the shadows' work, plus one or two full-size caches.
-  R = 1 is exactly the unsampled predictor (the experts themselves are followed).
+  With ``sample_rate`` R < 1 the shadows are miniature simulations (Waldspurger et al., USENIX
+  ATC 2017; SHARDS, FAST 2015) of ``capacity * R`` blocks on a fixed spatial sample of the
+  blocks, hits scaled by 1/R, and the cache follows one full-size cache of the leader's policy,
+  warmed on the recent references at each switch (:mod:`~superinfer.policy_core.reuse_sampled`
+  says why); R = 1 (the default) is exactly the unsampled predictor.
 
 Pure: stdlib and numpy.
 """
@@ -66,9 +57,13 @@ import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Container, Sequence
-from dataclasses import dataclass
-from typing import cast
 
+from superinfer.policy_core.reuse_adaptive_config import (
+    ADAPTIVE_EXPERTS,
+    AdaptiveConfig,
+    adaptive_sample_rate,
+    lrfu_half_life,
+)
 from superinfer.policy_core.reuse_blocks import (
     ArcBlocks,
     BlockCache,
@@ -76,6 +71,7 @@ from superinfer.policy_core.reuse_blocks import (
     LrfuCache,
     S3FifoBlocks,
 )
+from superinfer.policy_core.reuse_follow import FollowingCache
 from superinfer.policy_core.reuse_hazard import HazardCache
 from superinfer.policy_core.reuse_learned import LearnedCache
 from superinfer.policy_core.reuse_sampled import WarmLog, sample_mask, sampled_forest
@@ -93,62 +89,8 @@ __all__ = [
     "make_block_cache",
 ]
 
-#: The shadow policies of :class:`AdaptiveCache`, in tie-break order (first wins a tie).
-ADAPTIVE_EXPERTS = ("lru", "arc", "s3fifo", "lfu", "lrfu20", "lrfu200", "hazard")
 
-
-@dataclass(frozen=True, slots=True)
-class AdaptiveConfig:
-    """Hyperparameters of :class:`AdaptiveCache` (chosen a priori, not tuned per trace).
-
-    Attributes:
-        experts: shadow policies (names of :func:`make_block_cache`); the first is the cold
-            start.
-        half_life_blocks: half-life of the hit scores, in block references.
-        switch_margin: a policy takes the lead when its score exceeds the leader's by this
-            fraction of the decayed block references (a lead in hit rate, 0.003 = 0.3 points)
-            and by ``min_lead`` hits.
-        min_lead: absolute lead needed, in decayed hit blocks.
-        switch_cost: the lead must also exceed this multiple of the measured cost of a switch:
-            the hits the cache lost to its leader (the leader's HBM prefix hits minus its own)
-            over the last leader's tenure, while its content converged to the leader's (or over
-            the current tenure so far, if more); 0: off.
-        sample_rate: fraction R in (0, 1] of the blocks the shadow caches see (a fixed spatial
-            sample; shadows of ``capacity * R`` blocks, hits scaled by 1/R; Waldspurger et al.,
-            USENIX ATC 2017); 1: unsampled, full-size shadows (the default).
-        warm_window: with ``sample_rate`` < 1, the block references (as a multiple of the
-            full-size leader's capacity) replayed to warm a new leader's full-size cache.
-
-    Raises:
-        ValueError: an unknown expert or a value out of range.
-    """
-
-    experts: tuple[str, ...] = ADAPTIVE_EXPERTS
-    half_life_blocks: float = 20_000.0
-    switch_margin: float = 0.003
-    min_lead: float = 5.0
-    switch_cost: float = 1.0
-    sample_rate: float = 1.0
-    warm_window: float = 2.0
-
-    def __post_init__(self) -> None:
-        known = ("lru", "lfu", "arc", "s3fifo", "learned", "hazard")
-        if not self.experts or any(e not in known and _lrfu_half_life(e) is None
-                                   for e in self.experts):  # fmt: skip
-            raise ValueError(
-                f"experts must be among {', '.join(known)}, lrfuH (H s): {self.experts}"
-            )
-        if not self.half_life_blocks > 0:
-            raise ValueError(f"half_life_blocks must be > 0, got {self.half_life_blocks}")
-        if min(self.switch_margin, self.min_lead, self.switch_cost) < 0:
-            raise ValueError("switch_margin, min_lead and switch_cost must be >= 0")
-        if not 0 < self.sample_rate <= 1:
-            raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate}")
-        if not self.warm_window > 0:
-            raise ValueError(f"warm_window must be > 0, got {self.warm_window}")
-
-
-class AdaptiveCache(BlockCache):
+class AdaptiveCache(FollowingCache):
     """The adaptive reuse predictor: follows the simple policy with the most recent hits.
 
     Attributes:
@@ -203,19 +145,11 @@ class AdaptiveCache(BlockCache):
         # union leader does not hold (cpu_key), so the union of the tiers follows the policy
         # that does best at the size of the union; while the union leader is the first expert
         # (the cold start), the CPU tier is ordered as without union shadows.
-        self.union: dict[str, BlockCache] = (
-            {
-                name: make_block_cache(
-                    name,
-                    max(1, round((capacity + cpu_capacity) * rate)),
-                    shadow_parent,
-                    self.depth,
-                )
-                for name in self.config.experts
-            }
-            if cpu_capacity
-            else {}
-        )
+        ucap = max(1, round((capacity + cpu_capacity) * rate))
+        self.union: dict[str, BlockCache] = {
+            name: make_block_cache(name, ucap, shadow_parent, self.depth)
+            for name in (self.config.experts if cpu_capacity else ())
+        }
         self.union_leader = self.config.experts[0]
         self.union_scores = dict.fromkeys(self.union, 0.0)
         self.union_switches: list[tuple[int, str, str]] = []
@@ -233,15 +167,7 @@ class AdaptiveCache(BlockCache):
         self.last_switch_cost = 0.0  # the last closed tenure's
         self.refs = 0
         self.decayed_refs = 0.0
-        self.cached = [False] * len(self.parent)
-        self.last = [0.0] * len(self.parent)
-        self.size = 0
-        self.stale: list[tuple[float, int, int]] = []  # (last access, -depth, block)
-        self.lru: list[tuple[float, int, int]] = []  # every cached block (fallback)
         self._decay = math.log(2.0) / self.config.half_life_blocks
-
-    def __contains__(self, block: object) -> bool:
-        return bool(self.cached[cast(int, block)])
 
     def lead_cache(self) -> BlockCache:
         """The full-size cache of the leader's policy this cache follows (the leader's shadow
@@ -276,13 +202,7 @@ class AdaptiveCache(BlockCache):
             self.union_scores[name] = keep * self.union_scores[name] + cache.prefix_hit(sub) * scale
         self.refs += len(blocks)
         self.decayed_refs = keep * self.decayed_refs + len(blocks)
-        for b in blocks:
-            if not self.cached[b]:
-                self.cached[b] = True
-                self.size += 1
-                self._entered(b)
-            self.last[b] = now_s
-            heapq.heappush(self.lru, (now_s, -self.depth[b], b))
+        self._touch(blocks, now_s)
         lead, ulead = self.lead_cache(), self.union_lead_cache()
         cpu_cap = self.shadow_cpu_capacity
         for name, shadow in [*self.experts.items(), ("", self.follow)]:
@@ -300,9 +220,7 @@ class AdaptiveCache(BlockCache):
                 while len(cpu) > cpu_cap:
                     cpu.popitem(last=False)
             if shadow is lead:
-                for v in gone:
-                    if self.cached[v]:
-                        heapq.heappush(self.stale, (self.last[v], -self.depth[v], v))
+                self._lead_evicted(gone)
         if self.union:
             for union in [*self.union.values(), self.union_follow]:
                 if union is None:
@@ -314,7 +232,7 @@ class AdaptiveCache(BlockCache):
             self.warm.add(blocks, now_s)
         self._maybe_switch()
         self._maybe_switch_union()
-        return self._trim()
+        return self._trim(self.lead_cache())
 
     def _maybe_switch_union(self) -> None:
         if not self.union:
@@ -420,51 +338,7 @@ class AdaptiveCache(BlockCache):
             self.follow = None if best == "lru" else self.warm.replay(
                 make_block_cache(best, cap, self.parent, self.depth), self._window(cap)
             )  # fmt: skip
-        leader_cache = self.lead_cache()
-        self.stale = [
-            (self.last[b], -self.depth[b], b)
-            for b in range(len(self.cached))
-            if self.cached[b] and b not in leader_cache
-        ]
-        heapq.heapify(self.stale)
-
-    def _pop_valid(
-        self, heap: list[tuple[float, int, int]], lead: BlockCache, stale: bool
-    ) -> int | None:
-        held: list[tuple[float, int, int]] = []
-        found = None
-        while heap:
-            entry = heapq.heappop(heap)
-            b = entry[2]
-            if not self.cached[b] or self.last[b] != entry[0] or (stale and b in lead):
-                continue  # outdated entry
-            if self.kids[b]:
-                held.append(entry)
-                continue
-            found = b
-            break
-        for entry in held:
-            heapq.heappush(heap, entry)
-        return found
-
-    def _trim(self) -> list[int]:
-        out: list[int] = []
-        lead = self.lead_cache()
-        while self.size > self.capacity:
-            b = self._pop_valid(self.stale, lead, True)
-            if b is None:
-                b = self._pop_valid(self.lru, lead, False)
-            if b is None:
-                break
-            self.cached[b] = False
-            self.size -= 1
-            self._left(b)
-            out.append(b)
-        if len(self.lru) > 4 * self.capacity + 1024:
-            self.lru = [(self.last[b], -self.depth[b], b) for b in range(len(self.cached))
-                        if self.cached[b]]  # fmt: skip
-            heapq.heapify(self.lru)
-        return out
+        self._restale(self.lead_cache())
 
     def metrics(self) -> dict[str, object]:
         """Leader now, switches made, and the shadow policies' decayed scores."""
@@ -501,7 +375,7 @@ def make_block_cache(
     """
     if name in ("lru", "lfu"):
         return HeapCache(capacity, parent, depth, lfu=name == "lfu")
-    half_life = _lrfu_half_life(name)
+    half_life = lrfu_half_life(name)
     if half_life is not None:
         return LrfuCache(capacity, parent, depth, half_life)
     if name == "arc":
@@ -519,22 +393,3 @@ def make_block_cache(
         cfg = AdaptiveConfig(sample_rate=rate)
         return AdaptiveCache(capacity, parent, depth, cfg, cpu_capacity=cpu_capacity)
     raise ValueError(f"unknown block cache {name!r}")
-
-
-def adaptive_sample_rate(name: str) -> float | None:
-    """``adaptive-sN`` -> 1/N, the adaptive predictor with shadows sampled at rate 1/N
-    (:attr:`AdaptiveConfig.sample_rate`; N an integer >= 1); None for any other name."""
-    if not name.startswith("adaptive-s") or not name[10:].isdigit() or int(name[10:]) < 1:
-        return None
-    return 1.0 / int(name[10:])
-
-
-def _lrfu_half_life(name: str) -> float | None:
-    """``lrfuH`` -> H (a half-life in s, > 0); None for any other name."""
-    if not name.startswith("lrfu"):
-        return None
-    try:
-        h = float(name[4:])
-    except ValueError:
-        return None
-    return h if h > 0 and math.isfinite(h) else None

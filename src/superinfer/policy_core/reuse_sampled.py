@@ -14,9 +14,19 @@ chain of the *sampled forest*, in which a sampled block's parent is its nearest 
 ancestor, so a shadow over the sampled forest stays prefix-closed and its prefix hits on the
 sampled sub-request are its plain hits, as for the full caches.
 
-:class:`WarmLog` keeps the last references so that a full-size cache of a new leader can be
-warmed by replaying them (Waldspurger et al. 2017 run the miniature caches for the model; the
-real cache still needs a full-size instance of the policy it follows).
+How :class:`~superinfer.policy_core.reuse_adaptive.AdaptiveCache` uses them
+(``AdaptiveConfig.sample_rate`` R < 1): each expert (and each union shadow) runs at ``capacity *
+R`` blocks on the sampled references, its hits scaled by 1/R, and picks the leader. The real
+cache still needs a full-size instance of the leader to follow (the blocks it evicts, its
+content), so one full-size cache of the leader's policy runs on every reference (and one of the
+union leader's, while that is not the cold start); on a switch it is built afresh and warmed by
+replaying the last ``warm_window`` x its capacity block references (:class:`WarmLog`), so its
+state (counts, ghosts, the hazard model) is that of the recent window only. While LRU leads no
+full-size copy runs: the cache's own fallback order is LRU's. This was chosen over keeping
+full-size experts and feeding the non-leaders only the sampled references: a full-size cache fed
+a sample holds 1/R times too much of it, so it would neither score nor follow correctly. Per
+request: R x the shadows' work, plus at most two full-size caches (see docs/kv-reuse.md for the
+measured hit rates and cost).
 
 Pure: stdlib and numpy.
 """
