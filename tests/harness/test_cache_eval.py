@@ -76,7 +76,7 @@ def test_lru_and_lfu_exact_on_hand_made_sequences() -> None:
 
 def _brute_force(tr: BlockTrace, capacity: int) -> int:
     """Most prefix hits any policy can get: every keep-set after every request."""
-    states = {frozenset(): 0}
+    states: dict[frozenset[int], int] = {frozenset(): 0}
     for r in range(tr.num_requests):
         blocks = tr.blocks[tr.offsets[r] : tr.offsets[r + 1]].tolist()
         nxt: dict[frozenset[int], int] = {}

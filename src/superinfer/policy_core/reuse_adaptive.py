@@ -98,6 +98,8 @@ class AdaptiveCache(FollowingCache):
         leader: the policy followed now.
         scores: decayed prefix-hit blocks of each shadow cache.
         switches: (block references seen, old leader, new leader) of each switch.
+        follow: with ``sample_rate`` < 1, the full-size cache of the leader's policy that this
+            cache follows (None while LRU leads); ``union_follow`` the union leader's.
     """
 
     name = "adaptive"
