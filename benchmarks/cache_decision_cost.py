@@ -5,8 +5,9 @@ caches included; ``learned`` is the learned model alone, no longer one of them).
 inflate it), on each trace at each HBM capacity of ``--capacity`` (a comma list; default 0.1)
 without a CPU tier.
 
-Writes ``results/cache/decision_cost.csv`` (trace, policy, capacity_frac, requests,
-block_references, cpu_s, us_per_request, us_per_block, load_avg_1m).
+Writes ``results/cache/decision_cost.csv`` (``--file``; trace, policy, capacity_frac, requests,
+block_references, cpu_s, us_per_request, us_per_block, load_avg_1m). ``--policies`` takes any
+name of ``make_block_cache``, e.g. ``adaptive-s8`` (shadows sampled at 1/8).
 
     .venv/bin/python benchmarks/cache_decision_cost.py [--traces mooncake,gen-multi-turn]
 """
@@ -32,6 +33,7 @@ def main() -> None:
     parser.add_argument("--capacity", default="0.1", help="comma list of HBM fractions")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--out", default="results/cache")
+    parser.add_argument("--file", default="decision_cost.csv", help="file name under --out")
     args = parser.parse_args()
     rows = []
     cells = [(n, float(c)) for n in args.traces.split(",") for c in args.capacity.split(",")]
@@ -56,8 +58,8 @@ def main() -> None:
             print(rows[-1], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(out / "decision_cost.csv", index=False, float_format="%.6g")
-    print(f"wrote {out / 'decision_cost.csv'}")
+    pd.DataFrame(rows).to_csv(out / args.file, index=False, float_format="%.6g")
+    print(f"wrote {out / args.file}")
 
 
 if __name__ == "__main__":

@@ -504,7 +504,7 @@ def fleet_plan(**p: Any) -> None:
               "(0: none). Runs where HBM + CPU hold every unique block are skipped.")
 @click.option("--policies", default="lru,lfu,predictor,belady", show_default=True,
               help="Comma-separated cache policies: lru, lfu, arc, s3fifo, predictor, adaptive, "
-              "belady.")
+              "belady, adaptive-sN (adaptive with shadow caches sampled at rate 1/N).")
 @click.option("--duration-s", default=None, type=float,
               help="Replay only the first DURATION_S seconds of arrivals [default: all].")
 @click.option("--jobs", default=None, type=int,

@@ -24,6 +24,7 @@ from superinfer.harness.offline.cache_eval import (
 )
 from superinfer.harness.workload.traces import TraceRow
 from superinfer.policy_core.reuse import ReusePredictorConfig
+from superinfer.policy_core.reuse_adaptive import ADAPTIVE_EXPERTS
 
 
 def trace(
@@ -75,7 +76,7 @@ def test_lru_and_lfu_exact_on_hand_made_sequences() -> None:
 
 def _brute_force(tr: BlockTrace, capacity: int) -> int:
     """Most prefix hits any policy can get: every keep-set after every request."""
-    states = {frozenset(): 0}
+    states: dict[frozenset[int], int] = {frozenset(): 0}
     for r in range(tr.num_requests):
         blocks = tr.blocks[tr.offsets[r] : tr.offsets[r + 1]].tolist()
         nxt: dict[frozenset[int], int] = {}
@@ -267,6 +268,7 @@ def test_cli_cache_eval_writes_the_contract_files(
         (["--capacities", "x"], "error: --capacities: 'x' is not a number"),
         (["--capacities", "1.5"], "error: capacity fractions must be in (0, 1], got 1.5"),
         (["--policies", "nosuch"], "error: unknown cache policy 'nosuch'; known: lru, lfu"),
+        (["--policies", "adaptive-s0"], "error: unknown cache policy 'adaptive-s0'; known: "),
         (["--trace", "nosuch"], "error: unknown trace 'nosuch': give mooncake or a Mooncake"),
         (["--report-only"], "error: "),
     ],
@@ -370,3 +372,17 @@ def test_adaptive_cpu_tier_follows_the_union_leader() -> None:
     assert res.predictor is not None
     assert res.predictor["union_switches"] == ["30:lru->s3fifo"]
     assert res.predictor["leader"] == "lru"
+
+
+def test_adaptive_sn_replays_the_sampled_predictor() -> None:
+    # adaptive-s1 (sample rate 1) is the unsampled predictor: the same hits and switches; the
+    # sampled adaptive-s4 runs (its metrics name a leader) on the same trace and tiers.
+    n = 300
+    tr = trace([[0, 1] if i % 3 == 0 else [i + 1000] for i in range(n)])
+    full, one = replay(tr, "adaptive", 0.0, 1, 2), replay(tr, "adaptive-s1", 0.0, 1, 2)
+    assert (one.hit_blocks, one.cpu_hit_blocks) == (full.hit_blocks, full.cpu_hit_blocks)
+    assert one.predictor is not None and full.predictor is not None
+    assert one.predictor["union_switches"] == full.predictor["union_switches"]
+    assert one.policy == "adaptive-s1"
+    four = replay(tr, "adaptive-s4", 0.0, 1, 2)
+    assert four.predictor is not None and four.predictor["leader"] in ADAPTIVE_EXPERTS

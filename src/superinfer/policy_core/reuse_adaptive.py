@@ -23,9 +23,8 @@ cached and returns the blocks that left to bring the cache back within ``capacit
   :class:`~superinfer.policy_core.reuse_hazard.HazardCache`) as shadow caches of the same
   capacity on the same requests (ids only, no KV), scores each by its exponentially decayed
   prefix-hit blocks (half-life ``half_life_blocks`` block references), and
-  makes its own cache follow the current leader: when over capacity it evicts first the blocks
-  the leader does not hold (oldest first, deeper first), so its content converges to the
-  leader's and, while the leader stays the same, equals it. It starts as LRU (cold start: LRU's
+  makes its own cache follow the current leader (:mod:`~superinfer.policy_core.reuse_follow`:
+  the blocks the leader does not hold leave first). It starts as LRU (cold start: LRU's
   hits exactly until another policy leads by the switching margin) and switches leader only when
   another policy's score exceeds the leader's by ``switch_margin`` (in hit rate over the decayed
   window) and by the measured cost of a switch (the hits it lost to its leader over the last
@@ -36,12 +35,18 @@ cached and returns the blocks that left to bring the cache back within ``capacit
   :meth:`cpu_key` orders the real CPU tier by the LFU counts too. With a CPU tier it also runs
   every expert again as a *union shadow*, one cache as large as HBM + CPU, scored by its plain
   prefix hits, with a leader of its own (the margin rule without the switch charge, cold start
-  LRU); once that leader is not LRU, the
-  real CPU tier drops first the blocks the union leader does not hold (:meth:`cpu_key`,
-  re-keyed through :meth:`cpu_rekey`), so the union of HBM and CPU follows the policy that does
-  best at the union's size (a CPU hit counts as a hit). The per-request work is the shadow
-  caches' (O(blocks log cache) each, amortized; twice as many shadows with a CPU tier) and
-  O(log cache) per eviction of its own; a switch costs one O(cache) pass.
+  LRU); once that leader is not LRU, the real CPU tier drops first the blocks the union
+  leader does not hold (:meth:`cpu_key`, re-keyed through :meth:`cpu_rekey`), so the union of
+  HBM and CPU follows the policy that does best at the union's size (a CPU hit counts as a
+  hit). The per-request work is the shadow caches' (O(blocks log cache) each, amortized; twice
+  as many shadows with a CPU tier) and O(log cache) per eviction of its own; a switch costs one
+  O(cache) pass.
+
+  With ``sample_rate`` R < 1 the shadows are miniature simulations (Waldspurger et al., USENIX
+  ATC 2017; SHARDS, FAST 2015) of ``capacity * R`` blocks on a fixed spatial sample of the
+  blocks, hits scaled by 1/R, and the cache follows one full-size cache of the leader's policy,
+  warmed on the recent references at each switch (:mod:`~superinfer.policy_core.reuse_sampled`
+  says why); R = 1 (the default) is exactly the unsampled predictor.
 
 Pure: stdlib and numpy.
 """
@@ -52,9 +57,13 @@ import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Container, Sequence
-from dataclasses import dataclass
-from typing import cast
 
+from superinfer.policy_core.reuse_adaptive_config import (
+    ADAPTIVE_EXPERTS,
+    AdaptiveConfig,
+    adaptive_sample_rate,
+    lrfu_half_life,
+)
 from superinfer.policy_core.reuse_blocks import (
     ArcBlocks,
     BlockCache,
@@ -62,8 +71,10 @@ from superinfer.policy_core.reuse_blocks import (
     LrfuCache,
     S3FifoBlocks,
 )
+from superinfer.policy_core.reuse_follow import FollowingCache
 from superinfer.policy_core.reuse_hazard import HazardCache
 from superinfer.policy_core.reuse_learned import LearnedCache
+from superinfer.policy_core.reuse_sampled import WarmLog, sample_mask, sampled_forest
 
 __all__ = [
     "ADAPTIVE_EXPERTS",
@@ -74,54 +85,12 @@ __all__ = [
     "HeapCache",
     "LearnedCache",
     "S3FifoBlocks",
+    "adaptive_sample_rate",
     "make_block_cache",
 ]
 
-#: The shadow policies of :class:`AdaptiveCache`, in tie-break order (first wins a tie).
-ADAPTIVE_EXPERTS = ("lru", "arc", "s3fifo", "lfu", "lrfu20", "lrfu200", "hazard")
 
-
-@dataclass(frozen=True, slots=True)
-class AdaptiveConfig:
-    """Hyperparameters of :class:`AdaptiveCache` (chosen a priori, not tuned per trace).
-
-    Attributes:
-        experts: shadow policies (names of :func:`make_block_cache`); the first is the cold
-            start.
-        half_life_blocks: half-life of the hit scores, in block references.
-        switch_margin: a policy takes the lead when its score exceeds the leader's by this
-            fraction of the decayed block references (a lead in hit rate, 0.003 = 0.3 points)
-            and by ``min_lead`` hits.
-        min_lead: absolute lead needed, in decayed hit blocks.
-        switch_cost: the lead must also exceed this multiple of the measured cost of a switch:
-            the hits the cache lost to its leader (the leader's HBM prefix hits minus its own)
-            over the last leader's tenure, while its content converged to the leader's (or over
-            the current tenure so far, if more); 0: off.
-
-    Raises:
-        ValueError: an unknown expert or a value out of range.
-    """
-
-    experts: tuple[str, ...] = ADAPTIVE_EXPERTS
-    half_life_blocks: float = 20_000.0
-    switch_margin: float = 0.003
-    min_lead: float = 5.0
-    switch_cost: float = 1.0
-
-    def __post_init__(self) -> None:
-        known = ("lru", "lfu", "arc", "s3fifo", "learned", "hazard")
-        if not self.experts or any(e not in known and _lrfu_half_life(e) is None
-                                   for e in self.experts):  # fmt: skip
-            raise ValueError(
-                f"experts must be among {', '.join(known)}, lrfuH (H s): {self.experts}"
-            )
-        if not self.half_life_blocks > 0:
-            raise ValueError(f"half_life_blocks must be > 0, got {self.half_life_blocks}")
-        if min(self.switch_margin, self.min_lead, self.switch_cost) < 0:
-            raise ValueError("switch_margin, min_lead and switch_cost must be >= 0")
-
-
-class AdaptiveCache(BlockCache):
+class AdaptiveCache(FollowingCache):
     """The adaptive reuse predictor: follows the simple policy with the most recent hits.
 
     Attributes:
@@ -129,6 +98,8 @@ class AdaptiveCache(BlockCache):
         leader: the policy followed now.
         scores: decayed prefix-hit blocks of each shadow cache.
         switches: (block references seen, old leader, new leader) of each switch.
+        follow: with ``sample_rate`` < 1, the full-size cache of the leader's policy that this
+            cache follows (None while LRU leads); ``union_follow`` the union leader's.
     """
 
     name = "adaptive"
@@ -144,10 +115,24 @@ class AdaptiveCache(BlockCache):
         super().__init__(capacity, parent, depth)
         self.config = config or AdaptiveConfig()
         self.cpu_capacity = cpu_capacity
+        rate = self.rate = self.config.sample_rate
+        # The shadows' forest, capacities and hit scale (the full ones when unsampled).
+        self.mask: list[bool] | None = sample_mask(len(self.parent), rate) if rate < 1 else None
+        shadow_parent = self.parent if self.mask is None else sampled_forest(self.parent, self.mask)
+        self.shadow_capacity = max(1, round(capacity * rate))
+        self.shadow_cpu_capacity = max(1, round(cpu_capacity * rate)) if cpu_capacity else 0
+        self.scale = 1.0 / rate
         self.experts = {
-            name: make_block_cache(name, capacity, self.parent, self.depth)
+            name: make_block_cache(name, self.shadow_capacity, shadow_parent, self.depth)
             for name in self.config.experts
         }
+        # Sampled: the full-size caches followed (the leader's; the union leader's while that
+        # is not the cold start) and the recent references that warm them.
+        self.follow: BlockCache | None = None
+        self.union_follow: BlockCache | None = None
+        self.warm = None if self.mask is None else WarmLog(self._window(capacity + cpu_capacity))
+        if self.mask is not None and self.config.experts[0] != "lru":
+            self.follow = make_block_cache(self.config.experts[0], capacity, parent, depth)
         self.leader = self.config.experts[0]
         self.scores = dict.fromkeys(self.experts, 0.0)
         # With a CPU tier each shadow also keeps a CPU tier of its HBM victims (ids only), so
@@ -162,14 +147,11 @@ class AdaptiveCache(BlockCache):
         # union leader does not hold (cpu_key), so the union of the tiers follows the policy
         # that does best at the size of the union; while the union leader is the first expert
         # (the cold start), the CPU tier is ordered as without union shadows.
-        self.union: dict[str, BlockCache] = (
-            {
-                name: make_block_cache(name, capacity + cpu_capacity, self.parent, self.depth)
-                for name in self.config.experts
-            }
-            if cpu_capacity
-            else {}
-        )
+        ucap = max(1, round((capacity + cpu_capacity) * rate))
+        self.union: dict[str, BlockCache] = {
+            name: make_block_cache(name, ucap, shadow_parent, self.depth)
+            for name in (self.config.experts if cpu_capacity else ())
+        }
         self.union_leader = self.config.experts[0]
         self.union_scores = dict.fromkeys(self.union, 0.0)
         self.union_switches: list[tuple[int, str, str]] = []
@@ -187,65 +169,72 @@ class AdaptiveCache(BlockCache):
         self.last_switch_cost = 0.0  # the last closed tenure's
         self.refs = 0
         self.decayed_refs = 0.0
-        self.cached = [False] * len(self.parent)
-        self.last = [0.0] * len(self.parent)
-        self.size = 0
-        self.stale: list[tuple[float, int, int]] = []  # (last access, -depth, block)
-        self.lru: list[tuple[float, int, int]] = []  # every cached block (fallback)
         self._decay = math.log(2.0) / self.config.half_life_blocks
 
-    def __contains__(self, block: object) -> bool:
-        return bool(self.cached[cast(int, block)])
+    def lead_cache(self) -> BlockCache:
+        """The full-size cache of the leader's policy this cache follows (the leader's shadow
+        itself when unsampled; this cache itself while sampled and LRU leads, as its own
+        fallback order is LRU's)."""
+        if self.mask is None:
+            return self.experts[self.leader]
+        return self if self.follow is None else self.follow
+
+    def union_lead_cache(self) -> BlockCache | None:
+        """The full-size union cache of the union leader's policy (None without a CPU tier, or
+        while sampled and the union leader is the cold start)."""
+        if self.mask is not None:
+            return self.union_follow
+        return self.union.get(self.union_leader)
 
     def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
         keep = math.exp(-self._decay * len(blocks))
         cached, own, n = self.cached, 0, len(blocks)
         while own < n and cached[blocks[own]]:
             own += 1
-        lead_hit = 0
+        mask, scale = self.mask, self.scale
+        sub = blocks if mask is None else [b for b in blocks if mask[b]]  # the shadows' view
+        lead_hit = own if self.follow is None else self.follow.prefix_hit(blocks)
         for name, cache in self.experts.items():
-            hit = self._shadow_hit(name, cache, blocks)
-            if name == self.leader:
+            hit = self._shadow_hit(name, cache, sub)
+            if name == self.leader and mask is None:
                 lead_hit = cache.prefix_hit(blocks) if self.cpu_capacity else hit
-            self.scores[name] = keep * self.scores[name] + hit
+            self.scores[name] = keep * self.scores[name] + hit * scale
         self.tenure_cost += lead_hit - own
         for name, cache in self.union.items():
-            self.union_scores[name] = keep * self.union_scores[name] + cache.prefix_hit(blocks)
+            self.union_scores[name] = keep * self.union_scores[name] + cache.prefix_hit(sub) * scale
         self.refs += len(blocks)
         self.decayed_refs = keep * self.decayed_refs + len(blocks)
-        for b in blocks:
-            if not self.cached[b]:
-                self.cached[b] = True
-                self.size += 1
-                self._entered(b)
-            self.last[b] = now_s
-            heapq.heappush(self.lru, (now_s, -self.depth[b], b))
-        lead = self.experts[self.leader]
-        for name, cache in self.experts.items():
-            gone = cache.request(blocks, now_s)
-            if self.cpu_capacity and name == "lfu" and isinstance(cache, HeapCache):
-                self._lfu_shadow_cpu(cache, blocks, gone)
-            elif self.cpu_capacity:
+        self._touch(blocks, now_s)
+        lead, ulead = self.lead_cache(), self.union_lead_cache()
+        cpu_cap = self.shadow_cpu_capacity
+        for name, shadow in [*self.experts.items(), ("", self.follow)]:
+            if shadow is None:
+                continue
+            gone = shadow.request(sub if name else blocks, now_s)
+            if cpu_cap and name == "lfu" and isinstance(shadow, HeapCache):
+                self._lfu_shadow_cpu(shadow, sub, gone)
+            elif cpu_cap and name:
                 cpu = self.shadow_cpu[name]
-                for b in blocks:
+                for b in sub:
                     cpu.pop(b, None)
                 for v in gone:
                     cpu[v] = None
-                while len(cpu) > self.cpu_capacity:
+                while len(cpu) > cpu_cap:
                     cpu.popitem(last=False)
-            if cache is lead:
-                for v in gone:
-                    if self.cached[v]:
-                        heapq.heappush(self.stale, (self.last[v], -self.depth[v], v))
+            if shadow is lead:
+                self._lead_evicted(gone)
         if self.union:
-            ulead = self.union[self.union_leader]
-            for cache in self.union.values():
-                gone = cache.request(blocks, now_s)
-                if cache is ulead and self.union_leader != self.config.experts[0]:
+            for union in [*self.union.values(), self.union_follow]:
+                if union is None:
+                    continue
+                gone = union.request(blocks if union is self.union_follow else sub, now_s)
+                if union is ulead and self.union_leader != self.config.experts[0]:
                     self._rekey.extend(gone)
+        if self.warm is not None:
+            self.warm.add(blocks, now_s)
         self._maybe_switch()
         self._maybe_switch_union()
-        return self._trim()
+        return self._trim(self.lead_cache())
 
     def _maybe_switch_union(self) -> None:
         if not self.union:
@@ -259,6 +248,17 @@ class AdaptiveCache(BlockCache):
             return
         self.union_switches.append((self.refs, self.union_leader, best))
         self.union_leader = best
+        if (
+            self.warm is not None
+        ):  # sampled: a full-size union cache of the new union leader, warmed
+            cap = self.capacity + self.cpu_capacity
+            self.union_follow = (
+                self.warm.replay(
+                    make_block_cache(best, cap, self.parent, self.depth), self._window(cap)
+                )
+                if best != self.config.experts[0]
+                else None
+            )
         self.cpu_epoch += 1
         self._rekey.clear()
 
@@ -272,11 +272,11 @@ class AdaptiveCache(BlockCache):
             count, t, d = cache.count[v], last[v], -depth[v]
             cpu[v] = (count, t, d)
             heapq.heappush(heap, (count, t, d, v))
-        while len(cpu) > self.cpu_capacity and heap:
+        while len(cpu) > self.shadow_cpu_capacity and heap:
             count, t, d, v = heapq.heappop(heap)
             if cpu.get(v) == (count, t, d):
                 del cpu[v]
-        if len(heap) > 4 * self.cpu_capacity + 1024:
+        if len(heap) > 4 * self.shadow_cpu_capacity + 1024:
             self._lfu_heap = [(*k, v) for v, k in cpu.items()]
             heapq.heapify(self._lfu_heap)
 
@@ -288,10 +288,11 @@ class AdaptiveCache(BlockCache):
         offload order among equal counts; otherwise the least recently offloaded first. Once
         the union leader is not the cold-start expert, the blocks it does not hold go first
         (:attr:`UNION_HELD` added to the others' first key)."""
-        lfu = self.experts.get("lfu")
+        lfu = self.lead_cache()
         base = lfu.count[block] if self.leader == "lfu" and isinstance(lfu, HeapCache) else 1
-        if self.union and self.union_leader != self.config.experts[0]:
-            if block in self.union[self.union_leader]:
+        ulead = self.union_lead_cache()
+        if self.union and self.union_leader != self.config.experts[0] and ulead is not None:
+            if block in ulead:
                 base += self.UNION_HELD
         return (base, seq)
 
@@ -310,6 +311,10 @@ class AdaptiveCache(BlockCache):
         while k < len(blocks) and (blocks[k] in cache or blocks[k] in cpu):
             k += 1
         return k
+
+    def _window(self, capacity: int) -> int:
+        """Block references replayed to warm a full-size cache of ``capacity`` blocks."""
+        return max(1, math.ceil(self.config.warm_window * capacity))
 
     def _maybe_switch(self) -> None:
         cfg = self.config
@@ -330,51 +335,12 @@ class AdaptiveCache(BlockCache):
         if "lfu" in (self.leader, best):
             self.cpu_epoch += 1  # the real CPU tier's order changes with the leader
         self.leader = best
-        leader_cache = self.experts[best]
-        self.stale = [
-            (self.last[b], -self.depth[b], b)
-            for b in range(len(self.cached))
-            if self.cached[b] and b not in leader_cache
-        ]
-        heapq.heapify(self.stale)
-
-    def _pop_valid(
-        self, heap: list[tuple[float, int, int]], lead: BlockCache, stale: bool
-    ) -> int | None:
-        held: list[tuple[float, int, int]] = []
-        found = None
-        while heap:
-            entry = heapq.heappop(heap)
-            b = entry[2]
-            if not self.cached[b] or self.last[b] != entry[0] or (stale and b in lead):
-                continue  # outdated entry
-            if self.kids[b]:
-                held.append(entry)
-                continue
-            found = b
-            break
-        for entry in held:
-            heapq.heappush(heap, entry)
-        return found
-
-    def _trim(self) -> list[int]:
-        out: list[int] = []
-        lead = self.experts[self.leader]
-        while self.size > self.capacity:
-            b = self._pop_valid(self.stale, lead, True)
-            if b is None:
-                b = self._pop_valid(self.lru, lead, False)
-            if b is None:
-                break
-            self.cached[b] = False
-            self.size -= 1
-            self._left(b)
-            out.append(b)
-        if len(self.lru) > 4 * self.capacity + 1024:
-            self.lru = [(self.last[b], -self.depth[b], b) for b in range(len(self.cached))
-                        if self.cached[b]]  # fmt: skip
-            heapq.heapify(self.lru)
-        return out
+        if self.warm is not None:  # sampled: a full-size cache of the new leader's, warmed
+            cap = self.capacity
+            self.follow = None if best == "lru" else self.warm.replay(
+                make_block_cache(best, cap, self.parent, self.depth), self._window(cap)
+            )  # fmt: skip
+        self._restale(self.lead_cache())
 
     def metrics(self) -> dict[str, object]:
         """Leader now, switches made, and the shadow policies' decayed scores."""
@@ -403,15 +369,15 @@ def make_block_cache(
     cpu_capacity: int = 0,
 ) -> BlockCache:
     """The block cache called ``name``: ``lru``, ``lfu``, ``arc``, ``s3fifo``, ``lrfuH``,
-    ``hazard``, ``learned`` or ``adaptive`` (``cpu_capacity``: the CPU tier its shadow policies
-    are scored with).
+    ``hazard``, ``learned``, ``adaptive`` or ``adaptive-sN`` (its shadows sampled at 1/N;
+    ``cpu_capacity``: the CPU tier its shadow policies are scored with).
 
     Raises:
         ValueError: an unknown name.
     """
     if name in ("lru", "lfu"):
         return HeapCache(capacity, parent, depth, lfu=name == "lfu")
-    half_life = _lrfu_half_life(name)
+    half_life = lrfu_half_life(name)
     if half_life is not None:
         return LrfuCache(capacity, parent, depth, half_life)
     if name == "arc":
@@ -424,15 +390,8 @@ def make_block_cache(
         return HazardCache(capacity, parent, depth)
     if name == "adaptive":
         return AdaptiveCache(capacity, parent, depth, cpu_capacity=cpu_capacity)
+    rate = adaptive_sample_rate(name)
+    if rate is not None:
+        cfg = AdaptiveConfig(sample_rate=rate)
+        return AdaptiveCache(capacity, parent, depth, cfg, cpu_capacity=cpu_capacity)
     raise ValueError(f"unknown block cache {name!r}")
-
-
-def _lrfu_half_life(name: str) -> float | None:
-    """``lrfuH`` -> H (a half-life in s, > 0); None for any other name."""
-    if not name.startswith("lrfu"):
-        return None
-    try:
-        h = float(name[4:])
-    except ValueError:
-        return None
-    return h if h > 0 and math.isfinite(h) else None

@@ -59,6 +59,7 @@ from superinfer.harness.offline.cache_trace import (
 )
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, write_atomic
 from superinfer.policy_core.reuse import ReusePredictorConfig
+from superinfer.policy_core.reuse_adaptive import adaptive_sample_rate
 
 __all__ = [
     "CACHE_TRACES",
@@ -93,7 +94,8 @@ class CacheEvalConfig:
             several, comma-separated.
         capacity_fracs: HBM capacities as fractions of the trace's unique blocks.
         cpu_ratio: CPU tier size as a multiple of the HBM capacity (0: no CPU-tier runs).
-        policies: policies to replay.
+        policies: policies to replay (of :data:`POLICIES`, or ``adaptive-sN``: the adaptive
+            predictor with shadow caches sampled at rate 1/N).
         duration_s: replay only the first ``duration_s`` seconds of arrivals (``None``: all).
         jobs: worker processes.
         seed: the predictor's sampling seed and the generated traces' seed.
@@ -109,8 +111,10 @@ class CacheEvalConfig:
 
     def __post_init__(self) -> None:
         for p in self.policies:
-            if p not in POLICIES:
-                raise UserError(f"unknown cache policy {p!r}; known: {', '.join(POLICIES)}")
+            if p not in POLICIES and adaptive_sample_rate(p) is None:
+                raise UserError(
+                    f"unknown cache policy {p!r}; known: {', '.join(POLICIES)}, adaptive-sN"
+                )
         if not self.policies:
             raise UserError("--policies is empty")
         if not self.capacity_fracs:

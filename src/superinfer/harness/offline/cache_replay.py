@@ -23,6 +23,7 @@ from superinfer.harness.offline.cache_trace import (
 )
 from superinfer.policy_core.kv_placement_plan import PlacementPlanner, ScoreFn
 from superinfer.policy_core.reuse import NodeColumns, ReusePredictor, ReusePredictorConfig
+from superinfer.policy_core.reuse_adaptive import adaptive_sample_rate
 
 __all__ = [
     "belady_prefix_hits",
@@ -246,7 +247,7 @@ def replay(
 
     Args:
         trace: the block trace.
-        policy: one of :data:`POLICIES`.
+        policy: one of :data:`POLICIES`, or ``adaptive-sN`` (shadows sampled at 1/N).
         capacity_frac: recorded in the result (``hbm_blocks`` is the capacity used).
         hbm_blocks: HBM prefix-cache capacity in blocks (>= 1).
         cpu_blocks: CPU tier capacity in blocks (0: no CPU tier).
@@ -262,11 +263,12 @@ def replay(
         return replay_belady(trace, capacity_frac, hbm_blocks, cpu_blocks)
     if policy in ("lru", "lfu") and not via_planner:
         return replay_ordered(trace, policy, capacity_frac, hbm_blocks, cpu_blocks)
-    if policy not in POLICIES:
+    sampled = adaptive_sample_rate(policy) is not None
+    if policy not in POLICIES and not sampled:
         raise UserError(f"unknown cache policy {policy!r}; known: {', '.join(POLICIES)}")
     if hbm_blocks < 1 or cpu_blocks < 0:
         raise UserError(f"capacity must be >= 1 HBM block, got {hbm_blocks} (CPU {cpu_blocks})")
-    if policy in BLOCK_POLICIES:
+    if policy in BLOCK_POLICIES or sampled:
         return replay_blocks(trace, policy, capacity_frac, hbm_blocks, cpu_blocks)
     start = time.perf_counter()
     planner = planner or PlacementPlanner()
