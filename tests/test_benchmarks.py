@@ -223,3 +223,19 @@ def test_cache_predictability_tables_by_hand() -> None:
         mod["hindsight_tables"](cls, length, closed, 1, "lru", 100.0)
     assert mod["class_of"](("accesses", "children"), 5, 0, 2, -1.0) == 2 * 4 + 2
     assert mod["class_of"](("depth", "last_gap"), 1, 6, 0, 20.0) == 2 * 6 + 3
+
+
+def test_trace_request_steps_prints_each_step_of_the_request() -> None:
+    out = subprocess.run(
+        [sys.executable, "benchmarks/trace_request_steps.py", "--request-id", "conv-3",
+         "--until-s", "10"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    ).stdout  # fmt: skip
+    lines = out.splitlines()
+    # prefilled whole in one step of its own, then decoding: the simulated run is deterministic
+    assert lines[0].split() == [
+        "7.191", "s", "replica", "1", "it:", "396", "of", "396", "pending", "step:", "396",
+        "tokens,", "0", "decodes,", "running", "0,", "waiting", "1", "other", "chunks", "[]",
+    ]  # fmt: skip
+    assert lines[1].split()[4:9] == ["it:", "1", "of", "1", "pending"]
+    assert lines[-1].split()[:4] == ["1", "conv-3", "1", "396"]
