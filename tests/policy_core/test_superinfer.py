@@ -443,6 +443,24 @@ class TestFirstTokenGuard:
         late, trims = self._decide(9.01, reject_hopeless=False, best_effort_demotion=False)
         assert dict(late.num_tokens) == {"short": 16, "long": 2032} and trims == 0
 
+    def _decide_chat_donor(self, long_arrival_s: float) -> tuple[ScheduleDecision, int]:
+        """A 4,000-token chat waiting beside the short chat, both tier 0; the short first."""
+        p = policy(first_token_guard=True)
+        long = make_view("long", prompt=4000, arrival_s=long_arrival_s)
+        short = make_view("short", prompt=16, arrival_s=9.2)
+        arrive(p, long, short)
+        state = make_state(waiting=[long, short], free_blocks=1000, total_blocks=1000)
+        return decide(p, state), p.stats()["first_token_trims"]
+
+    def test_a_later_chat_gives_tokens_if_it_still_makes_its_first_token(self) -> None:
+        # short due 10.2 s; the step (16 + 2032 tokens) ends at 10.2248 s, 249 tokens late.
+        # long would prefill its 4,000 tokens after the trimmed step (10.1999 s) by
+        # + prefill_s(4000, 2048, 0) = 2 A + B * 4000 = 10.6399 s: it gives if due after that
+        guarded, trims = self._decide_chat_donor(9.9)  # due 10.9 s
+        assert dict(guarded.num_tokens) == {"short": 16, "long": 1783} and trims == 1
+        kept, trims = self._decide_chat_donor(9.6)  # due 10.6 s: it would be late
+        assert dict(kept.num_tokens) == {"short": 16, "long": 2032} and trims == 0
+
 
 class TestPreemption:
     def _state(self, victim_computed: int, link: float, free_cpu: int) -> StepState:

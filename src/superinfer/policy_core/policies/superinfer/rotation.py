@@ -114,11 +114,16 @@ class _Rotation(_StepBudget):
         prompt's chunk shares the step (a 16-token chat beside a 2,016-token chunk waits ~0.4 s
         on an A100 for Llama-3.1-70B TP4; ``conform`` scenario ``head_of_line``). With the
         step's predicted end ``now + step_s(prefill, decodes)`` past that deadline ``d``, the
-        prefills of tiers worse than the urgent request's (last tier first, the largest chunk
-        first inside a tier) give back ``ceil((end - d) / prefill_token_s)`` tokens, only if
-        that many are theirs to give (no trim for a deadline out of reach anyway). A request
-        admitted or resumed in this step keeps at least one token, so it still runs; its KV
-        blocks are re-charged for the shorter chunk and its tier's stride pass refunded.
+        prefills of tiers worse than the urgent request's that await no first token, and the
+        prefills of its tier or worse that await a later one and would still get it in time
+        after the trimmed step (the rest in whole-budget chunks: ``prefill_s``), give back
+        ``ceil((end - d) / prefill_token_s)`` tokens (last tier first, the largest chunk first
+        inside a tier), only if that many are theirs to give (no trim for a deadline out of
+        reach anyway). The second kind is the 4,085-token chat whose last token shared a step
+        with a later chat's 1,354-token chunk (``benchmarks/trace_request_steps.py``,
+        conv-494). A request admitted or resumed in this step keeps at least one token, so it
+        still runs; its KV blocks are re-charged for the shorter chunk and its tier's stride
+        pass refunded.
         """
         model = self.step_time
         now = step.state.now_s
@@ -145,11 +150,19 @@ class _Rotation(_StepBudget):
             return 0
         excess = -(-late_s // model.prefill_token_s)
         started = set(step.admit) | set(step.resume)
-        donors = [
-            (e, n - (1 if e.rid in started else 0))
-            for e, n in pieces
-            if e.tier > urgent_tier and not _awaits_first_token(e)
-        ]
+        ends_s = now + model.step_s(prefill - excess, len(decodes))  # the step, trimmed
+        budget = step.state.token_budget
+
+        def gives(e: _Entry, n: int) -> bool:
+            if not _awaits_first_token(e):
+                return e.tier > urgent_tier
+            # a later first token that still comes in time after this step, prefilled in
+            # whole-budget chunks from its end
+            due = e.arrival_s + e.ttft_s  # type: ignore[operator]  # awaits: has a TTFT
+            rest = model.prefill_s(e.view.pending_tokens, budget, len(decodes))
+            return e.tier >= urgent_tier and n < e.view.pending_tokens and ends_s + rest < due
+
+        donors = [(e, n - (1 if e.rid in started else 0)) for e, n in pieces if gives(e, n)]
         if sum(g for _, g in donors) < excess:
             return 0  # out of reach even so: keep the throughput
         donors.sort(key=lambda d: (-d[0].tier, -d[1]))
