@@ -15,10 +15,10 @@ def test_off_by_default() -> None:
     assert SuperInferPolicy().fcfs_guard is False
 
 
-def _ahead_then_batch(guard: bool) -> SuperInferPolicy:
+def _ahead_then_batch() -> SuperInferPolicy:
     """A 300-token chat prompt, then a 100-token batch prompt, on a one-seat replica: the chat
     is prefilled 100 + 199 tokens in two calls (299 of the 300 ahead of the batch)."""
-    p = policy(fcfs_guard=guard)
+    p = policy(fcfs_guard=True)
     first = make_view("first", prompt=300, arrival_s=0.0)
     batch = make_view("batch", prompt=100, slo=BATCH, arrival_s=0.1)
     arrive(p, first, batch)
@@ -33,7 +33,7 @@ def _ahead_then_batch(guard: bool) -> SuperInferPolicy:
 
 
 def test_a_batch_request_is_aged_when_the_prompts_ahead_of_it_are_prefilled() -> None:
-    p = _ahead_then_batch(guard=True)
+    p = _ahead_then_batch()
     rep = p._replicas[0]
     assert (rep.fcfs_arrived, rep.fcfs_left) == (400, 299)
     batch = make_view("batch", prompt=100, slo=BATCH, arrival_s=0.1)
@@ -48,9 +48,9 @@ def test_a_batch_request_is_aged_when_the_prompts_ahead_of_it_are_prefilled() ->
     assert p._entries["batch"].aged and p.stats()["fcfs_aged"] == 1
 
 
-def _late_chat_and_batch(guard: bool) -> tuple[str, ...]:
+def _late_chat_and_batch() -> tuple[str, ...]:
     """What a freed seat admits: the batch request (aged) or a chat that arrived after it."""
-    p = _ahead_then_batch(guard)
+    p = _ahead_then_batch()
     first = make_view("first", prompt=300, computed=299, arrival_s=0.0)
     p.on_request_aborted(first, 1.2, "client")  # its last token counts as gone
     batch = make_view("batch", prompt=100, slo=BATCH, arrival_s=0.1)
@@ -61,7 +61,7 @@ def _late_chat_and_batch(guard: bool) -> tuple[str, ...]:
 
 
 def test_the_aged_request_takes_the_seat_before_a_later_chat() -> None:
-    assert _late_chat_and_batch(guard=True) == ("batch",)
+    assert _late_chat_and_batch() == ("batch",)
 
 
 def test_ttft_requests_are_counted_but_never_guard_aged() -> None:

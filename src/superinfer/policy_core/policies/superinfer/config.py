@@ -116,8 +116,8 @@ class SuperInferConfig(BasePolicy):
     fcfs_guard: bool = _opt(
         False,
         "age a waiting request without a TTFT target once the prompt tokens its replica "
-        "prefilled (or dropped: rejected, ended) reach those that arrived before it, the point "
-        "fcfs would start it; aged ones then prefill first, in arrival order",
+        "prefilled (or found cached, or dropped: rejected, ended) reach those that arrived "
+        "before it, the point fcfs would start it; aged ones then prefill first, in arrival order",
     )
     max_waiting_per_tier: int = _opt(
         4096, "bounded queue: waiting requests per tier and replica before shedding"

@@ -117,8 +117,9 @@ class _Replica:
         self.unreported: list[_Entry] = []  # new entries whose tier the engine has not seen
         self.token_budget = 1 << 30  # the replica's step token budget, once a state showed it
         self.books = _RunBooks(num_tiers)  # the running set as last seen (running.py)
-        # fcfs guard: prompt tokens of every request that arrived, and of those that left the
-        # waiting queue (admitted, rejected or ended); (arrived before it, seq, id) per request
+        # fcfs guard: prompt tokens of every request that arrived, and of those gone (prefilled,
+        # found cached, or of a request rejected or ended); (arrived before it, seq, id) per
+        # request without a TTFT target
         self.fcfs_arrived = 0
         self.fcfs_left = 0
         self.fcfs_due: list[tuple[int, int, str]] = []

@@ -106,7 +106,7 @@ class _Rotation(_StepBudget):
             rep.passes = [p - low for p in passes]
 
     def _guard_first_tokens(self, rep: _Replica, step: _Step, decodes: _Decodes) -> int:
-        """Trim worse-tier prefill tokens so the step ends before the tightest first-token
+        """Trim other prefills' tokens so the step ends before the tightest first-token
         deadline among the TTFT-class prefills it completes; returns the tokens trimmed.
 
         Stride rotation gives a worse tier its weighted share of every contended step, so a
@@ -115,15 +115,14 @@ class _Rotation(_StepBudget):
         on an A100 for Llama-3.1-70B TP4; ``conform`` scenario ``head_of_line``). With the
         step's predicted end ``now + step_s(prefill, decodes)`` past that deadline ``d``, the
         prefills of tiers worse than the urgent request's that await no first token, and the
-        prefills of its tier or worse that await a later one and would still get it in time
-        after the trimmed step (the rest in whole-budget chunks: ``prefill_s``), give back
-        ``ceil((end - d) / prefill_token_s)`` tokens (last tier first, the largest chunk first
-        inside a tier), only if that many are theirs to give (no trim for a deadline out of
-        reach anyway). The second kind is the 4,085-token chat whose last token shared a step
-        with a later chat's 1,354-token chunk (``benchmarks/trace_request_steps.py``,
-        conv-494). A request admitted or resumed in this step keeps at least one token, so it
-        still runs; its KV blocks are re-charged for the shorter chunk and its tier's stride
-        pass refunded.
+        prefills of its tier or worse that await a first token of their own and would still get
+        it in time after the trimmed step (the rest in whole-budget chunks: ``prefill_s``), give
+        back ``ceil((end - d) / prefill_token_s)`` tokens (last tier first, the largest chunk
+        first inside a tier), only if that many are theirs to give (no trim for a deadline out
+        of reach anyway). The second kind is the 4,085-token chat whose last token shared a step
+        with a later chat's 1,354-token chunk (``benchmarks/trace_request_steps.py``, conv-494).
+        A request admitted or resumed in this step keeps at least one token, so it still runs;
+        its KV blocks are re-charged for the shorter chunk and its tier's stride pass refunded.
         """
         model = self.step_time
         now = step.state.now_s
