@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from superinfer.policy_core.types import SLO, KVLocation, RequestView, StepState
 
 CHAT = SLO("chat", ttft_ms=1000.0, tpot_ms=100.0, priority=0)
@@ -85,3 +87,28 @@ def make_state(
         replica=replica,
         mixed_batches=mixed_batches,
     )
+
+
+def random_forest(
+    rng: np.random.Generator, nodes: int, *, many_roots: bool
+) -> tuple[list[int], list[int]]:
+    """A random prefix forest of ``nodes`` blocks numbered parent-first: ``(parent, depth)``.
+
+    Node 0 is a root; node ``i`` gets a parent drawn uniformly from ``0 .. i-1``, or from
+    ``-1 .. i-1`` when ``many_roots`` (``-1``: a new root). ``depth`` counts edges from the root.
+    """
+    low = -1 if many_roots else 0
+    parent = [-1] + [int(rng.integers(low, i)) for i in range(1, nodes)]
+    depth = [0] * nodes
+    for v in range(1, nodes):
+        depth[v] = depth[parent[v]] + 1 if parent[v] >= 0 else 0
+    return parent, depth
+
+
+def root_path(parent: Sequence[int], leaf: int) -> list[int]:
+    """The blocks from ``leaf``'s root down to ``leaf`` (a request's prefix path)."""
+    path = []
+    while leaf >= 0:
+        path.append(leaf)
+        leaf = parent[leaf]
+    return path[::-1]

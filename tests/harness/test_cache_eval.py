@@ -25,6 +25,7 @@ from superinfer.harness.offline.cache_eval import (
 from superinfer.harness.workload.traces import TraceRow
 from superinfer.policy_core.reuse import ReusePredictorConfig
 from superinfer.policy_core.reuse_adaptive import ADAPTIVE_EXPERTS
+from tests.factories import random_forest, root_path
 
 
 def trace(
@@ -94,15 +95,8 @@ def _brute_force(tr: BlockTrace, capacity: int) -> int:
 
 
 def _random_trace(rng: np.random.Generator, nodes: int, requests: int) -> BlockTrace:
-    parent = [-1] + [int(rng.integers(0, i)) for i in range(1, nodes)]
-    paths = []
-    for _ in range(requests):
-        v, path = int(rng.integers(0, nodes)), []
-        while v >= 0:
-            path.append(v)
-            v = parent[v]
-        paths.append(path[::-1])
-    return trace(paths)
+    parent, _ = random_forest(rng, nodes, many_roots=False)
+    return trace([root_path(parent, int(rng.integers(0, nodes))) for _ in range(requests)])
 
 
 @pytest.mark.parametrize("seed", range(25))

@@ -19,6 +19,7 @@ from superinfer.policy_core.reuse_adaptive import (
     make_block_cache,
 )
 from superinfer.policy_core.reuse_blocks import LrfuCache
+from tests.factories import random_forest, root_path
 
 
 def run(cache: ArcCache[str] | S3FifoCache[str], seq: str) -> tuple[list[bool], list[list[str]]]:
@@ -93,18 +94,10 @@ def test_order_and_forget() -> None:
 def test_prefix_versions_evict_leaves_only(cls: type) -> None:
     rng = np.random.default_rng(3)
     nodes = 40
-    parent = [-1] + [int(rng.integers(0, i)) for i in range(1, nodes)]
-    depth = [0] * nodes
-    for v in range(1, nodes):
-        depth[v] = depth[parent[v]] + 1
+    parent, depth = random_forest(rng, nodes, many_roots=False)
     cache = cls(6, parent, depth)
     for t in range(300):
-        v, path = int(rng.integers(0, nodes)), []
-        while v >= 0:
-            path.append(v)
-            v = parent[v]
-        path = path[::-1][:6]
-        cache.request(path, float(t))
+        cache.request(root_path(parent, int(rng.integers(0, nodes)))[:6], float(t))
         held = [b for b in range(nodes) if b in cache]
         assert len(held) <= 6
         assert all(parent[b] < 0 or parent[b] in held for b in held)  # prefix-closed

@@ -11,27 +11,16 @@ from superinfer.policy_core.kv_placement_plan import PlacementPlanner, eviction_
 from superinfer.policy_core.reuse import NodeColumns, ReusePredictor
 from superinfer.policy_core.reuse_adaptive import AdaptiveCache, make_block_cache
 from superinfer.policy_core.reuse_learned import LearnedCache
+from tests.factories import random_forest, root_path
 
 
 def forest(nodes: int, seed: int) -> tuple[list[int], list[int]]:
-    rng = np.random.default_rng(seed)
-    parent = [-1] + [int(rng.integers(-1, i)) for i in range(1, nodes)]
-    depth = [0] * nodes
-    for v in range(1, nodes):
-        depth[v] = depth[parent[v]] + 1 if parent[v] >= 0 else 0
-    return parent, depth
+    return random_forest(np.random.default_rng(seed), nodes, many_roots=True)
 
 
 def paths(parent: list[int], n: int, seed: int, cut: int = 8) -> list[list[int]]:
     rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        v, path = int(rng.integers(0, len(parent))), []
-        while v >= 0:
-            path.append(v)
-            v = parent[v]
-        out.append(path[::-1][:cut])
-    return out
+    return [root_path(parent, int(rng.integers(0, len(parent))))[:cut] for _ in range(n)]
 
 
 def test_eviction_order_is_the_plan_in_greedy_order() -> None:

@@ -13,6 +13,7 @@ from superinfer.policy_core.reuse_adaptive import (
     make_block_cache,
 )
 from superinfer.policy_core.reuse_hazard import AGE_EDGES_S, HazardCache, hazard_tables, rho_index
+from tests.factories import random_forest, root_path
 
 
 def test_hazard_tables_are_kaplan_meier_by_hand() -> None:
@@ -74,18 +75,11 @@ def test_hazard_cold_start_is_exactly_lru() -> None:
     # request equals LRU's (deeper first inside a request) on a random prefix forest.
     rng = np.random.default_rng(5)
     nodes = 60
-    parent = [-1] + [int(rng.integers(-1, i)) for i in range(1, nodes)]
-    depth = [0] * nodes
-    for v in range(1, nodes):
-        depth[v] = depth[parent[v]] + 1 if parent[v] >= 0 else 0
+    parent, depth = random_forest(rng, nodes, many_roots=True)
     haz = HazardCache(7, parent, depth, min_intervals=10**9)
     lru = HeapCache(7, parent, depth)
     for t in range(400):
-        v, path = int(rng.integers(0, nodes)), []
-        while v >= 0:
-            path.append(v)
-            v = parent[v]
-        path = path[::-1][:5]
+        path = root_path(parent, int(rng.integers(0, nodes)))[:5]
         assert haz.prefix_hit(path) == lru.prefix_hit(path)
         assert sorted(haz.request(path, float(t))) == sorted(lru.request(path, float(t)))
         held = [b for b in range(nodes) if b in haz]
@@ -97,17 +91,10 @@ def test_hazard_cold_start_is_exactly_lru() -> None:
 def test_hazard_keeps_prefixes_closed_once_fitted() -> None:
     rng = np.random.default_rng(8)
     nodes = 50
-    parent = [-1] + [int(rng.integers(0, i)) for i in range(1, nodes)]
-    depth = [0] * nodes
-    for v in range(1, nodes):
-        depth[v] = depth[parent[v]] + 1
+    parent, depth = random_forest(rng, nodes, many_roots=False)
     haz = HazardCache(6, parent, depth, min_intervals=20, refit_blocks=10)
     for t in range(500):
-        v, path = int(rng.integers(0, nodes)), []
-        while v >= 0:
-            path.append(v)
-            v = parent[v]
-        gone = haz.request(path[::-1][:6], float(t) * 0.7)
+        gone = haz.request(root_path(parent, int(rng.integers(0, nodes)))[:6], float(t) * 0.7)
         held = [b for b in range(nodes) if b in haz]
         assert len(held) == min(haz.size, 6) and haz.size <= 6
         assert not set(gone) & set(held)
