@@ -8,7 +8,7 @@ import pytest
 
 from superinfer.sim.calibrated import default_step_time
 from superinfer.sim.config import kv_capacity_blocks
-from superinfer.sim.engine_costs import EngineStepTime
+from superinfer.sim.engine_costs import EngineStepTime, load_costs
 from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.profiles import SIM_SGLANG, SIM_TRTLLM, SIM_VLLM
 from superinfer.sim.step_time import BatchShape
@@ -83,3 +83,21 @@ def test_published_releases_carry_their_defaults() -> None:
     assert len(VERSIONS) == 9
     with pytest.raises(KeyError, match="known"):
         get_version("vllm-9")
+
+
+def test_sim_sglang_costs_its_kernels_as_sglang_0_3_0_while_0_2_13_keeps_the_family_scale() -> None:
+    # sim:sglang (0.5.23) takes the newest SGLang release's own fit (0.3.0's online TPOT scale
+    # and CPU terms); the family scale, fitted on 0.2.13's forward times, stays 0.2.13's.
+    costs = load_costs()
+    assert (SIM_SGLANG.kernel_key, SIM_SGLANG.cpu_key) == ("sglang-0.3.0", "sglang-0.3.0")
+    old, new = get_version("sglang-0.2.13"), get_version("sglang-0.3.0")
+    assert (old.kernel_key, old.cpu_key) == ("sglang", "sglang-0.2.13")
+    assert (new.kernel_key, new.cpu_key) == ("sglang-0.3.0", "sglang-0.3.0")
+    scale = costs["kernel_scale"]
+    assert round(scale["sglang-0.3.0"]["fp16"], 4) == 0.8852
+    assert round(scale["sglang"]["fp16"], 4) == 1.4499
+    assert round(scale["vllm"]["fp16"], 4) == 0.8764
+    step = EngineStepTime(default_step_time(L8, H100, 1), SIM_SGLANG)
+    assert step.scale == scale["sglang-0.3.0"]["fp16"]
+    assert step.cpu == (costs["cpu"]["sglang-0.3.0"]["intercept_s"],
+                        costs["cpu"]["sglang-0.3.0"]["per_seq_s"])  # fmt: skip

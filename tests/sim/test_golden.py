@@ -71,16 +71,17 @@ def run(engine: str, router: str, policy: str) -> str:
 #: issue 23's no-thrash preemption; sim:sglang's superinfer rows again when the policy learned
 #: that a prefill step there runs alone (``StepState.mixed_batches``, issue 18), and again when
 #: a prefill step with no chat pending there left a reserve for the next chat
-#: (``ttft_reserve_quantile``).
+#: (``ttft_reserve_quantile``), and again when sim:sglang took SGLang 0.3.0's own kernel scale
+#: and CPU terms instead of the family scale (``sim.profiles.SIM_SGLANG``).
 GOLDEN: dict[tuple[str, str, str], str] = {
-    ("sim:sglang", "round_robin", "fcfs"): "288be560e1658da2",
-    ("sim:sglang", "round_robin", "superinfer"): "7177d43307eaafdc",
-    ("sim:sglang", "least_tokens", "fcfs"): "0e727f7c50e8bfe9",
-    ("sim:sglang", "least_tokens", "superinfer"): "4d983ab40595d838",
-    ("sim:sglang", "slo_aware", "fcfs"): "cb1c4366605f125f",
-    ("sim:sglang", "slo_aware", "superinfer"): "9ece5c0839e41fbf",
-    ("sim:sglang", "cache_aware", "fcfs"): "954382cb8918ccb0",
-    ("sim:sglang", "cache_aware", "superinfer"): "d2e952c32e91624f",
+    ("sim:sglang", "round_robin", "fcfs"): "77c074379118a164",
+    ("sim:sglang", "round_robin", "superinfer"): "73ad7f9fab1fd0e3",
+    ("sim:sglang", "least_tokens", "fcfs"): "70b4d9ced69bf035",
+    ("sim:sglang", "least_tokens", "superinfer"): "048f66a59d6c1e0f",
+    ("sim:sglang", "slo_aware", "fcfs"): "6cdedaae9acbe60c",
+    ("sim:sglang", "slo_aware", "superinfer"): "eb6d29dd28dda40d",
+    ("sim:sglang", "cache_aware", "fcfs"): "6c8e920c3ca92c07",
+    ("sim:sglang", "cache_aware", "superinfer"): "96298e69f3ece141",
     ("sim:trtllm", "round_robin", "fcfs"): "fb91f4d61c83dea1",
     ("sim:trtllm", "round_robin", "superinfer"): "3cdc409f3c4ef980",
     ("sim:trtllm", "least_tokens", "fcfs"): "a50cd40736dca244",

@@ -171,9 +171,16 @@ SIM_VLLM = EngineProfile(
 #: on (``disable_overlap_schedule`` False, same file); one decode step per scheduling round
 #: (``num_continuous_decode_steps`` 1). Prefill and decode do not share a step: a prefill batch
 #: runs alone (``enable_mixed_chunk`` False, same file; ``Scheduler.get_next_batch_to_run`` runs
-#: a new prefill batch before the decode batch). Per-step CPU: fitted on SGLang 0.2.13's published
-#: per-iteration schedule times (WukLab, ``shared/data/published`` rows 680-716), the only SGLang
-#: ones. Kernel scale ``sglang``: fitted on SGLang 0.3.0's ShareGPT offline rows (640-645).
+#: a new prefill batch before the decode batch). Kernel scale and per-step CPU: those fitted for
+#: SGLang 0.3.0 (``kernel_key``/``cpu_key`` ``"sglang-0.3.0"``: scale 0.885 on its RPS-4 TPOT
+#: rows, CPU 1.82 ms + 61.4 us per running request on its max-load rows; ``shared/data/published``
+#: rows 608-645, ``results/fidelity/published_report.md``), the newest SGLang release with
+#: published measurements. Not the family scale ``sglang`` (1.450), which is fitted on 0.2.13's
+#: per-iteration forward times and on 0.3.0's max-load rows costed with 0.2.13's small CPU term,
+#: so it carries into kernel time per-request CPU work that 0.3.0's own fit separates out and
+#: that 0.5's overlap scheduler hides; with it, ``sim:sglang`` ran the same kernels 1.65x slower
+#: than ``sim:vllm`` (scale 0.876), which no published comparison shows (0.3.0 vs vLLM 0.6.0,
+#: rows 608-645, at 0.885 vs 0.876). Release profiles keep their own (``sim.versions``).
 SIM_SGLANG = EngineProfile(
     name="sim:sglang",
     block_size_tokens=1,
@@ -193,8 +200,8 @@ SIM_SGLANG = EngineProfile(
     reserve_ratio_min=0.7 * 0.14,
     reserve_ratio_decay=(0.7 - 0.7 * 0.14) / 600,
     version="sglang 0.5.23",
-    kernel_key="sglang",
-    cpu_key="sglang-0.2.13",
+    kernel_key="sglang-0.3.0",
+    cpu_key="sglang-0.3.0",
     cpu_overlap=True,
     mixed_batches=False,
 )

@@ -70,6 +70,8 @@ VERSIONS: dict[str, EngineProfile] = {
         token_budget=512,
         token_budget_large_gpu=512,
         cpu_overlap=False,
+        kernel_key="sglang",
+        cpu_key="sglang-0.2.13",
     ),  # fmt: skip
     # Rows 608-645: ``--disable-radix-cache``, ``--mem-frac 0.88`` (stated for the 70B offline
     # run; taken for all); chunked prefill 8,192 (``server_args.py`` 0.3.0 default); no overlap

@@ -98,10 +98,11 @@ def _kernel_group(r: _Row) -> tuple[str, str]:
 ONLINE_KERNEL_FIT = ("sglang-0.3.0",)
 #: How a release is simulated while its engine family's shared terms (kernel scale, CPU) are
 #: fitted, where that differs from its own profile: as the shipped fit (6382d15) simulated it,
-#: so that the family terms, which today's profiles (``sim:sglang``, ``sim:vllm``) use, are
+#: so that the family terms (``sim:vllm`` uses ``vllm``'s, the ``sim:sglang@0.2.13`` release
+#: profile ``sglang``'s; ``sim:sglang`` takes 0.3.0's own terms, ``sim.profiles.SIM_SGLANG``) are
 #: unchanged by the release-only mechanics added since: SGLang 0.3.0 costed with the family's
 #: keys (its own terms are fitted afterwards), vLLM 0.6.0 ending a run at its first finish.
-#: Re-fitting the family terms with those mechanics moves today's profiles' costs and every
+#: Re-fitting the family terms with those mechanics moves those profiles' costs and every
 #: result built on them (left for a full rerun of the results).
 _FAMILY: dict[str, dict[str, Any]] = {
     "sglang-0.3.0": {"kernel_key": "sglang", "cpu_key": "sglang-0.2.13"},
