@@ -176,7 +176,8 @@ def test_a_full_stack_cell_runs_the_planner_and_a_bad_stack_is_refused() -> None
                                                                       ("full", full))}  # fmt: skip
     assert rows["full"]["all"]["n_requests"] == rows["none"]["all"]["n_requests"]
     assert rows["full"]["all"]["n_requests"] == 589
-    assert rows["full"]["all"]["kv_peak_gb"] < 0.6 * rows["none"]["all"]["kv_peak_gb"]
+    # issue 18's seed target, peak KV <= 0.67x (0.611x here: 24.59 of 40.25 GB)
+    assert rows["full"]["all"]["kv_peak_gb"] <= 0.67 * rows["none"]["all"]["kv_peak_gb"]
     with pytest.raises(UserError, match=r"--stack 'half': expected none, full or .*unknown: half"):
         check_cell(dataclasses.replace(TINY, stack="half"))
     with pytest.raises(

@@ -56,8 +56,9 @@ def digest(result: SimResult) -> str:
 
 def run(engine: str, router: str, policy: str) -> str:
     options = {"max_repeat_steps": "8"}
-    if policy == "superinfer":  # its default before issue 18, which these digests pinned
+    if policy == "superinfer":  # its defaults before issue 18, which these digests pinned
         options["reject_hopeless"] = "false"
+        options["first_token_guard"] = "false"
     pm = build_plugin_manager(policy, options)
     blocks = {"sim:vllm": 400, "sim:sglang": 6400, "sim:trtllm": 200}[engine]  # tight: evictions
     config = SimConfig(PROFILES[engine], get_model("llama-3.1-8b"), get_gpu("a100-80gb"),
