@@ -129,7 +129,7 @@ class _Rotation(_StepBudget):
         deadline, urgent_tier = _INF, self.num_tiers
         prefill = 0
         pieces: list[tuple[_Entry, int]] = []
-        decoding = {e.rid for e in decodes}
+        decoding = decodes.ids  # the decodes' ids: iterating ``decodes`` would build entries
         for rid, n in step.tokens.items():
             e = self._entries.get(rid)
             if e is None or rid in decoding:
