@@ -40,14 +40,14 @@ def main() -> None:
 
     def traced(self: Any, state: Any) -> Any:
         decision = original(self, state)
-        views = {v.request_id: v for v in (*state.waiting, *state.running)}
+        views = {v.request_id: v for v in (*state.waiting, *state.running, *state.swapped)}
         v = views.get(rid)
         if v is not None and not done[0]:
-            chunks = sorted(
-                ((k, n) for k, n in decision.num_tokens.items() if n > 1 and k != rid),
-                key=lambda kn: -kn[1],
-            )
-            decodes = sum(1 for n in decision.num_tokens.values() if n == 1)
+            # RequestView.is_prefilling tells a prefill chunk from a decode (a 1-token remainder
+            # of a prompt is a prefill, not a decode)
+            prefilling = [(k, n) for k, n in decision.num_tokens.items() if views[k].is_prefilling]
+            chunks = sorted(((k, n) for k, n in prefilling if k != rid), key=lambda kn: -kn[1])
+            decodes = len(decision.num_tokens) - len(prefilling)
             steps.append(
                 f"{state.now_s:10.3f} s  replica {state.replica}  it: "
                 f"{decision.num_tokens.get(rid, 0):5d} of {v.pending_tokens:5d} pending  step: "

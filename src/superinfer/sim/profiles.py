@@ -179,8 +179,11 @@ SIM_VLLM = EngineProfile(
 #: per-iteration forward times and on 0.3.0's max-load rows costed with 0.2.13's small CPU term,
 #: so it carries into kernel time per-request CPU work that 0.3.0's own fit separates out and
 #: that 0.5's overlap scheduler hides; with it, ``sim:sglang`` ran the same kernels 1.65x slower
-#: than ``sim:vllm`` (scale 0.876), which no published comparison shows (0.3.0 vs vLLM 0.6.0,
-#: rows 608-645, at 0.885 vs 0.876). Release profiles keep their own (``sim.versions``).
+#: than ``sim:vllm`` (scale 0.876), where the published side-by-side runs show the two engines
+#: within 14 % of each other (SGLang 0.3.0 vs vLLM 0.6.0, same GPUs and ShareGPT runs: median
+#: TPOT 13.17 vs 14.14 ms and 25.03 vs 23.58 ms at RPS 4, rows 610/614 and 626/630; offline
+#: output 4,282 vs 4,132 and 3,856 vs 3,701 tok/s, rows 641/643 and 645/647). Release profiles
+#: keep their own (``sim.versions``).
 SIM_SGLANG = EngineProfile(
     name="sim:sglang",
     block_size_tokens=1,
