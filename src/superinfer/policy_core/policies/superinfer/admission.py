@@ -79,6 +79,7 @@ class _Admission(_Preemption):
             step.seats -= 1
             self._schedule_check(rep, e, state.now_s)
         step.tokens[rid] = given + n
+        step.prefills[rid] = None
         if e.fcfs_tokens:  # fcfs guard: prompt tokens served (or found cached) leave the queue
             done = min(max(e.fcfs_tokens - v.pending_tokens, 0) + n, e.fcfs_tokens)
             e.fcfs_tokens -= done

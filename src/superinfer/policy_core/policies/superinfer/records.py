@@ -260,12 +260,14 @@ class _Step:
     token budget, seats, free CPU blocks and link bytes each way still unspent; the decision's
     parts as they grow; the entries whose tier changed; the waiting/swapped index of the
     state, built on the first admission attempt without the engine's map; the worst tier
-    among running requests (nothing to preempt below it)."""
+    among running requests (nothing to preempt below it); the ids given prefill tokens, in
+    the order they were first given some (``prefills``: a request preempted later in the call
+    stays listed, with no ``tokens`` entry)."""
 
     __slots__ = (
         "state", "free", "budget", "seats", "free_cpu", "swap_out_bytes", "swap_in_bytes",
         "tokens", "new_blocks", "admit", "resume", "preempt", "reject", "prefetch", "changed",
-        "queued_views", "worst_tier",
+        "queued_views", "worst_tier", "prefills",
     )  # fmt: skip
 
     def __init__(
@@ -295,3 +297,4 @@ class _Step:
         self.changed: list[_Entry] = []
         self.queued_views: dict[str, RequestView] | None = None
         self.worst_tier = -1
+        self.prefills: dict[str, None] = {}

@@ -129,10 +129,11 @@ class _Rotation(_StepBudget):
         deadline, urgent_tier = _INF, self.num_tiers
         prefill = 0
         pieces: list[tuple[_Entry, int]] = []
-        decoding = decodes.ids  # the decodes' ids: iterating ``decodes`` would build entries
-        for rid, n in step.tokens.items():
-            e = self._entries.get(rid)
-            if e is None or rid in decoding:
+        tokens, entries = step.tokens, self._entries
+        for rid in step.prefills:  # not the decodes (one token each, no first token to guard)
+            n = tokens.get(rid, 0)
+            e = entries.get(rid)
+            if e is None or n == 0:
                 continue
             v = e.view
             prefill += n
