@@ -239,3 +239,26 @@ def test_trace_request_steps_prints_each_step_of_the_request() -> None:
     ]  # fmt: skip
     assert lines[1].split()[4:9] == ["it:", "1", "of", "1", "pending"]
     assert lines[-1].split()[:4] == ["1", "conv-3", "1", "396"]
+
+
+def test_trtllm_014_lengths_simulates_the_202_214_rows_both_ways() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import trtllm_014_lengths as t
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    import superinfer.harness.offline.calibrate_published_sim as cps
+    from superinfer.harness.workload.data import data_dir
+
+    rows = t.rows_202_214()
+    ids = [int(r["row_id"]) for r in rows]
+    # two setups (70B TP4, 8B TP1) x six rates x five metrics
+    assert ids == list(range(183, 213)) + list(range(273, 303))
+    setup, _ = cps.setup_of(next(r for r in rows if r["row_id"] == "300"))
+    assert setup is not None and (setup.isl, setup.osl, setup.rate) == (202, 214, None)
+    m = t.sharegpt_202_214(setup, data_dir())
+    # deterministic: the same 500 ShareGPT draws, scaled to mean 202 / 214 tokens
+    assert m["itl_ms:mean"] == pytest.approx(20.994596606142096, rel=1e-12)
+    assert m["total_output_tok_s"] == pytest.approx(11677.796004990983, rel=1e-12)
+    # the module's ShareGPT means are restored for the calibration
+    assert (cps.SHAREGPT_MEAN_IN, cps.SHAREGPT_MEAN_OUT) == (202.0, 194.3)
