@@ -263,6 +263,46 @@ def test_every_policy_decides_the_same_with_and_without_change_sets(name: str, s
     assert any(d.preempt for _, d in plain) or name in ("lpm", "fcfs")
 
 
+@pytest.mark.parametrize("name", ["superinfer", "oracle"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_token_pages_decide_the_same_with_and_without_change_sets(name: str, seed: int) -> None:
+    """SGLang's one-token pages: with change sets the running pass keeps the decodes that take a
+    page at every token out of the buckets (``_RunBooks.unit``) and decides as the full pass
+    does at every step (the same KV in tokens as above, 16x the blocks)."""
+    runs = []
+    unit_seen = 0
+    for stamp in (False, True):
+        reqs = _workload(seed)
+        cls = available_policies()[name].load()
+        extra = {"output_tokens": {r.rid: r.output for r in reqs}} if name == "oracle" else {}
+        # a small quantum, so decodes are demoted mid-stream (their demotion clock comes)
+        options = {"max_waiting_per_tier": "40", "quantum_base_tokens": "64"}
+        policy = make_policy(cls, options, name, extra=extra)
+        engine = EngineDouble(policy, reqs, total_hbm_blocks=4800, total_cpu_blocks=3200,
+                              link_bytes_per_s=1e9, kv_block_bytes=1 << 12, max_num_seqs=24,
+                              token_budget=512, prefill_token_s=1e-5, block_size=1)  # fmt: skip
+        engine.stamp = stamp
+        if stamp:  # count the decodes kept out of the buckets, call by call
+            scan = policy._scan_running
+
+            def counting(rep, step, now, scan=scan):  # noqa: ANN001, ANN202
+                nonlocal unit_seen
+                out = scan(rep, step, now)
+                unit_seen += len(rep.books.unit)
+                return out
+
+            policy._scan_running = counting
+        engine.run(max_steps=3000)
+        runs.append(engine.decisions)
+    plain, stamped = runs
+    assert len(plain) == len(stamped) > 50
+    for (s0, d0), (s1, d1) in zip(plain, stamped, strict=True):
+        assert s0.running == s1.running
+        assert d0 == d1
+    assert any(d.preempt for _, d in plain)
+    assert unit_seen > 100  # the path under test ran
+
+
 def test_superinfer_resynchronizes_when_a_hook_forgets_a_request_still_running() -> None:
     """An abort the engine has not yet carried out (the request still runs in the next state):
     the running books rebuild and decide as without change sets (the request is adopted)."""

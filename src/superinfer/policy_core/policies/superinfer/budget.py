@@ -11,12 +11,13 @@ from superinfer.policy_core.policies.superinfer.records import (
     _WAITING,
     _awaits_first_token,
     _decode_blocks,
+    _Decodes,
     _Entry,
     _LaneItem,
     _Replica,
     _Step,
 )
-from superinfer.policy_core.policies.superinfer.running import _Decodes, _Running
+from superinfer.policy_core.policies.superinfer.running import _Running
 
 #: Bound on a token or step count derived from SLO seconds: 2**62, beyond any step budget (ints
 #: far below) and any prompt length a result file can hold (int64).
@@ -63,6 +64,8 @@ class _StepBudget(_Running):
             if need:
                 for _, e, grow in decodes.growers:
                     step.new_blocks[e.rid] = grow
+                if decodes.unit:  # one page each (one-token pages: running.py)
+                    step.new_blocks.update(dict.fromkeys(decodes.unit, 1))
                 step.free -= need
             per_tier = decodes.per_tier
         for t, count in enumerate(per_tier):

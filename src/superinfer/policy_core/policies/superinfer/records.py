@@ -1,14 +1,14 @@
 """What the ``superinfer`` policy remembers: one record per live request, per-replica queues
 (waiting and swapped heaps per tier, the aged and due heaps, the stride passes), the running
-books (``running.py``) and the decision being built for one call. Data only; the classes that
-use them are the other modules here."""
+books (``running.py``), the step's decodes and the decision being built for one call. Data
+only; the classes that use them are the other modules here."""
 
 from __future__ import annotations
 
 import itertools
 import math
 from bisect import bisect_left, insort
-from collections.abc import Container
+from collections.abc import Container, Iterator
 
 from superinfer.policy_core.batching import view_blocks
 from superinfer.policy_core.types import KVPages, KVPrecision, PreemptMode, RequestView, StepState
@@ -158,6 +158,10 @@ class _RunBooks:
         self.packing: KVPages | None = None  # the state's kv_packing
         self.growers: list[tuple[int, _Entry, int]] = []  # (position, entry, blocks) this call
         self.need = 0  # the KV blocks of ``growers``, summed
+        # one-token pages (``bs`` 1, no packing): decodes that take one page at every token,
+        # id -> version, and when each is looked at next, (clock, id, version), a heap
+        self.unit: dict[str, int] = {}
+        self.unit_due: list[tuple[int, str, int]] = []
         self.positions = itertools.count()
 
 
@@ -170,6 +174,41 @@ class _TpotHeap:
     def __init__(self) -> None:
         self.heap: list[tuple[float, float, int]] = []
         self.members: dict[tuple[float, int], set[str]] = {}
+
+
+class _Decodes:
+    """The step's decodes in ``state.running`` order: ids (each mapped to 1, its ``num_tokens``),
+    per-tier counts, and the ones whose next token needs a KV block; iterating yields their
+    entries with this state's views."""
+
+    __slots__ = ("ids", "per_tier", "growers", "unit", "_n", "_entries", "_state", "_list")
+
+    def __init__(self, ids: dict[str, int], per_tier: list[int],
+                 growers: list[tuple[int, _Entry, int]], entries: dict[str, _Entry],
+                 state: StepState, unit: dict[str, int] | None = None) -> None:  # fmt: skip
+        self.ids: dict[str, int] = ids
+        self.per_tier: list[int] = per_tier
+        #: ``(position, entry, blocks)`` of the decodes whose next token needs KV blocks, in
+        #: the order they were looked at (they only set ``_Step.new_blocks``, a map)
+        self.growers: list[tuple[int, _Entry, int]] = growers
+        #: the decodes that need one page each at this step besides ``growers`` (one-token
+        #: pages: ``_RunBooks.unit``; the running books' own map, unchanged during the call)
+        self.unit: dict[str, int] = unit if unit is not None else {}
+        self._n = len(ids)
+        self._entries: dict[str, _Entry] = entries
+        self._state: StepState = state
+        self._list: list[_Entry] | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[_Entry]:
+        if self._list is None:
+            get, views = self._entries.__getitem__, self._state.view_map()
+            self._list = [get(rid) for rid in self.ids]
+            for e in self._list:
+                e.view = views[e.rid]
+        return iter(self._list)
 
 
 #: A running prefill in its tier's lane: ``(_Entry.key, position in state.running, id)``.

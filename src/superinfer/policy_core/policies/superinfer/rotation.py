@@ -12,13 +12,13 @@ from superinfer.policy_core.policies.superinfer.records import (
     _SWAPPED,
     _WAITING,
     _awaits_first_token,
+    _Decodes,
     _Entry,
     _Lane,
     _LaneItem,
     _Replica,
     _Step,
 )
-from superinfer.policy_core.policies.superinfer.running import _Decodes
 
 _NONE: frozenset[str] = frozenset()
 

@@ -11,6 +11,15 @@ per KV block. The smallest TPOT allowance is a heap per TPOT target of ``first_t
 missed state, decodes out of step, arrivals not at the tail, a preemption not carried out)
 visits every running request and rebuilds the books; the decision is the full pass's either way
 (``tests/policy_core/test_changes.py`` compares the two).
+
+With one-token pages (``block_size_tokens`` 1, no ``kv_packing``: SGLang's default) a decode's
+page fills at every token, so the buckets would look at every decode at every call. A decode
+that holds exactly one page per token when it is filed is kept instead in ``_RunBooks.unit``:
+it needs one new page at every step (so ``need`` counts it and its ``_Step.new_blocks`` entry is
+1) and is looked at only when its demotion clock comes (``unit_due``) or a visit takes it out.
+This trusts the engine to allocate exactly the page of each token it runs (SGLang's
+``alloc_token_slots`` per decode token, the simulator, the overhead double); an engine that
+allocates ahead with one-token pages would need the buckets.
 """
 
 from __future__ import annotations
@@ -19,12 +28,12 @@ import heapq
 import itertools
 import math
 from bisect import bisect_left
-from collections.abc import Iterator
 
 from superinfer.policy_core.policies.superinfer.promotion import _Promotion
 from superinfer.policy_core.policies.superinfer.records import (
     _INF,
     _RUNNING,
+    _Decodes,
     _Entry,
     _file_prefill,
     _filed_as_before,
@@ -40,38 +49,6 @@ from superinfer.policy_core.types import KVPrecision, RequestView, StepState
 _FP16 = KVPrecision.FP16
 
 _VERSIONS = itertools.count(1)
-
-
-class _Decodes:
-    """The step's decodes in ``state.running`` order: ids (each mapped to 1, its ``num_tokens``),
-    per-tier counts, and the ones whose next token needs a KV block; iterating yields their
-    entries with this state's views."""
-
-    __slots__ = ("ids", "per_tier", "growers", "_n", "_owner", "_state", "_list")
-
-    def __init__(self, ids: dict[str, int], per_tier: list[int],
-                 growers: list[tuple[int, _Entry, int]], owner: _Running,
-                 state: StepState) -> None:  # fmt: skip
-        self.ids: dict[str, int] = ids
-        self.per_tier: list[int] = per_tier
-        #: ``(position, entry, blocks)`` of the decodes whose next token needs KV blocks, in
-        #: the order they were looked at (they only set ``_Step.new_blocks``, a map)
-        self.growers: list[tuple[int, _Entry, int]] = growers
-        self._n = len(ids)
-        self._owner: _Running = owner
-        self._state: StepState = state
-        self._list: list[_Entry] | None = None
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __iter__(self) -> Iterator[_Entry]:
-        if self._list is None:
-            get, views = self._owner._entries.__getitem__, self._state.view_map()
-            self._list = [get(rid) for rid in self.ids]
-            for e in self._list:
-                e.view = views[e.rid]
-        return iter(self._list)
 
 
 class _Running(_Promotion):
@@ -132,11 +109,12 @@ class _Running(_Promotion):
             worst -= 1
         step.worst_tier = worst  # the worst tier with a running request, -1 if none
         ids = dict.fromkeys(books.dec_ids, 1)  # the decodes' ``num_tokens``, in running order
-        decodes = _Decodes(ids, list(books.dec_count), books.growers, self, state)
+        decodes = _Decodes(ids, list(books.dec_count), books.growers, self._entries, state,
+                           books.unit)  # fmt: skip
         if todo is None:
             decodes._list = [e for e in visited if e.rid in ids]
         cap = self._tpot_cap(books, state, now)
-        return decodes, books.lanes, cap, books.need
+        return decodes, books.lanes, cap, books.need + len(books.unit)
 
     # -- the books --------------------------------------------------------------------------
 
@@ -153,6 +131,8 @@ class _Running(_Promotion):
             books.gone and not left.issuperset(books.gone)
         ):
             return None  # a preemption not carried out, or an end still running: resynchronize
+        if books.unit and (state.block_size_tokens != 1 or state.kv_packing is not None):
+            return None  # the pages changed under the one-page-per-token decodes
         books.gone.clear()
         routine = len(order) - len(prefilling)
         for rids in (left, irregular):
@@ -225,6 +205,11 @@ class _Running(_Promotion):
                 if again:
                     version = ver[rid] = next(_VERSIONS)
                 file_decode(books, e, v, version, service)
+        unit, unit_due = books.unit, books.unit_due
+        while unit_due and unit_due[0][0] <= clock:  # one-page decodes at their demotion clock
+            _, rid, version = heapq.heappop(unit_due)
+            if unit.get(rid) == version:
+                todo.add(rid)
         return todo
 
     def _drop_running(self, books: _RunBooks, rid: str) -> None:
@@ -243,6 +228,7 @@ class _Running(_Promotion):
             i = bisect_left(books.dec_pos, books.order[rid])
             del books.dec_pos[i], books.dec_ids[i]
             self._untpot(books, rid)
+            books.unit.pop(rid, None)
 
     def _untpot(self, books: _RunBooks, rid: str) -> None:
         key = books.tkey.pop(rid, None)
@@ -253,9 +239,18 @@ class _Running(_Promotion):
 
     def _file_decode(self, books: _RunBooks, e: _Entry, v: RequestView, ver: int, sv: int) -> None:
         """Put decode ``e`` in the bucket of the clock at which its KV block fills or its
-        quantum runs out, or among the hot ones if its next token needs a block now."""
+        quantum runs out, or among the hot ones if its next token needs a block now; with
+        one-token pages, one that holds a page per token among the ``unit`` ones (module doc)."""
         computed, kb, bs = v.computed_tokens, v.kv_blocks, books.bs
         packing = books.packing
+        if bs == 1 and packing is None and kb == computed:
+            # each token takes one page: the buckets would look at it at every clock (its next
+            # token needs a page, ``ahead`` is 1) until its quantum runs out
+            books.unit[e.rid] = ver
+            left = e.demote_at - sv  # > 0 here (sv: its service, tokens)
+            if left < _INF:
+                heapq.heappush(books.unit_due, (books.clock + math.ceil(left), e.rid, ver))
+            return
         if packing is not None and v.kv_precision is _FP16:
             packing = None  # FP16 pages: ceil(tokens / bs)
         if packing is None:
