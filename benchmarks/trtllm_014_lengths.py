@@ -46,24 +46,23 @@ COLUMNS = ("source_row", "setup", "metric", "published", "fixed", "sharegpt", "r
 
 def sharegpt_202_214(setup: cps.Setup, base: Path) -> dict[str, float]:
     """``setup`` simulated with ShareGPT lengths of mean 202 prompt / 214 output tokens."""
-    saved = cps.SHAREGPT_MEAN_IN, cps.SHAREGPT_MEAN_OUT
-    cps.SHAREGPT_MEAN_IN, cps.SHAREGPT_MEAN_OUT = 202.0, OSL_202
-    try:
-        metrics: dict[str, float] = cps.simulate(replace(setup, isl=0, osl=0), load_costs(), base)
-        return metrics
-    finally:
-        cps.SHAREGPT_MEAN_IN, cps.SHAREGPT_MEAN_OUT = saved
+    metrics: dict[str, float] = cps.simulate(
+        replace(setup, isl=0, osl=0), load_costs(), base, sharegpt_means=(202.0, OSL_202)
+    )
+    return metrics
 
 
-def rows_202_214() -> list[dict[str, str]]:
-    """The simulable 0.14 rows of the 202/214 workload, in ``row_id`` order."""
+def rows_202_214() -> list[tuple[dict[str, str], cps.Setup, str]]:
+    """The simulable 0.14 rows of the 202/214 workload, in ``row_id`` order, each with its
+    setup and metric key."""
     out = []
     for row in cps.load_rows():
         setup, _ = cps.setup_of(row)
         if setup is None or setup.release != "trtllm-0.14" or (setup.isl, setup.osl) != (202, 214):
             continue
-        if cps._metric_key(row) is not None:
-            out.append(row)
+        key = cps._metric_key(row)
+        if key is not None:
+            out.append((row, setup, key))
     return out
 
 
@@ -75,14 +74,10 @@ def main() -> None:
     assert base is not None
     cache: dict[cps.Setup, tuple[dict[str, float], dict[str, float]]] = {}
     table = []
-    for row in rows_202_214():
-        setup, _ = cps.setup_of(row)
-        assert setup is not None
+    for row, setup, key in rows_202_214():
         if setup not in cache:
             cache[setup] = (cps.simulate(setup, load_costs(), base), sharegpt_202_214(setup, base))
         fixed, mixed = cache[setup]
-        key = cps._metric_key(row)
-        assert key is not None
         pub = float(row["value"])
         f, s = fixed.get(key), mixed.get(key)
         if f is None or s is None:

@@ -251,11 +251,11 @@ def test_trtllm_014_lengths_simulates_the_202_214_rows_both_ways() -> None:
     from superinfer.harness.workload.data import data_dir
 
     rows = t.rows_202_214()
-    ids = [int(r["row_id"]) for r in rows]
+    ids = [int(r["row_id"]) for r, _, _ in rows]
     # two setups (70B TP4, 8B TP1) x six rates x five metrics
     assert ids == list(range(183, 213)) + list(range(273, 303))
-    setup, _ = cps.setup_of(next(r for r in rows if r["row_id"] == "300"))
-    assert setup is not None and (setup.isl, setup.osl, setup.rate) == (202, 214, None)
+    setup = next(s for r, s, _ in rows if r["row_id"] == "300")
+    assert (setup.isl, setup.osl, setup.rate) == (202, 214, None)
     m = t.sharegpt_202_214(setup, data_dir())
     # deterministic: the same 500 ShareGPT draws, scaled to mean 202 / 214 tokens
     assert m["itl_ms:mean"] == pytest.approx(20.994596606142096, rel=1e-12)

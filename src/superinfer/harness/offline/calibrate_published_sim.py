@@ -43,6 +43,7 @@ MAX_LOAD_WAVES = 3
 #: (rows 641/640, 643/642, 645/644: output tok/s over req/s) and 202 prompt tokens (the vLLM
 #: 0.6.0 blog's ShareGPT average, rows 668-671's setup).
 SHAREGPT_MEAN_IN, SHAREGPT_MEAN_OUT = 202.0, 194.3
+_SHAREGPT_MEANS = (SHAREGPT_MEAN_IN, SHAREGPT_MEAN_OUT)
 _SHAREGPT_CSV = "traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
 
 
@@ -194,7 +195,9 @@ def _metric_key(row: dict[str, str]) -> str | None:
 # -- workloads --------------------------------------------------------------------------------
 
 
-def _sharegpt_lengths(base: Path, n: int, seed: int) -> list[tuple[int, int]]:
+def _sharegpt_lengths(base: Path, n: int, seed: int,
+                      means: tuple[float, float] = _SHAREGPT_MEANS,
+                      ) -> list[tuple[int, int]]:  # fmt: skip
     path = base / _SHAREGPT_CSV
     if not path.is_file():
         raise DataError(f"{path}: no such file (ShareGPT lengths)")
@@ -205,14 +208,16 @@ def _sharegpt_lengths(base: Path, n: int, seed: int) -> list[tuple[int, int]]:
     rows = [(p, o) for p, o in rows if p >= 4 and o >= 4 and p <= 1024 and p + o <= 2048]
     rng = random.Random(seed)
     picked = [rows[rng.randrange(len(rows))] for _ in range(n)]
-    sp = SHAREGPT_MEAN_IN / (sum(p for p, _ in picked) / n)
-    so = SHAREGPT_MEAN_OUT / (sum(o for _, o in picked) / n)
+    sp = means[0] / (sum(p for p, _ in picked) / n)
+    so = means[1] / (sum(o for _, o in picked) / n)
     return [(max(1, round(p * sp)), max(1, round(o * so))) for p, o in picked]
 
 
-def _requests(setup: Setup, n: int, base: Path, seed: int = 0) -> list[RequestSpec]:
+def _requests(setup: Setup, n: int, base: Path, seed: int = 0,
+              means: tuple[float, float] = _SHAREGPT_MEANS,
+              ) -> list[RequestSpec]:  # fmt: skip
     if setup.isl == 0:
-        lengths = _sharegpt_lengths(base, n, seed)
+        lengths = _sharegpt_lengths(base, n, seed, means)
     else:
         lengths = [(setup.isl, setup.osl)] * n
     rng = random.Random(seed + 1)
@@ -246,24 +251,32 @@ class _Recorder:
         return self.inner.decode_coefficients(num_seqs)
 
 
-def _num_requests(setup: Setup, config: SimConfig) -> int:
+def _num_requests(
+    setup: Setup,
+    config: SimConfig,
+    means: tuple[float, float] = _SHAREGPT_MEANS,
+) -> int:
     if setup.rate is not None or setup.per_iter:
         return setup.num_prompts
     blocks = kv_capacity_blocks(config.profile, config.model, config.gpu, config.tp,
                                 config.weight_dtype, config.kv_dtype)  # fmt: skip
     tokens = blocks * config.profile.block_size_tokens
-    length = setup.isl + setup.osl or int(SHAREGPT_MEAN_IN + SHAREGPT_MEAN_OUT)
+    length = setup.isl + setup.osl or int(means[0] + means[1])
     held = min(config.profile.limits(config.gpu)[1], max(1, tokens // length))
     return min(setup.num_prompts, max(64, MAX_LOAD_WAVES * held))
 
 
 def simulate(setup: Setup, costs: dict[str, Any], base: Path,
-             overrides: dict[str, Any] | None = None) -> dict[str, float]:  # fmt: skip
+             overrides: dict[str, Any] | None = None,
+             sharegpt_means: tuple[float, float] = _SHAREGPT_MEANS,
+             ) -> dict[str, float]:  # fmt: skip
     """Simulate ``setup`` with cost parameters ``costs``; every metric it yields.
 
     Args:
         overrides: ``EngineProfile`` fields to run it with instead of its release's own (how
             the engine family's shared terms are fitted; ``calibrate_published._FAMILY``).
+        sharegpt_means: mean prompt and output tokens the ShareGPT lengths are scaled to
+            (``setup.isl == 0`` only); the published ShareGPT runs' by default.
 
     Raises:
         ValueError: the model does not fit the GPU at that TP.
@@ -281,7 +294,8 @@ def simulate(setup: Setup, costs: dict[str, Any], base: Path,
                                 weight_bytes=dtype_bytes(setup.weight_dtype),
                                 kv_bytes=dtype_bytes(setup.kv_dtype))  # fmt: skip
     step = _Recorder(EngineStepTime(kernels, profile, setup.weight_dtype, costs))
-    specs = _requests(setup, _num_requests(setup, config), base)
+    specs = _requests(setup, _num_requests(setup, config, sharegpt_means), base,
+                      means=sharegpt_means)  # fmt: skip
     options = {"max_repeat_steps": 1} if setup.per_iter else None
     if not profile.cut_repeat_on_arrival and not setup.per_iter:  # K-step multi-step runs
         options = {"max_repeat_steps": profile.cpu_decode_divisor}

@@ -185,7 +185,7 @@ class _Decodes:
 
     def __init__(self, ids: dict[str, int], per_tier: list[int],
                  growers: list[tuple[int, _Entry, int]], entries: dict[str, _Entry],
-                 state: StepState, unit: dict[str, int] | None = None) -> None:  # fmt: skip
+                 state: StepState, unit: dict[str, int]) -> None:  # fmt: skip
         self.ids: dict[str, int] = ids
         self.per_tier: list[int] = per_tier
         #: ``(position, entry, blocks)`` of the decodes whose next token needs KV blocks, in
@@ -193,7 +193,7 @@ class _Decodes:
         self.growers: list[tuple[int, _Entry, int]] = growers
         #: the decodes that need one page each at this step besides ``growers`` (one-token
         #: pages: ``_RunBooks.unit``; the running books' own map, unchanged during the call)
-        self.unit: dict[str, int] = unit if unit is not None else {}
+        self.unit: dict[str, int] = unit
         self._n = len(ids)
         self._entries: dict[str, _Entry] = entries
         self._state: StepState = state

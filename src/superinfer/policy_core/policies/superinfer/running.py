@@ -18,9 +18,9 @@ that holds exactly one page per token when it is filed is kept instead in ``_Run
 it needs one new page at every step (so ``need`` counts it and its ``_Step.new_blocks`` entry is
 1) and is looked at only when its demotion clock comes (``unit_due``) or a visit takes it out.
 This trusts the engine to hold exactly the pages of the tokens it has run (SGLang's adapter
-reports ``ceil(computed / page_size)`` pages, ``adapters/sglang/view.py``; the simulator and the
-overhead double allocate that); an engine that allocates ahead with one-token pages would need
-the buckets.
+reports ``ceil(computed / page_size)`` pages, ``adapters/sglang/view.py``; the overhead double
+allocates that, the simulator too beyond an admission reserve, and a decode holding more stays
+in the buckets); an engine that allocates ahead with one-token pages would need the buckets.
 """
 
 from __future__ import annotations
