@@ -7,9 +7,11 @@ request with ``L`` output tokens left under its cap is predicted to produce ``L 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
-from superinfer.policy_core.policies.superinfer import SuperInferPolicy
+from superinfer.policy_core.policies.superinfer import SuperInferPolicy, queues
 from superinfer.policy_core.types import (
     SLO,
     KVLocation,
@@ -667,6 +669,36 @@ class TestAdmissionControl:
         )
         d = decide(p, after)
         assert dict(d.reject) == {"batch": "shed: tier 2 queue full"}
+
+
+class TestLazyHeaps:
+    @staticmethod
+    def _run(slack: int, monkeypatch: pytest.MonkeyPatch) -> tuple[list[object], int, Counter[str]]:
+        # 600 chats of 2,000 prompt tokens, one every 10 ms, one prefill per 50 ms step: most
+        # wait past their TTFT and are rejected, the oldest first, from the bottom of tier 0's
+        # shed heap (its top is the latest deadline); nothing is shed (the tier stays < 4,096)
+        monkeypatch.setattr(queues, "_COMPACT_SLACK", slack)
+        p = policy(reject_hopeless=True)
+        reqs = [Req(f"c{i}", 0.01 * i, 2000, 2, CHAT) for i in range(600)]
+        engine = EngineDouble(p, reqs)
+        longest = 0
+        while engine.step() is not None:
+            longest = max(longest, len(p._replica(0).shed_heaps[0]))
+        decisions: list[object] = [
+            (d.admit, dict(d.reject), dict(d.num_tokens), d.max_repeat_steps)
+            for _, d in engine.decisions
+        ]
+        return decisions, longest, Counter(r.where for r in reqs)
+
+    def test_rejected_requests_do_not_pile_up_in_the_shed_heap(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        compacted, longest, where = self._run(64, monkeypatch)
+        lazy, lazy_longest, lazy_where = self._run(10**9, monkeypatch)
+        assert where == lazy_where == Counter({"rejected": 457, "finished": 143})
+        assert lazy_longest == 600  # without compaction every request's item stayed
+        assert longest == 252  # compacted past twice the live items plus 64
+        assert compacted == lazy  # the same decisions, call for call
 
 
 class TestBooks:

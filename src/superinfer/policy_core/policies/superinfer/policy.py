@@ -134,7 +134,10 @@ class SuperInferPolicy(_Rotation):
         repeat = 1
         quiet = not (step.admit or step.resume or step.preempt or step.reject)
         rep.books.last_out = tuple(step.preempt)
-        if quiet and step.tokens and max(step.tokens.values()) == 1:
+        tokens = step.tokens
+        # every decode runs one token, so the step is one token per request unless a prefill
+        # got more (a prefill trimmed to none by the guard has no entry)
+        if quiet and tokens and all(tokens.get(r, 1) == 1 for r in step.prefills):
             # Repeat no further than the next check that could change the decision.
             horizon = min(rep.next_running_check_s, rep.due[0][0] if rep.due else _INF)
             per_step = max(self._typical_step_s(), 1e-6)
