@@ -158,9 +158,13 @@ class _RunBooks:
         self.packing: KVPages | None = None  # the state's kv_packing
         self.growers: list[tuple[int, _Entry, int]] = []  # (position, entry, blocks) this call
         self.need = 0  # the KV blocks of ``growers``, summed
-        # one-token pages (``bs`` 1, no packing): decodes that take one page at every token,
-        # id -> version, and when each is looked at next, (clock, id, version), a heap
+        # decodes holding exactly the pages of their tokens (no packing): id -> version; each
+        # in the class of ``(computed_tokens - clock) % bs`` (``res``: id -> class), whose
+        # members all need a page at the clocks where that is ``-clock % bs`` (``classes``:
+        # class -> {id: version}); and when each is looked at next, (clock, id, version), a heap
         self.unit: dict[str, int] = {}
+        self.res: dict[str, int] = {}
+        self.classes: dict[int, dict[str, int]] = {}
         self.unit_due: list[tuple[int, str, int]] = []
         self.positions = itertools.count()
 
@@ -191,8 +195,9 @@ class _Decodes:
         #: ``(position, entry, blocks)`` of the decodes whose next token needs KV blocks, in
         #: the order they were looked at (they only set ``_Step.new_blocks``, a map)
         self.growers: list[tuple[int, _Entry, int]] = growers
-        #: the decodes that need one page each at this step besides ``growers`` (one-token
-        #: pages: ``_RunBooks.unit``; the running books' own map, unchanged during the call)
+        #: the decodes that need one page each at this step besides ``growers`` (the class of
+        #: ``_RunBooks.classes`` due at this clock: the running books' own map, unchanged
+        #: during the call)
         self.unit: dict[str, int] = unit
         self._n = len(ids)
         self._entries: dict[str, _Entry] = entries

@@ -12,15 +12,20 @@ missed state, decodes out of step, arrivals not at the tail, a preemption not ca
 visits every running request and rebuilds the books; the decision is the full pass's either way
 (``tests/policy_core/test_changes.py`` compares the two).
 
-With one-token pages (``block_size_tokens`` 1, no ``kv_packing``: SGLang's default) a decode's
-page fills at every token, so the buckets would look at every decode at every call. A decode
-that holds exactly one page per token when it is filed is kept instead in ``_RunBooks.unit``:
-it needs one new page at every step (so ``need`` counts it and its ``_Step.new_blocks`` entry is
-1) and is looked at only when its demotion clock comes (``unit_due``) or a visit takes it out.
-This trusts the engine to hold exactly the pages of the tokens it has run (SGLang's adapter
-reports ``ceil(computed / page_size)`` pages, ``adapters/sglang/view.py``; the overhead double
-allocates that, the simulator too beyond an admission reserve, and a decode holding more stays
-in the buckets); an engine that allocates ahead with one-token pages would need the buckets.
+A decode that holds exactly the pages of its tokens when it is filed (``kv_blocks ==
+ceil(computed_tokens / block_size_tokens)``, no ``kv_packing``) is not put in a bucket: in
+lockstep its next token needs a page at every ``bs``-th clock, the clocks where ``(computed -
+clock) % bs``, fixed when it is filed (its *class*), equals ``-clock % bs``. So it is kept in
+``_RunBooks.classes`` (and ``unit``), the class due at this clock is the call's set of decodes
+needing one page each (``need`` counts them, their ``_Step.new_blocks`` entries are 1), and it is
+looked at only when its demotion clock comes (``unit_due``) or a visit takes it out. With
+one-token pages (SGLang's default) every such decode is in class 0, due at every clock; with
+16-token pages a sixteenth of them is due at each. This trusts the engine to hold exactly the
+pages of the tokens it has run once it did at a look (SGLang's adapter reports
+``ceil(computed / page_size)`` pages, ``adapters/sglang/view.py``; the overhead double allocates
+that, the engine doubles and the simulator too beyond an admission reserve), and a decode that
+holds more stays in the buckets until it no longer does; an engine that allocates ahead only
+later in a decode's life would need the buckets throughout.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from superinfer.policy_core.policies.superinfer.records import (
 from superinfer.policy_core.types import KVPrecision, RequestView, StepState
 
 _FP16 = KVPrecision.FP16
+_NO_CLASS: dict[str, int] = {}  # never written: the page class of a clock no decode is due at
 
 _VERSIONS = itertools.count(1)
 
@@ -110,12 +116,13 @@ class _Running(_Promotion):
             worst -= 1
         step.worst_tier = worst  # the worst tier with a running request, -1 if none
         ids = dict.fromkeys(books.dec_ids, 1)  # the decodes' ``num_tokens``, in running order
+        paged = books.classes.get(-books.clock % books.bs, _NO_CLASS) if books.unit else _NO_CLASS
         decodes = _Decodes(ids, list(books.dec_count), books.growers, self._entries, state,
-                           books.unit)  # fmt: skip
+                           paged)  # fmt: skip
         if todo is None:
             decodes._list = [e for e in visited if e.rid in ids]
         cap = self._tpot_cap(books, state, now)
-        return decodes, books.lanes, cap, books.need + len(books.unit)
+        return decodes, books.lanes, cap, books.need + len(paged)
 
     # -- the books --------------------------------------------------------------------------
 
@@ -132,8 +139,8 @@ class _Running(_Promotion):
             books.gone and not left.issuperset(books.gone)
         ):
             return None  # a preemption not carried out, or an end still running: resynchronize
-        if books.unit and (state.block_size_tokens != 1 or state.kv_packing is not None):
-            return None  # the pages changed under the one-page-per-token decodes
+        if books.unit and (state.block_size_tokens != books.bs or state.kv_packing is not None):
+            return None  # the pages changed under the decodes kept in page classes
         books.gone.clear()
         routine = len(order) - len(prefilling)
         for rids in (left, irregular):
@@ -207,7 +214,7 @@ class _Running(_Promotion):
                     version = ver[rid] = next(_VERSIONS)
                 file_decode(books, e, v, version, service)
         unit, unit_due = books.unit, books.unit_due
-        while unit_due and unit_due[0][0] <= clock:  # one-page decodes at their demotion clock
+        while unit_due and unit_due[0][0] <= clock:  # class decodes at their demotion clock
             _, rid, version = heapq.heappop(unit_due)
             if unit.get(rid) == version:
                 todo.add(rid)
@@ -229,7 +236,8 @@ class _Running(_Promotion):
             i = bisect_left(books.dec_pos, books.order[rid])
             del books.dec_pos[i], books.dec_ids[i]
             self._untpot(books, rid)
-            books.unit.pop(rid, None)
+            if books.unit.pop(rid, None) is not None:
+                del books.classes[books.res.pop(rid)][rid]
 
     def _untpot(self, books: _RunBooks, rid: str) -> None:
         key = books.tkey.pop(rid, None)
@@ -239,15 +247,22 @@ class _Running(_Promotion):
                 members.discard(rid)
 
     def _file_decode(self, books: _RunBooks, e: _Entry, v: RequestView, ver: int, sv: int) -> None:
-        """Put decode ``e`` in the bucket of the clock at which its KV block fills or its
-        quantum runs out, or among the hot ones if its next token needs a block now; with
-        one-token pages, one that holds a page per token among the ``unit`` ones (module doc)."""
+        """Put decode ``e`` in its page class if it holds exactly the pages of its tokens
+        (module doc), else in the bucket of the clock at which its KV block fills or its
+        quantum runs out, or among the hot ones if its next token needs a block now."""
         computed, kb, bs = v.computed_tokens, v.kv_blocks, books.bs
         packing = books.packing
-        if bs == 1 and packing is None and kb == computed:
-            # each token takes one page: the buckets would look at it at every clock (its next
-            # token needs a page, ``ahead`` is 1) until its quantum runs out
-            books.unit[e.rid] = ver
+        if packing is None and kb * bs >= computed > (kb - 1) * bs:
+            # its next page is taken at every ``bs``-th clock, where its class is due: no look
+            # until its quantum runs out
+            rid = e.rid
+            books.unit[rid] = ver
+            r = books.res[rid] = (computed - books.clock) % bs
+            members = books.classes.get(r)
+            if members is None:
+                books.classes[r] = {rid: ver}
+            else:
+                members[rid] = ver
             left = e.demote_at - sv  # > 0 here (sv: its service, tokens)
             if left < _INF:
                 heapq.heappush(books.unit_due, (books.clock + math.ceil(left), e.rid, ver))
