@@ -436,22 +436,18 @@ def _polarity_build(scale: Scale) -> list[Variant]:
     return out
 
 
-def _urgent_first(run: RunResult, margin_s: float) -> bool:
-    """Whether the ``urgent`` requests' mean first token came more than ``margin_s`` before the
-    ``low`` ones'. A smaller lead is a tie (False): on a real server two requests admitted in one
-    step get first tokens a few ms apart in either order, which says nothing about priority."""
+def _urgent_first(run: RunResult, scale: Scale) -> bool:
+    """Whether the urgent pair's mean first token led the low pair's by over one decode step
+    (``scale.unit_s``; honoured priority leads by ~8, a slot freeing every 4): less is a tie."""
     df = _by_id(run.requests)
     ft = _first_token_s(df)
     urgent = ft[[i for i in df.index if i.startswith("urgent")]].mean()
     low = ft[[i for i in df.index if i.startswith("low")]].mean()
-    return bool(low - urgent > margin_s)
+    return bool(low - urgent > scale.unit_s)
 
 
 def _polarity_check(runs: Mapping[str, RunResult], scale: Scale, _: object) -> Outcome:
-    # A slot frees every 4 decode steps (the blockers' lengths differ by 4 tokens), so an engine
-    # honouring priority puts the urgent pair ~8 steps ahead; one step of lead is the noise floor.
-    margin = scale.unit_s
-    a, b = _urgent_first(runs["as_sent"], margin), _urgent_first(runs["flipped"], margin)
+    a, b = _urgent_first(runs["as_sent"], scale), _urgent_first(runs["flipped"], scale)
     thr = "== +1"
     if a and not b:
         return Outcome(
