@@ -89,8 +89,9 @@ class _Queues(_Estimates):
         reused) and re-heapify, in place. Called when the heap holds more than twice its live
         items plus :data:`_COMPACT_SLACK`, so the cost is O(1) amortized per push and a heap
         stays O(live) long: without it a tier's shed heap kept one item per request that ever
-        waited there while nothing was shed (79,526 items beside 129 live ones after 30 s of
-        ``benchmarks/policy_overhead.py`` at 2,560 / 40,960), growing for a server's lifetime.
+        waited there while nothing was shed (79,526 items, the tier's waiting heap 129, after
+        30 s of ``benchmarks/policy_overhead.py`` at 2,560 / 40,960), growing for a server's
+        lifetime.
         Pops are unchanged: every item carries a unique sequence number, so the order of the
         live items does not depend on the heap's layout."""
         entries = self._entries
