@@ -120,7 +120,7 @@ class _Estimates(SuperInferConfig):
         e.next_check_s = when
         e.check_version += 1
         if when < _INF:
-            heapq.heappush(rep.due, (when, self._next_seq(), e.rid, e.check_version))
+            rep.due.push((when, self._next_seq(), e.rid, e.check_version))
 
     def _schedule_check(
         self,

@@ -139,7 +139,8 @@ class SuperInferPolicy(_Rotation):
         # got more (a prefill trimmed to none by the guard has no entry)
         if quiet and tokens and all(tokens.get(r, 1) == 1 for r in step.prefills):
             # Repeat no further than the next check that could change the decision.
-            horizon = min(rep.next_running_check_s, rep.due[0][0] if rep.due else _INF)
+            first = rep.due.first()
+            horizon = min(rep.next_running_check_s, first[0] if first is not None else _INF)
             per_step = max(self._typical_step_s(), 1e-6)
             steps = (horizon - now) / per_step if horizon < _INF else self.max_repeat_steps
             repeat = int(max(1, min(self.max_repeat_steps, steps)))

@@ -84,8 +84,8 @@ class _Promotion(_Admission):
                 self._apply_check(rep, e, "fcfs", step, now)
         due = rep.due
         hopeless: list[_Entry] = []
-        while due and due[0][0] <= now:
-            _, _, rid, version = heapq.heappop(due)
+        while (top := due.first()) is not None and top[0] <= now:
+            _, _, rid, version = due.pop()
             e = self._entries.get(rid)
             if e is None or e.check_version != version or e.where not in (_WAITING, _SWAPPED):
                 continue
