@@ -267,7 +267,7 @@ def test_every_policy_decides_the_same_with_and_without_change_sets(name: str, s
 @pytest.mark.parametrize("seed", [0, 1])
 def test_one_token_pages_decide_the_same_with_and_without_change_sets(name: str, seed: int) -> None:
     """SGLang's one-token pages: with change sets the running pass keeps the decodes that take a
-    page at every token out of the buckets (``_RunBooks.unit``) and decides as the full pass
+    page at every token out of the buckets (``_RunBooks.classes``) and decides as the full pass
     does at every step (the same KV in tokens as above, 16x the blocks)."""
     runs = []
     unit_seen = 0
@@ -288,7 +288,7 @@ def test_one_token_pages_decide_the_same_with_and_without_change_sets(name: str,
             def counting(rep, step, now, scan=scan):  # noqa: ANN001, ANN202
                 nonlocal unit_seen
                 out = scan(rep, step, now)
-                unit_seen += len(rep.books.unit)
+                unit_seen += len(rep.books.res)
                 return out
 
             policy._scan_running = counting

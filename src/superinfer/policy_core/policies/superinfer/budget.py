@@ -64,7 +64,7 @@ class _StepBudget(_Running):
             if need:
                 for _, e, grow in decodes.growers:
                     step.new_blocks[e.rid] = grow
-                if decodes.unit:  # one page each (one-token pages: running.py)
+                if decodes.unit:  # one page each (the page class due: running.py)
                     step.new_blocks.update(dict.fromkeys(decodes.unit, 1))
                 step.free -= need
             per_tier = decodes.per_tier

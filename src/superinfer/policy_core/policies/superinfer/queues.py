@@ -85,15 +85,15 @@ class _Queues(_Estimates):
 
     def _compact(self, heap: list[tuple[Any, ...]]) -> None:
         """Drop the items of a lazily-deleted queue heap that can never be live again (their
-        entry is gone or its ``version`` moved on: versions only grow, request ids are not
-        reused) and re-heapify, in place. Called when the heap holds more than twice its live
-        items plus :data:`_COMPACT_SLACK`, so the cost is O(1) amortized per push and a heap
-        stays O(live) long: without it a tier's shed heap kept one item per request that ever
-        waited there while nothing was shed (79,526 items, the tier's waiting heap 129, after
-        30 s of ``benchmarks/policy_overhead.py`` at 2,560 / 40,960), growing for a server's
-        lifetime.
-        Pops are unchanged: every item carries a unique sequence number, so the order of the
-        live items does not depend on the heap's layout."""
+        entry is gone or its ``version`` moved on: versions only grow, and a request id is
+        engine-unique, ``RequestView.request_id``) and re-heapify, in place. Called when the
+        heap holds more than twice its live items plus :data:`_COMPACT_SLACK`, so the cost is
+        O(1) amortized per push and a heap stays O(live) long: without it a tier's shed heap
+        kept one item per request that ever waited there while nothing was shed (79,526 items,
+        the tier's waiting heap 129, after 30 s of ``benchmarks/policy_overhead.py`` at 2,560 /
+        40,960), growing for a server's lifetime. Pops are unchanged: every item carries a
+        unique sequence number, so the order of the live items does not depend on the heap's
+        layout."""
         entries = self._entries
         heap[:] = [
             it for it in heap if (x := entries.get(it[-2])) is not None and x.version == it[-1]

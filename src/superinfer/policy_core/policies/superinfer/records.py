@@ -105,20 +105,14 @@ class _DueQueue:
     under a heap of bucket numbers. Every item of an earlier bucket has a smaller ``when``, so
     the earliest bucket's top is the smallest item. A pop touches that bucket and the small heap
     of bucket numbers, not one heap of every queued request's check (at 2,560 running / 40,960
-    waiting in ``benchmarks/policy_overhead.py``: ~36,000 items, ~4 µs a pop between engine
-    steps that leave the caches cold). Push and pop O(log bucket + log buckets)."""
+    waiting in ``benchmarks/policy_overhead.py``: ~36,000 items, ~4 µs a pop timed there with
+    the machine loaded). Push and pop O(log bucket + log buckets)."""
 
     __slots__ = ("_keys", "_buckets")
 
     def __init__(self) -> None:
         self._keys: list[int] = []
         self._buckets: dict[int, list[_DueItem]] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._keys)
-
-    def __len__(self) -> int:
-        return sum(len(b) for b in self._buckets.values())
 
     def push(self, item: _DueItem) -> None:
         """Add ``item`` (its ``when`` finite, s)."""
@@ -214,11 +208,10 @@ class _RunBooks:
         self.packing: KVPages | None = None  # the state's kv_packing
         self.growers: list[tuple[int, _Entry, int]] = []  # (position, entry, blocks) this call
         self.need = 0  # the KV blocks of ``growers``, summed
-        # decodes holding exactly the pages of their tokens (no packing): id -> version; each
-        # in the class of ``(computed_tokens - clock) % bs`` (``res``: id -> class), whose
-        # members all need a page at the clocks where that is ``-clock % bs`` (``classes``:
-        # class -> {id: version}); and when each is looked at next, (clock, id, version), a heap
-        self.unit: dict[str, int] = {}
+        # decodes holding exactly the pages of their tokens (no packing), each in the class of
+        # ``(computed_tokens - clock) % bs`` (``res``: id -> class), whose members all need a
+        # page at the clocks where that is ``-clock % bs`` (``classes``: class -> {id:
+        # version}); and when each is looked at next, (clock, id, version), a heap
         self.res: dict[str, int] = {}
         self.classes: dict[int, dict[str, int]] = {}
         self.unit_due: list[tuple[int, str, int]] = []

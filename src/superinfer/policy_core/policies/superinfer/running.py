@@ -16,12 +16,12 @@ A decode that holds exactly the pages of its tokens when it is filed (``kv_block
 ceil(computed_tokens / block_size_tokens)``, no ``kv_packing``) is not put in a bucket: in
 lockstep its next token needs a page at every ``bs``-th clock, the clocks where ``(computed -
 clock) % bs``, fixed when it is filed (its *class*), equals ``-clock % bs``. So it is kept in
-``_RunBooks.classes`` (and ``unit``), the class due at this clock is the call's set of decodes
-needing one page each (``need`` counts them, their ``_Step.new_blocks`` entries are 1), and it is
-looked at only when its demotion clock comes (``unit_due``) or a visit takes it out. With
-one-token pages (SGLang's default) every such decode is in class 0, due at every clock; with
-16-token pages a sixteenth of them is due at each. This trusts the engine to hold exactly the
-pages of the tokens it has run once it did at a look (SGLang's adapter reports
+``_RunBooks.classes`` (its class in ``res``), the class due at this clock is the call's set of
+decodes needing one page each (``need`` counts them, their ``_Step.new_blocks`` entries are 1),
+and it is looked at only when its demotion clock comes (``unit_due``) or a visit takes it out.
+With one-token pages (SGLang's default) every such decode is in class 0, due at every clock;
+with 16-token pages each class is due at one clock in sixteen. This trusts the engine to hold
+exactly the pages of the tokens it has run once it did at a look (SGLang's adapter reports
 ``ceil(computed / page_size)`` pages, ``adapters/sglang/view.py``; the overhead double allocates
 that, the engine doubles and the simulator too beyond an admission reserve), and a decode that
 holds more stays in the buckets until it no longer does; an engine that allocates ahead only
@@ -53,7 +53,7 @@ from superinfer.policy_core.policies.superinfer.records import (
 from superinfer.policy_core.types import KVPrecision, RequestView, StepState
 
 _FP16 = KVPrecision.FP16
-_NO_CLASS: dict[str, int] = {}  # never written: the page class of a clock no decode is due at
+_NO_CLASS: dict[str, int] = {}  # never written: the class of a clock no decode is due at
 
 _VERSIONS = itertools.count(1)
 
@@ -116,7 +116,7 @@ class _Running(_Promotion):
             worst -= 1
         step.worst_tier = worst  # the worst tier with a running request, -1 if none
         ids = dict.fromkeys(books.dec_ids, 1)  # the decodes' ``num_tokens``, in running order
-        paged = books.classes.get(-books.clock % books.bs, _NO_CLASS) if books.unit else _NO_CLASS
+        paged = books.classes.get(-books.clock % books.bs, _NO_CLASS)
         decodes = _Decodes(ids, list(books.dec_count), books.growers, self._entries, state,
                            paged)  # fmt: skip
         if todo is None:
@@ -139,7 +139,7 @@ class _Running(_Promotion):
             books.gone and not left.issuperset(books.gone)
         ):
             return None  # a preemption not carried out, or an end still running: resynchronize
-        if books.unit and (state.block_size_tokens != books.bs or state.kv_packing is not None):
+        if books.res and (state.block_size_tokens != books.bs or state.kv_packing is not None):
             return None  # the pages changed under the decodes kept in page classes
         books.gone.clear()
         routine = len(order) - len(prefilling)
@@ -213,10 +213,10 @@ class _Running(_Promotion):
                 if again:
                     version = ver[rid] = next(_VERSIONS)
                 file_decode(books, e, v, version, service)
-        unit, unit_due = books.unit, books.unit_due
+        res, classes, unit_due = books.res, books.classes, books.unit_due
         while unit_due and unit_due[0][0] <= clock:  # class decodes at their demotion clock
             _, rid, version = heapq.heappop(unit_due)
-            if unit.get(rid) == version:
+            if rid in res and classes[res[rid]].get(rid) == version:
                 todo.add(rid)
         return todo
 
@@ -236,8 +236,8 @@ class _Running(_Promotion):
             i = bisect_left(books.dec_pos, books.order[rid])
             del books.dec_pos[i], books.dec_ids[i]
             self._untpot(books, rid)
-            if books.unit.pop(rid, None) is not None:
-                del books.classes[books.res.pop(rid)][rid]
+            if (r := books.res.pop(rid, None)) is not None:
+                del books.classes[r][rid]
 
     def _untpot(self, books: _RunBooks, rid: str) -> None:
         key = books.tkey.pop(rid, None)
@@ -256,7 +256,6 @@ class _Running(_Promotion):
             # its next page is taken at every ``bs``-th clock, where its class is due: no look
             # until its quantum runs out
             rid = e.rid
-            books.unit[rid] = ver
             r = books.res[rid] = (computed - books.clock) % bs
             members = books.classes.get(r)
             if members is None:
