@@ -78,7 +78,8 @@ def step_blocks(view: RequestView, num_tokens: int, state: StepState, *, admit: 
     held = view.kv_blocks if view.kv_location is not KVLocation.CPU else 0
     if not admit:  # the hot path: a running request's next tokens
         if view.kv_precision is _FP16 or state.kv_packing is None:
-            return max(0, -(-(view.computed_tokens + num_tokens) // bs) - held)
+            need = -(-(view.computed_tokens + num_tokens) // bs) - held
+            return need if need > 0 else 0  # max(0, need), without the builtin's call cost
         return max(0, view_blocks(view, view.computed_tokens + num_tokens, state) - held)
     if state.admission is AdmissionRule.RESERVE_MAX:
         total = view.prompt_tokens + view.max_output_tokens

@@ -268,7 +268,7 @@ class StepTimeModel:
         ``decode_seqs`` sequences decode alongside, s."""
         if prefill_tokens <= 0:
             return 0.0
-        steps = math.ceil(prefill_tokens / max(chunk_tokens, 1.0))
+        steps = math.ceil(prefill_tokens / (chunk_tokens if chunk_tokens >= 1.0 else 1.0))
         return self.prefill_token_s * prefill_tokens + steps * (
             self.base_s + self.decode_seq_s * decode_seqs
         )

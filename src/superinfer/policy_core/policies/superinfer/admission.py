@@ -46,14 +46,20 @@ class _Admission(_Preemption):
             if step.seats <= 0 and 0 <= rank_below and step.worst_tier <= rank_below:
                 return 0  # no free seat, and no worse tier runs to make one (_make_room)
         given = step.tokens.get(rid, 0)
-        n = min(unit, v.pending_tokens - given, step.budget)
+        n = v.pending_tokens - given  # min(unit, pending - given, budget), inline
+        if unit < n:
+            n = unit
+        if step.budget < n:
+            n = step.budget
         if n <= 0:
             return 0
         # KV blocks charged the way the engine's decision check charges them (step_blocks):
         # an admission pays its admission rule's reservation, a swapped request all its blocks.
         admitting = e.where == _WAITING or rid in step.admit
         before = step_blocks(v, given, state, admit=admitting) if given else 0
-        extra = max(step_blocks(v, given + n, state, admit=admitting) - before, 0)
+        extra = step_blocks(v, given + n, state, admit=admitting) - before
+        if extra < 0:
+            extra = 0
         swapping = e.where == _SWAPPED
         nbytes = v.kv_blocks * state.kv_block_bytes if swapping else 0
         if swapping and (not cpu or nbytes > step.swap_in_bytes and step.resume):
@@ -104,6 +110,8 @@ class _Admission(_Preemption):
         an engine cannot reject it (``check_decision``): when it is the least important, the
         tier sheds nothing more now, and it is shed at the next call, from the waiting queue.
         """
+        if max(rep.count) <= self.max_waiting_per_tier:
+            return  # no tier over its bound (the common case: one comparison per tier, in C)
         for t in range(self.num_tiers):
             heap = rep.shed_heaps[t]
             while rep.count[t] > self.max_waiting_per_tier:

@@ -34,7 +34,9 @@ def _count(x: float) -> int:
     no decision that did not overflow. ``x`` is never NaN: each quotient has a finite positive
     divisor and a dividend that is finite or ``+inf``.
     """
-    return int(min(max(x, -_MAX_COUNT), _MAX_COUNT))
+    if x < -_MAX_COUNT:
+        return int(-_MAX_COUNT)
+    return int(x if x <= _MAX_COUNT else _MAX_COUNT)
 
 
 class _StepBudget(_Running):

@@ -53,22 +53,25 @@ class _Rotation(_StepBudget):
             left -= given
         passes, weights, active = rep.passes, self._weights, rep.active
         has_demand = self._has_demand
-        demand = [has_demand(rep, ongoing, t, cpu) for t in range(k)]
-        floor = _INF
-        for t in range(k):
-            if demand[t] and active[t] and passes[t] < floor:
-                floor = passes[t]
-        for t in range(k):  # a tier that was idle joins at the current virtual time
-            if demand[t] and not active[t] and floor < _INF:
-                passes[t] = max(passes[t], floor)
-            active[t] = demand[t]
-        blocked = [False] * k
+        tiers = range(k)
+        demand = [has_demand(rep, ongoing, t, cpu) for t in tiers]
+        if demand != active:  # a tier that was idle joins at the current virtual time
+            floor = _INF
+            for t in tiers:
+                if demand[t] and active[t] and passes[t] < floor:
+                    floor = passes[t]
+            for t in tiers:
+                if demand[t] and not active[t] and passes[t] < floor < _INF:
+                    passes[t] = floor
+            active[:] = demand
+        # ``demand`` from here on: the tiers with demand that are not blocked (a blocked tier
+        # gets no more turns this step)
         unit = self.rotation_unit_tokens
         alone_but = self._other_tiers
         while left > 0:
             t = -1  # the tier with demand, not blocked, with the smallest pass (then index)
-            for i in range(k):
-                if demand[i] and not blocked[i] and (t < 0 or passes[i] < passes[t]):
+            for i in tiers:
+                if demand[i] and (t < 0 or passes[i] < passes[t]):
                     t = i
             if t < 0:
                 break
@@ -86,12 +89,16 @@ class _Rotation(_StepBudget):
                 continue
             was_queued = e.where != _RUNNING
             given = 0
-            if not was_queued and not any(demand[i] and not blocked[i] for i in alone_but[t]):
-                given = self._place_turns(rep, step, e, left, cpu, t)
+            if not was_queued:
+                for i in alone_but[t]:
+                    if demand[i]:
+                        break
+                else:  # no other tier can take a turn
+                    given = self._place_turns(rep, step, e, left, cpu, t)
             if not given:
-                given = self._place(rep, step, e, min(unit, left), cpu, t)
+                given = self._place(rep, step, e, unit if unit < left else left, cpu, t)
                 if not given:
-                    blocked[t] = True
+                    demand[t] = False  # blocked
                     continue
                 passes[t] += given / weights[t]
             left -= given

@@ -384,16 +384,16 @@ class _Running(_Promotion):
             n = len(heap)
             while stack:  # every key within rounding of the smallest (a heap walk)
                 i = stack.pop()
-                u, first, g = heap[i]
-                if u > limit:
-                    continue
+                _, first, g = heap[i]  # within the limit: only such nodes are stacked
                 ids = members.get((first, g))
                 if ids:
                     v = view_of(next(iter(ids)))
                     allowance = tpot * v.generated_tokens - (now - first)
                     if allowance < cap:
                         cap = allowance
-                for c in (2 * i + 1, 2 * i + 2):
-                    if c < n:
-                        stack.append(c)
+                c = 2 * i + 1
+                if c < n and heap[c][0] <= limit:
+                    stack.append(c)
+                if c + 1 < n and heap[c + 1][0] <= limit:
+                    stack.append(c + 1)
         return cap
