@@ -4,6 +4,7 @@ TTFT-urgent prefill against the decodes' credit."""
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 
 from superinfer.policy_core.policies.superinfer.records import (
@@ -15,9 +16,11 @@ from superinfer.policy_core.policies.superinfer.records import (
     _Entry,
     _LaneItem,
     _Replica,
+    _RunBooks,
     _Step,
 )
 from superinfer.policy_core.policies.superinfer.running import _Running
+from superinfer.policy_core.types import StepState
 
 #: Bound on a token or step count derived from SLO seconds: 2**62, beyond any step budget (ints
 #: far below) and any prompt length a result file can hold (int64).
@@ -61,7 +64,10 @@ class _StepBudget(_Running):
             for e in chosen:
                 per_tier[e.tier] += 1
         else:  # every decode runs: no per-request work beyond the KV blocks some need
-            step.tokens.update(decodes.ids)  # one token each
+            if step.tokens:
+                step.tokens.update(decodes.ids)  # one token each
+            else:  # a copy of the books' map (a dict's copy clones its table)
+                step.tokens = decodes.ids.copy()
             step.budget -= len(decodes)
             if need:
                 for _, e, grow in decodes.growers:
@@ -73,6 +79,43 @@ class _StepBudget(_Running):
         for t, count in enumerate(per_tier):
             if count:
                 passes[t] += count / weights[t]
+
+    def _tpot_cap(self, books: _RunBooks, state: StepState, now: float) -> float:
+        """The decodes' smallest TPOT allowance, s: ``tpot * generated - (now - first_token_s)``
+        among the decodes with a TPOT target (not best effort), computed for the few keys at the
+        bottom of each of the running books' TPOT heaps (``running.py``); ``inf`` if none. Read
+        right after the running pass, before a preemption changes the books."""
+        cap = _INF
+        if state.views is not None:
+            view_of = state.views.__getitem__
+        else:  # a rebuild without the engine's map: every running entry was just refreshed
+            entries = self._entries
+            view_of = lambda rid: entries[rid].view  # noqa: E731
+        for tpot, th in books.tpot.items():
+            heap, members = th.heap, th.members
+            while heap and not members.get(heap[0][1:]):
+                _, first, g = heapq.heappop(heap)
+                members.pop((first, g), None)
+            if not heap:
+                continue
+            limit = heap[0][0] + 1e-6 + 1e-12 * abs(heap[0][0])
+            stack = [0]
+            n = len(heap)
+            while stack:  # every key within rounding of the smallest (a heap walk)
+                i = stack.pop()
+                _, first, g = heap[i]  # within the limit: only such nodes are stacked
+                ids = members.get((first, g))
+                if ids:
+                    v = view_of(next(iter(ids)))
+                    allowance = tpot * v.generated_tokens - (now - first)
+                    if allowance < cap:
+                        cap = allowance
+                c = 2 * i + 1
+                if c < n and heap[c][0] <= limit:
+                    stack.append(c)
+                if c + 1 < n and heap[c + 1][0] <= limit:
+                    stack.append(c + 1)
+        return cap
 
     def _prefill_allowance(self, step: _Step, num_decodes: int, cap_s: float) -> int:
         """Prefill tokens this step may run: all of the budget, or with TPOT-class decodes

@@ -84,8 +84,7 @@ class SuperInferPolicy(_Rotation):
             A decision that passes ``check_decision(state, d, swap_supported=...)`` with
             ``swap_supported`` true only if the state shows a CPU tier.
         """
-        rep = self._replica(state.replica)
-        now = state.now_s
+        rep, now = self._replica(state.replica), state.now_s
         rep.token_budget = state.token_budget
         self._sync(rep, state)
         cpu = has_cpu_tier(state)
@@ -102,15 +101,16 @@ class SuperInferPolicy(_Rotation):
             swap_in_bytes=link_step if cpu else 0.0,
         )
         self._run_due_checks(rep, step, now)
-        decodes, lanes, cap_s, need = self._scan_running(rep, step, now)
+        decodes, lanes, need = self._scan_running(rep, step, now)
+        cap_s = self._tpot_cap(rep.books, state, now)  # before a preemption changes the books
         if need > step.free:
             self._relieve_shortage(rep, step, self._running_entries(state), need)
         self._schedule_decodes(rep, step, decodes, need)
         prefill_allow = self._prefill_allowance(step, len(decodes), cap_s)
         prefill_allow = self._reserve_for_ttft(rep, step, len(decodes), cap_s, prefill_allow)
         if self.ttft_boost and state.mixed_batches and prefill_allow < step.budget:
-            ttft_lanes = rep.books.ttft_lanes
-            prefill_allow = self._ttft_boost(rep, step, decodes, ttft_lanes, prefill_allow, now)
+            lanes_ttft = rep.books.ttft_lanes
+            prefill_allow = self._ttft_boost(rep, step, decodes, lanes_ttft, prefill_allow, now)
         rep.prefill_chunk_tokens = float(prefill_allow)
         rep.num_decodes = len(decodes)
         self._allocate_prefill(rep, step, lanes, min(prefill_allow, step.budget), cpu)

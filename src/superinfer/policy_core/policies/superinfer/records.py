@@ -196,6 +196,11 @@ class _RunBooks:
         # the decodes in ``state.running`` order: their positions (sorted) and ids, side by side
         self.dec_pos: list[int] = []
         self.dec_ids: list[str] = []
+        # the same ids, each mapped to 1 (the decodes' ``num_tokens``), kept while decodes only
+        # leave or join at the tail; ``None`` once one joined in the middle (rebuilt on use, as
+        # when its deletions, ``dec_holes``, pass half its size: a dict's copy clones it then)
+        self.dec_map: dict[str, int] | None = {}
+        self.dec_holes = 0
         self.clock = 0  # decode tokens every lockstep decode has run since the rebuild
         self.buckets: dict[int, list[tuple[str, int]]] = {}  # clock -> (id, version) to look at
         # decodes needing a KV block at their last look (also in their next bucket): (id, version)
@@ -239,6 +244,7 @@ class _Decodes:
     def __init__(self, ids: dict[str, int], per_tier: list[int],
                  growers: list[tuple[int, _Entry, int]], entries: dict[str, _Entry],
                  state: StepState, unit: dict[str, int]) -> None:  # fmt: skip
+        #: the running books' own map (``_RunBooks.dec_map``): read, never written, by the call
         self.ids: dict[str, int] = ids
         self.per_tier: list[int] = per_tier
         #: ``(position, entry, blocks)`` of the decodes whose next token needs KV blocks, in

@@ -71,11 +71,10 @@ class _Running(_Promotion):
 
     def _scan_running(
         self, rep: _Replica, step: _Step, now: float
-    ) -> tuple[_Decodes, list[list[_LaneItem]], float, int]:
+    ) -> tuple[_Decodes, list[list[_LaneItem]], int]:
         """Visit the running requests that need it (module doc); returns the decodes (in
         ``state.running`` order), the prefills' lanes (per tier, in the order the rotation
-        serves them: ``records._Lane``), the smallest TPOT allowance among the decodes, s, and
-        the KV blocks the decodes' next tokens need."""
+        serves them: ``records._Lane``) and the KV blocks the decodes' next tokens need."""
         state = step.state
         books = rep.books
         books.growers = []
@@ -115,14 +114,16 @@ class _Running(_Promotion):
         while worst >= 0 and not counts[worst]:
             worst -= 1
         step.worst_tier = worst  # the worst tier with a running request, -1 if none
-        ids = dict.fromkeys(books.dec_ids, 1)  # the decodes' ``num_tokens``, in running order
+        ids = books.dec_map  # the decodes' ``num_tokens``, in running order
+        if ids is None or 2 * books.dec_holes > len(ids):
+            ids = books.dec_map = dict.fromkeys(books.dec_ids, 1)
+            books.dec_holes = 0
         paged = books.classes.get(-books.clock % books.bs, _NO_CLASS)
         decodes = _Decodes(ids, list(books.dec_count), books.growers, self._entries, state,
                            paged)  # fmt: skip
         if todo is None:
             decodes._list = [e for e in visited if e.rid in ids]
-        cap = self._tpot_cap(books, state, now)
-        return decodes, books.lanes, cap, books.need + len(paged)
+        return decodes, books.lanes, books.need + len(paged)
 
     # -- the books --------------------------------------------------------------------------
 
@@ -235,6 +236,9 @@ class _Running(_Promotion):
             books.dec_count[t] -= 1
             i = bisect_left(books.dec_pos, books.order[rid])
             del books.dec_pos[i], books.dec_ids[i]
+            if books.dec_map is not None:
+                del books.dec_map[rid]
+                books.dec_holes += 1
             self._untpot(books, rid)
             if (r := books.res.pop(rid, None)) is not None:
                 del books.classes[r][rid]
@@ -343,6 +347,15 @@ class _Running(_Promotion):
             books.dec_count[t] += 1
             pos = books.order[rid]
             i = bisect_left(books.dec_pos, pos)
+            m, after = books.dec_map, len(books.dec_pos) - i
+            if m is not None and 4 * after <= i:  # the ids behind it taken off and put back
+                tail = books.dec_ids[i:]
+                for _ in tail:
+                    m.popitem()
+                m[rid] = 1
+                m.update(dict.fromkeys(tail, 1))
+            else:
+                books.dec_map = None  # rebuilt from the list on use
             books.dec_pos.insert(i, pos)
             books.dec_ids.insert(i, rid)
             service = computed - v.cached_tokens + e.lost_tokens
@@ -362,38 +375,3 @@ class _Running(_Promotion):
         else:
             _file_prefill(books, e, t)
         return e
-
-    def _tpot_cap(self, books: _RunBooks, state: StepState, now: float) -> float:
-        """The smallest ``tpot * generated - (now - first_token_s)`` among the decodes with a
-        TPOT target (not best effort), computed for the few keys at the bottom of each heap."""
-        cap = _INF
-        if state.views is not None:
-            view_of = state.views.__getitem__
-        else:  # a rebuild without the engine's map: every running entry was just refreshed
-            entries = self._entries
-            view_of = lambda rid: entries[rid].view  # noqa: E731
-        for tpot, th in books.tpot.items():
-            heap, members = th.heap, th.members
-            while heap and not members.get(heap[0][1:]):
-                _, first, g = heapq.heappop(heap)
-                members.pop((first, g), None)
-            if not heap:
-                continue
-            limit = heap[0][0] + 1e-6 + 1e-12 * abs(heap[0][0])
-            stack = [0]
-            n = len(heap)
-            while stack:  # every key within rounding of the smallest (a heap walk)
-                i = stack.pop()
-                _, first, g = heap[i]  # within the limit: only such nodes are stacked
-                ids = members.get((first, g))
-                if ids:
-                    v = view_of(next(iter(ids)))
-                    allowance = tpot * v.generated_tokens - (now - first)
-                    if allowance < cap:
-                        cap = allowance
-                c = 2 * i + 1
-                if c < n and heap[c][0] <= limit:
-                    stack.append(c)
-                if c + 1 < n and heap[c + 1][0] <= limit:
-                    stack.append(c + 1)
-        return cap
