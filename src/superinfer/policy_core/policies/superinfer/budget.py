@@ -73,7 +73,7 @@ class _StepBudget(_Running):
                 for _, e, grow in decodes.growers:
                     step.new_blocks[e.rid] = grow
                 if decodes.unit:  # one page each (the page class due: running.py)
-                    step.new_blocks.update(dict.fromkeys(decodes.unit, 1))
+                    step.new_blocks.update(decodes.unit)
                 step.free -= need
             per_tier = decodes.per_tier
         for t, count in enumerate(per_tier):

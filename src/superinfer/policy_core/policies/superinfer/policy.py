@@ -109,8 +109,8 @@ class SuperInferPolicy(_Rotation):
         prefill_allow = self._prefill_allowance(step, len(decodes), cap_s)
         prefill_allow = self._reserve_for_ttft(rep, step, len(decodes), cap_s, prefill_allow)
         if self.ttft_boost and state.mixed_batches and prefill_allow < step.budget:
-            lanes_ttft = rep.books.ttft_lanes
-            prefill_allow = self._ttft_boost(rep, step, decodes, lanes_ttft, prefill_allow, now)
+            ttft_lanes = rep.books.ttft_lanes
+            prefill_allow = self._ttft_boost(rep, step, decodes, ttft_lanes, prefill_allow, now)
         rep.prefill_chunk_tokens = float(prefill_allow)
         rep.num_decodes = len(decodes)
         self._allocate_prefill(rep, step, lanes, min(prefill_allow, step.budget), cpu)

@@ -196,9 +196,9 @@ class _RunBooks:
         # the decodes in ``state.running`` order: their positions (sorted) and ids, side by side
         self.dec_pos: list[int] = []
         self.dec_ids: list[str] = []
-        # the same ids, each mapped to 1 (the decodes' ``num_tokens``), kept while decodes only
-        # leave or join at the tail; ``None`` once one joined in the middle (rebuilt on use, as
-        # when its deletions, ``dec_holes``, pass half its size: a dict's copy clones it then)
+        # the same ids, each mapped to 1 (the decodes' ``num_tokens``), kept as decodes leave or
+        # join near the tail (the ids behind one taken off and put back); ``None`` once one joined
+        # further in (rebuilt on use, as when its deletions, ``dec_holes``, pass half its size)
         self.dec_map: dict[str, int] | None = {}
         self.dec_holes = 0
         self.clock = 0  # decode tokens every lockstep decode has run since the rebuild
@@ -215,8 +215,9 @@ class _RunBooks:
         self.need = 0  # the KV blocks of ``growers``, summed
         # decodes holding exactly the pages of their tokens (no packing), each in the class of
         # ``(computed_tokens - clock) % bs`` (``res``: id -> class), whose members all need a
-        # page at the clocks where that is ``-clock % bs`` (``classes``: class -> {id:
-        # version}); and when each is looked at next, (clock, id, version), a heap
+        # page at the clocks where that is ``-clock % bs`` (``classes``: class -> {id: 1}, the
+        # due class is the step's one-page growth as is); and when each is looked at next,
+        # (clock, id, version: ``ver`` while it stays filed there), a heap
         self.res: dict[str, int] = {}
         self.classes: dict[int, dict[str, int]] = {}
         self.unit_due: list[tuple[int, str, int]] = []
@@ -250,9 +251,9 @@ class _Decodes:
         #: ``(position, entry, blocks)`` of the decodes whose next token needs KV blocks, in
         #: the order they were looked at (they only set ``_Step.new_blocks``, a map)
         self.growers: list[tuple[int, _Entry, int]] = growers
-        #: the decodes that need one page each at this step besides ``growers`` (the class of
-        #: ``_RunBooks.classes`` due at this clock: the running books' own map, unchanged
-        #: during the call)
+        #: the decodes that need one page each at this step besides ``growers``, each mapped to
+        #: 1 (the class of ``_RunBooks.classes`` due at this clock: the running books' own map,
+        #: unchanged during the call)
         self.unit: dict[str, int] = unit
         self._n = len(ids)
         self._entries: dict[str, _Entry] = entries

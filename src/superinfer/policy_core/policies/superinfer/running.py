@@ -6,11 +6,11 @@ the others went (``min_advance``, ``max_advance``). When every decode advanced b
 tokens (*lockstep*), the books advance one clock by ``D`` and visit only arrivals, irregular
 changes (a prefill that ran), due checks (``_Replica.run_due``) and decodes whose KV block fills
 or quantum runs out at this clock (buckets keyed by that clock value): a decode is looked at once
-per KV block. The smallest TPOT allowance is a heap per TPOT target of ``first_token_s + tpot *
-(generated_tokens - clock)``, constant in lockstep. Any other state (no usable change set, a
-missed state, decodes out of step, arrivals not at the tail, a preemption not carried out)
-visits every running request and rebuilds the books; the decision is the full pass's either way
-(``tests/policy_core/test_changes.py`` compares the two).
+per KV block. The smallest TPOT allowance reads a heap per TPOT target of ``first_token_s +
+tpot * (generated_tokens - clock)``, constant in lockstep (``budget._StepBudget._tpot_cap``).
+Any other state (no usable change set, a missed state, decodes out of step, arrivals not at the
+tail, a preemption not carried out) visits every running request and rebuilds the books; the
+decision is the full pass's either way (``tests/policy_core/test_changes.py`` compares the two).
 
 A decode that holds exactly the pages of its tokens when it is filed (``kv_blocks ==
 ceil(computed_tokens / block_size_tokens)``, no ``kv_packing``) is not put in a bucket: in
@@ -214,10 +214,10 @@ class _Running(_Promotion):
                 if again:
                     version = ver[rid] = next(_VERSIONS)
                 file_decode(books, e, v, version, service)
-        res, classes, unit_due = books.res, books.classes, books.unit_due
+        res, unit_due = books.res, books.unit_due
         while unit_due and unit_due[0][0] <= clock:  # class decodes at their demotion clock
             _, rid, version = heapq.heappop(unit_due)
-            if rid in res and classes[res[rid]].get(rid) == version:
+            if rid in res and ver.get(rid) == version:  # still in the class it was filed in
                 todo.add(rid)
         return todo
 
@@ -263,9 +263,9 @@ class _Running(_Promotion):
             r = books.res[rid] = (computed - books.clock) % bs
             members = books.classes.get(r)
             if members is None:
-                books.classes[r] = {rid: ver}
+                books.classes[r] = {rid: 1}
             else:
-                members[rid] = ver
+                members[rid] = 1
             left = e.demote_at - sv  # > 0 here (sv: its service, tokens)
             if left < _INF:
                 heapq.heappush(books.unit_due, (books.clock + math.ceil(left), e.rid, ver))
