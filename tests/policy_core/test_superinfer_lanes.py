@@ -66,6 +66,9 @@ def test_the_lanes_equal_a_stable_sort_of_each_tiers_prefills_after_every_call(
         # the decodes' ids, kept in running order across calls (the decision's num_tokens order)
         assert books.dec_ids == [rid for rid in books.order if rid not in books.prefilling]
         assert books.dec_pos == [books.order[rid] for rid in books.dec_ids]
+        # the decodes' num_tokens map, kept across calls (rebuilt inside a call if need be)
+        assert books.dec_map is not None
+        assert list(books.dec_map.items()) == [(rid, 1) for rid in books.dec_ids]
         checked[2] += len(books.dec_ids)
         for t, (lane, ttft_lane) in enumerate(zip(books.lanes, books.ttft_lanes, strict=True)):
             mine = [
