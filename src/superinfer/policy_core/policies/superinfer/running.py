@@ -349,11 +349,12 @@ class _Running(_Promotion):
             i = bisect_left(books.dec_pos, pos)
             m, after = books.dec_map, len(books.dec_pos) - i
             if m is not None and 4 * after <= i:  # the ids behind it taken off and put back
-                tail = books.dec_ids[i:]
+                tail = books.dec_ids[i:]  # none for a join at the tail
                 for _ in tail:
                     m.popitem()
                 m[rid] = 1
-                m.update(dict.fromkeys(tail, 1))
+                for r in tail:
+                    m[r] = 1
             else:
                 books.dec_map = None  # rebuilt from the list on use
             books.dec_pos.insert(i, pos)
