@@ -416,8 +416,9 @@ class ScheduleDecision:
     or when the step would exceed the token budget, ``max_num_seqs`` or the free KV blocks.
 
     Attributes:
-        num_tokens: request id -> tokens to run this step (a prefill chunk, or 1 for a decode). Only
-            requests that are running after admit/resume/preempt; sum <= ``token_budget``.
+        num_tokens: request id -> tokens to run this step (a prefill chunk, or 1 for a decode),
+            each > 0. Only requests that are running after admit/resume/preempt; sum <=
+            ``token_budget``.
         admit: waiting request ids to move to running (allocating their KV), in this order.
         resume: swapped request ids to swap back in and run.
         preempt: running request id -> how it gives its KV back.
@@ -440,12 +441,11 @@ class ScheduleDecision:
     max_repeat_steps: int = 1
 
     def __post_init__(self) -> None:
+        # O(1) here: ``num_tokens`` values are checked (each > 0) by the engine's
+        # ``validation.check_decision``, in the pass over ``num_tokens`` it makes anyway; a
+        # ``min()`` over them here cost ~30 µs per call at 2,560 running (issue 21).
         if self.max_repeat_steps < 1:
             raise ValueError(f"max_repeat_steps must be >= 1, got {self.max_repeat_steps}")
-        if self.num_tokens and min(self.num_tokens.values()) <= 0:  # C-level, then the culprit
-            for rid, n in self.num_tokens.items():
-                if n <= 0:
-                    raise ValueError(f"num_tokens[{rid!r}] must be > 0, got {n}")
 
     @property
     def total_tokens(self) -> int:

@@ -28,9 +28,9 @@ def check_decision(
     """Raise unless ``decision`` is applicable to ``state``.
 
     Checks that every id is in the queue its action needs, no id has two actions, the running set
-    after the step respects ``max_num_seqs``, the tokens respect ``token_budget`` and each
-    request's pending tokens, and the KV blocks needed fit in the free HBM blocks after the
-    preemptions free theirs.
+    after the step respects ``max_num_seqs``, the tokens respect ``token_budget``, each entry of
+    ``num_tokens`` is > 0 and within its request's pending tokens, and the KV blocks needed fit
+    in the free HBM blocks after the preemptions free theirs.
 
     Args:
         state: the state the decision was made on.
@@ -99,6 +99,8 @@ def check_decision(
         req = live.get(rid)
         if req is None:
             raise PolicyError(f"num_tokens names {rid!r}, which is not running after the decision")
+        if n <= 0:
+            raise PolicyError(f"num_tokens[{rid!r}] must be > 0, got {n}")
         if n > req.pending_tokens:
             raise PolicyError(f"{rid!r}: {n} tokens exceed its {req.pending_tokens} pending")
         if rid in decision.admit:
