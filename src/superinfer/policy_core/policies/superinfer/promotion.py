@@ -33,19 +33,27 @@ class _Promotion(_Admission):
         """Evaluate aging, hopelessness and promotion for ``e``: what happened (``""`` for
         nothing), and the ``_target`` computed on the way (``None`` if none), which
         :meth:`_schedule_check` reuses when nothing happened: nothing it reads (the view, the
-        replica's load, the estimators) changes in between."""
+        replica's load, the estimators) changes in between. A request awaiting its first token
+        is found hopeless on ``_target``'s lower bound alone, before its estimate at the
+        current load is computed (most due checks of an overloaded queue end there)."""
         v = e.view
         queued = e.where in (_WAITING, _SWAPPED)
         if queued and self.aging and not e.aged and self._aging_due(e, now):
             return "age", None
         if e.best_effort or e.aged:
             return "", None
+        hopeless_ends = self.best_effort_demotion or self.reject_hopeless
+        if e.ttft_s is not None and v.first_token_s is None and hopeless_ends:
+            left = self._prefill_left(v)  # ``_target``'s ``optimistic`` for the TTFT target
+            fastest = self.step_time.prefill_s(left, rep.token_budget, 0.0) if left > 0 else 0.0
+            if fastest > e.arrival_s + e.ttft_s - now:
+                return "hopeless", None
         target = self._target(e, v, rep)
         deadline, estimate, optimistic = target
         if deadline == _INF:
             return "", target
         slack = deadline - now
-        if optimistic > slack and (self.best_effort_demotion or self.reject_hopeless):
+        if optimistic > slack and hopeless_ends:
             return "hopeless", target
         if self.promotion and e.tier > 0 and estimate > slack - self.promotion_margin_s:
             return "promote", target
@@ -134,7 +142,7 @@ class _Promotion(_Admission):
                         break
         for e in hopeless:
             if at_or_above[e.tier] > 0 or running_best <= e.tier:
-                self._apply_check(rep, e, "hopeless", step, now)
+                self._reject(rep, e, step, "slo_unattainable")  # = _apply_check's "hopeless"
             else:
                 self._counters["hopeless_kept"] += 1
                 self._check_queued_at(rep, e, now + self._typical_step_s())
