@@ -193,12 +193,10 @@ class _RunBooks:
         self.in_ttft: set[str] = set()  # the ids filed in ``ttft_lanes``
         self.run_count = [0] * num_tiers  # running requests per tier
         self.dec_count = [0] * num_tiers  # decodes per tier
-        # the decodes in ``state.running`` order: their positions (sorted) and ids, side by side
-        self.dec_pos: list[int] = []
-        self.dec_ids: list[str] = []
-        # the same ids, each mapped to 1 (the decodes' ``num_tokens``), kept as decodes leave or
-        # join near the tail (the ids behind one taken off and put back); ``None`` once one joined
-        # further in (rebuilt on use, as when its deletions, ``dec_holes``, pass half its size)
+        # the decodes' ids in ``state.running`` order, each mapped to 1 (their ``num_tokens``),
+        # kept as decodes leave or join near the tail (the ids behind one taken off and put
+        # back); ``None`` once one joined further in (rebuilt on use from ``order``), compacted
+        # once its deletions (``dec_holes``) pass half its size
         self.dec_map: dict[str, int] | None = {}
         self.dec_holes = 0
         self.clock = 0  # decode tokens every lockstep decode has run since the rebuild

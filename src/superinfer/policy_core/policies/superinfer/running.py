@@ -33,7 +33,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from bisect import bisect_left
 
 from superinfer.policy_core.policies.superinfer.promotion import _Promotion
 from superinfer.policy_core.policies.superinfer.records import (
@@ -115,8 +114,12 @@ class _Running(_Promotion):
             worst -= 1
         step.worst_tier = worst  # the worst tier with a running request, -1 if none
         ids = books.dec_map  # the decodes' ``num_tokens``, in running order
-        if ids is None or 2 * books.dec_holes > len(ids):
-            ids = books.dec_map = dict.fromkeys(books.dec_ids, 1)
+        if ids is None:  # a decode joined far from the tail: every running request is filed
+            prefilling = books.prefilling
+            ids = books.dec_map = {rid: 1 for rid in books.order if rid not in prefilling}
+            books.dec_holes = 0
+        elif 2 * books.dec_holes > len(ids):  # compacted: a copy of it is then one memcpy
+            ids = books.dec_map = dict.fromkeys(ids, 1)
             books.dec_holes = 0
         paged = books.classes.get(-books.clock % books.bs, _NO_CLASS)
         decodes = _Decodes(ids, list(books.dec_count), books.growers, self._entries, state,
@@ -221,6 +224,27 @@ class _Running(_Promotion):
                 todo.add(rid)
         return todo
 
+    @staticmethod
+    def _join_decodes(books: _RunBooks, m: dict[str, int], rid: str) -> None:
+        """Put ``rid`` in the decodes' map ``m`` at its place in running order: the ids behind
+        it (none for a join at the tail) are taken off and put back, or, when they are more
+        than a fifth of ``m``, the map is dropped (``_scan_running`` rebuilds it)."""
+        order = books.order
+        pos, most = order[rid], len(m) // 5
+        behind: list[str] = []
+        for r in reversed(m):
+            if order[r] < pos:
+                break
+            if len(behind) == most:
+                books.dec_map = None
+                return
+            behind.append(r)
+        for _ in behind:
+            m.popitem()
+        m[rid] = 1
+        for r in reversed(behind):
+            m[r] = 1
+
     def _drop_running(self, books: _RunBooks, rid: str) -> None:
         books.ver.pop(rid, None)
         if (t := books.tier.pop(rid, None)) is not None:
@@ -234,8 +258,6 @@ class _Running(_Promotion):
             _unfile_prefill(books, rid, t)
         else:
             books.dec_count[t] -= 1
-            i = bisect_left(books.dec_pos, books.order[rid])
-            del books.dec_pos[i], books.dec_ids[i]
             if books.dec_map is not None:
                 del books.dec_map[rid]
                 books.dec_holes += 1
@@ -345,20 +367,8 @@ class _Running(_Promotion):
         version = books.ver[rid] = next(_VERSIONS)
         if decoding:
             books.dec_count[t] += 1
-            pos = books.order[rid]
-            i = bisect_left(books.dec_pos, pos)
-            m, after = books.dec_map, len(books.dec_pos) - i
-            if m is not None and 4 * after <= i:  # the ids behind it taken off and put back
-                tail = books.dec_ids[i:]  # none for a join at the tail
-                for _ in tail:
-                    m.popitem()
-                m[rid] = 1
-                for r in tail:
-                    m[r] = 1
-            else:
-                books.dec_map = None  # rebuilt from the list on use
-            books.dec_pos.insert(i, pos)
-            books.dec_ids.insert(i, rid)
+            if (m := books.dec_map) is not None:
+                self._join_decodes(books, m, rid)
             service = computed - v.cached_tokens + e.lost_tokens
             self._file_decode(books, e, v, version, service)
             tpot, first = e.tpot_s, v.first_token_s
