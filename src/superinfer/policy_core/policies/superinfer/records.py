@@ -204,7 +204,7 @@ class _RunBooks:
         # decodes needing a KV block at their last look (also in their next bucket): (id, version)
         self.hot: list[tuple[str, int]] = []
         self.tpot: dict[float, _TpotHeap] = {}  # TPOT target (s) -> its decodes' keys
-        self.tkey: dict[str, tuple[float, float, int]] = {}  # id -> its (tpot, first, g) key
+        self.tkey: dict[str, set[str]] = {}  # id -> the members set of its TPOT heap key
         self.last_out: tuple[str, ...] = ()  # ids the last decision preempted
         self.gone: list[str] = []  # ids in ``order`` whose entry a hook forgot since
         self.bs = 16  # the state's block size, tokens

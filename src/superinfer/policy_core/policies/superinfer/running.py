@@ -266,11 +266,9 @@ class _Running(_Promotion):
                 del books.classes[r][rid]
 
     def _untpot(self, books: _RunBooks, rid: str) -> None:
-        key = books.tkey.pop(rid, None)
-        if key is not None:
-            members = books.tpot[key[0]].members.get(key[1:])
-            if members is not None:
-                members.discard(rid)
+        members = books.tkey.pop(rid, None)
+        if members is not None:
+            members.discard(rid)
 
     def _file_decode(self, books: _RunBooks, e: _Entry, v: RequestView, ver: int, sv: int) -> None:
         """Put decode ``e`` in its page class if it holds exactly the pages of its tokens
@@ -382,7 +380,7 @@ class _Running(_Promotion):
                     members = heap.members[(first, g)] = set()
                     heapq.heappush(heap.heap, (first + tpot * g, first, g))
                 members.add(rid)
-                books.tkey[rid] = (tpot, first, g)
+                books.tkey[rid] = members
         else:
             _file_prefill(books, e, t)
         return e
