@@ -443,7 +443,8 @@ class ScheduleDecision:
     def __post_init__(self) -> None:
         # O(1) here: ``num_tokens`` values are checked (each > 0) by the engine's
         # ``validation.check_decision``, in the pass over ``num_tokens`` it makes anyway; a
-        # ``min()`` over them here cost ~30 µs per call at 2,560 running (issue 21).
+        # ``min()`` over them here was one pass per call of every policy (its removal: -4.1 %
+        # instructions per ``superinfer`` call at 256 running, results/benchmarks/README.md).
         if self.max_repeat_steps < 1:
             raise ValueError(f"max_repeat_steps must be >= 1, got {self.max_repeat_steps}")
 

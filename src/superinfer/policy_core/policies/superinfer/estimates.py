@@ -91,6 +91,11 @@ class _Estimates(SuperInferConfig):
         prefill = self.step_time.prefill_s(self._prefill_left(v), chunk, decodes)
         return prefill + self.remaining_output_tokens(v) * self._typical_step_s()
 
+    def _fastest_prefill_s(self, left: int, rep: _Replica) -> float:
+        """The lower bound on prefilling ``left`` tokens, s: alone, in chunks of the whole token
+        budget (``_target``'s ``optimistic`` for a TTFT or deadline target)."""
+        return self.step_time.prefill_s(left, rep.token_budget, 0.0) if left > 0 else 0.0
+
     def _target(self, e: _Entry, v: RequestView, rep: _Replica) -> tuple[float, float, float]:
         """``(deadline, estimate, optimistic)`` of the most pressing target.
 
@@ -103,7 +108,7 @@ class _Estimates(SuperInferConfig):
         left = self._prefill_left(v)
         chunk = rep.prefill_chunk_tokens or 2048.0
         prefill = self.step_time.prefill_s(left, chunk, rep.num_decodes)
-        fastest = self.step_time.prefill_s(left, rep.token_budget, 0.0) if left > 0 else 0.0
+        fastest = self._fastest_prefill_s(left, rep)
         if e.ttft_s is not None and v.first_token_s is None:
             return e.arrival_s + e.ttft_s, prefill, fastest
         if e.deadline_s is not None:

@@ -15,6 +15,9 @@ from superinfer.policy_core.policies.superinfer.records import (
     _Step,
 )
 
+#: The rejection reason of a waiting request found hopeless (``reject_hopeless``).
+_HOPELESS = "slo_unattainable"
+
 #: The counter each check outcome adds to.
 _COUNTER = {
     "age": "aged",
@@ -44,9 +47,7 @@ class _Promotion(_Admission):
             return "", None
         hopeless_ends = self.best_effort_demotion or self.reject_hopeless
         if e.ttft_s is not None and v.first_token_s is None and hopeless_ends:
-            left = self._prefill_left(v)  # ``_target``'s ``optimistic`` for the TTFT target
-            fastest = self.step_time.prefill_s(left, rep.token_budget, 0.0) if left > 0 else 0.0
-            if fastest > e.arrival_s + e.ttft_s - now:
+            if self._fastest_prefill_s(self._prefill_left(v), rep) > e.arrival_s + e.ttft_s - now:
                 return "hopeless", None
         target = self._target(e, v, rep)
         deadline, estimate, optimistic = target
@@ -63,7 +64,7 @@ class _Promotion(_Admission):
         queued = e.where in (_WAITING, _SWAPPED)
         where = e.where
         if outcome == "hopeless" and self.reject_hopeless and where == _WAITING:
-            self._reject(rep, e, step, "slo_unattainable")
+            self._reject(rep, e, step, _HOPELESS)
             return
         if queued:
             self._dequeue(rep, e)
@@ -142,7 +143,7 @@ class _Promotion(_Admission):
                         break
         for e in hopeless:
             if at_or_above[e.tier] > 0 or running_best <= e.tier:
-                self._reject(rep, e, step, "slo_unattainable")  # = _apply_check's "hopeless"
+                self._reject(rep, e, step, _HOPELESS)  # what _apply_check does for "hopeless"
             else:
                 self._counters["hopeless_kept"] += 1
                 self._check_queued_at(rep, e, now + self._typical_step_s())

@@ -225,11 +225,13 @@ class _Running(_Promotion):
         return todo
 
     @staticmethod
-    def _join_decodes(books: _RunBooks, m: dict[str, int], rid: str) -> None:
-        """Put ``rid`` in the decodes' map ``m`` at its place in running order: the ids behind
-        it (none for a join at the tail) are taken off and put back, or, when they are more
-        than a fifth of ``m``, the map is dropped (``_scan_running`` rebuilds it)."""
-        order = books.order
+    def _join_decodes(books: _RunBooks, rid: str) -> None:
+        """Put ``rid`` in the decodes' map (``books.dec_map``, not ``None``) at its place in
+        running order: the ids behind it (none for a join at the tail) are taken off and put
+        back, or, when they are more than a fifth of the map, the map is dropped
+        (``_scan_running`` rebuilds it)."""
+        m, order = books.dec_map, books.order
+        assert m is not None  # the caller checked
         pos, most = order[rid], len(m) // 5
         behind: list[str] = []
         for r in reversed(m):
@@ -365,8 +367,8 @@ class _Running(_Promotion):
         version = books.ver[rid] = next(_VERSIONS)
         if decoding:
             books.dec_count[t] += 1
-            if (m := books.dec_map) is not None:
-                self._join_decodes(books, m, rid)
+            if books.dec_map is not None:
+                self._join_decodes(books, rid)
             service = computed - v.cached_tokens + e.lost_tokens
             self._file_decode(books, e, v, version, service)
             tpot, first = e.tpot_s, v.first_token_s
