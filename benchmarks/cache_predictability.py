@@ -27,7 +27,8 @@ Reference rows from the same trace and capacity: ``lru``, ``lfu``, ``arc``, ``s3
 ``hazard-online`` (``HazardCache`` as shipped). ``gap_closed = (rate - best simple) / (belady -
 best simple)``, best simple the best of LRU, LFU, ARC and S3-FIFO. No CPU tier.
 
-Writes ``results/cache/predictability.csv``.
+Writes ``results/cache/predictability.csv`` (``predictability_<trace>.csv`` for a ``--trace``
+other than ``mooncake``).
 
     python benchmarks/cache_predictability.py [--trace mooncake] [--capacity 0.1,0.02,0.01]
 """
@@ -301,8 +302,11 @@ def main() -> None:
     rows = [r for f in args.capacity.split(",") for r in cell_rows(trace, float(f), dead)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(out / "predictability.csv", index=False, float_format="%.6g")
-    print(f"wrote {out / 'predictability.csv'}")
+    path = out / (
+        "predictability.csv" if args.trace == "mooncake" else f"predictability_{args.trace}.csv"
+    )
+    pd.DataFrame(rows).to_csv(path, index=False, float_format="%.6g")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

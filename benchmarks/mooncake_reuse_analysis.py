@@ -1,16 +1,23 @@
-"""How predictable is reuse in the Mooncake conversation trace? The facts behind the predictor's
-features and behind the gap it leaves to Belady (docs/kv-reuse.md).
+"""How predictable is reuse in the Mooncake conversation trace (or any cache trace)? The facts
+behind the predictor's features and behind the gap it leaves to Belady (docs/kv-reuse.md).
 
-Writes ``results/cache/reuse_analysis.csv`` (metric, value):
+Writes ``results/cache/reuse_analysis.csv`` for ``mooncake`` (``reuse_analysis_<trace>.csv`` for
+another ``--trace``), two columns (metric, value):
 
 - reuse rate of blocks that were the partial last block of their request vs full blocks;
 - for each request with new full blocks, whether any of them is ever reused (the conversation
   continues), and the AUC of request-level features for that outcome: prefix-hit blocks, prompt
   blocks, time since the previous turn, turns so far (AUC 0.5 = no signal);
-- hit rate at 10 % capacity of LRU, Belady, and LRU that first evicts blocks never used again
-  (a perfect dead-block oracle): how much of Belady's lead is knowing which blocks are dead.
+- whether the time to a conversation's next turn follows from the time since its previous one:
+  the Spearman rank correlation of the two over the requests that have both (0 = the gap before
+  says nothing of the gap after, as with independent think times);
+- hit rate at each ``--capacity`` (a fraction of the unique blocks; 10 % by default) of LRU,
+  Belady, and LRU that first evicts blocks never used again (a perfect dead-block oracle), and
+  the share of Belady's lead over LRU that the oracle recovers: how much of it is knowing which
+  blocks are dead, the rest being knowing *when* the live ones come back.
 
-    .venv/bin/python benchmarks/mooncake_reuse_analysis.py
+    .venv/bin/python benchmarks/mooncake_reuse_analysis.py [--trace gen-multi-turn]
+        [--capacity 0.01,0.02,0.05,0.1]
 """
 
 from __future__ import annotations
@@ -61,14 +68,22 @@ def lru_hits(trace: BlockTrace, capacity: int, nxt: np.ndarray | None) -> int:
     return hits
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("results/cache/reuse_analysis.csv"))
-    args = parser.parse_args()
-    trace = load_cache_trace("mooncake")
-    nxt = next_use(trace)
+def continuation_rows(trace: BlockTrace, nxt: np.ndarray) -> list[tuple[str, float]]:
+    """Block- and request-level predictability rows (everything but the hit rates).
+
+    A request's *new full blocks* are those after its longest prefix of blocks seen before, but
+    its partial last block; the conversation *continues* if any of them is used again, and its
+    next turn is the first later request that uses one. Its previous turn's gap is the time
+    since the last block of that prefix was seen (requests with a prefix of >= 2 blocks); the
+    gap correlation takes the requests whose prefix ends in a block one earlier request used
+    (the conversation's previous turn, not a shared prompt many requests end in).
+
+    Args:
+        trace: the cache trace.
+        nxt: shape (len(trace.blocks),), ``cache_replay.next_use``: the next request using the
+            block of each reference (``trace.num_requests`` if none).
+    """
     rows: list[tuple[str, float]] = []
-    n_blocks = np.diff(trace.offsets)
     is_last = np.zeros(len(trace.blocks), dtype=bool)
     is_last[trace.offsets[1:] - 1] = True
     first = np.zeros(len(trace.blocks), dtype=bool)
@@ -82,7 +97,7 @@ def main() -> None:
     # Request level: does the conversation continue (any new full block reused later)?
     seen_at: dict[int, float] = {}
     turns: dict[int, int] = {}
-    feats, labels = [], []
+    feats, labels, gaps = [], [], []
     for r in range(trace.num_requests):
         lo, hi = int(trace.offsets[r]), int(trace.offsets[r + 1])
         blocks = trace.blocks[lo:hi].tolist()
@@ -99,6 +114,9 @@ def main() -> None:
         if new_full:
             feats.append((k, len(blocks), gap, turn))
             labels.append(bool(reused[new_full].any()))
+            after = int(nxt[new_full].min())
+            if turn == 1 and after < trace.num_requests:
+                gaps.append((gap, float(trace.arrival_s[after]) - now))
     x = np.asarray(feats, dtype=np.float64)
     y = np.asarray(labels)
     rows.append(("requests_with_new_full_blocks", float(len(y))))
@@ -107,16 +125,44 @@ def main() -> None:
         ("prefix_hit_blocks", "prompt_blocks", "gap_since_prev_turn_s", "turns_so_far")
     ):
         rows.append((f"auc_continuation_{name}", auc(x[:, j], y)))
+    g = pd.DataFrame(gaps, columns=["prev", "next"], dtype=np.float64)
+    rows.append(("turns_with_prev_and_next_gap", float(len(g))))
+    rows.append(("spearman_prev_vs_next_turn_gap", float(g["prev"].corr(g["next"], "spearman"))))
+    return rows
 
-    capacity = int(0.1 * trace.num_unique)
-    total = float(n_blocks.sum())
-    rows.append(("capacity_blocks_at_0.1", float(capacity)))
-    rows.append(("hit_rate_lru_0.1", lru_hits(trace, capacity, None) / total))
-    rows.append(("hit_rate_lru_dead_block_oracle_0.1", lru_hits(trace, capacity, nxt) / total))
-    rows.append(("hit_rate_belady_0.1", float(belady_prefix_hits(trace, capacity).sum()) / total))
+
+def hit_rate_rows(trace: BlockTrace, nxt: np.ndarray, frac: float) -> list[tuple[str, float]]:
+    """Hit rates at ``frac`` of the unique blocks (LRU, LRU with a dead-block oracle, Belady)
+    and the share of Belady's lead over LRU the oracle recovers (NaN when Belady does not
+    lead)."""
+    capacity = int(frac * trace.num_unique)
+    total = float(np.diff(trace.offsets).sum())
+    lru = lru_hits(trace, capacity, None) / total
+    dead = lru_hits(trace, capacity, nxt) / total
+    belady = float(belady_prefix_hits(trace, capacity).sum()) / total
+    share = (dead - lru) / (belady - lru) if belady > lru else float("nan")
+    return [(f"capacity_blocks_at_{frac:g}", float(capacity)), (f"hit_rate_lru_{frac:g}", lru),
+            (f"hit_rate_lru_dead_block_oracle_{frac:g}", dead),
+            (f"hit_rate_belady_{frac:g}", belady),
+            (f"dead_block_share_of_belady_lead_{frac:g}", share)]  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", default="mooncake")
+    parser.add_argument("--capacity", default="0.1", help="comma list of fractions")
+    parser.add_argument("--out", type=Path, help="default results/cache/reuse_analysis[_TRACE].csv")
+    args = parser.parse_args()
+    trace = load_cache_trace(args.trace)
+    nxt = next_use(trace)
+    rows = continuation_rows(trace, nxt)
+    for frac in args.capacity.split(","):
+        rows += hit_rate_rows(trace, nxt, float(frac))
+    suffix = "" if args.trace == "mooncake" else f"_{args.trace}"
+    out = args.out or Path(f"results/cache/reuse_analysis{suffix}.csv")
     table = pd.DataFrame(rows, columns=["metric", "value"])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out, index=False, float_format="%.6g")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out, index=False, float_format="%.6g")
     print(table.to_string(index=False))
 
 

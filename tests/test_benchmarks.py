@@ -225,6 +225,46 @@ def test_cache_predictability_tables_by_hand() -> None:
     assert mod["class_of"](("depth", "last_gap"), 1, 6, 0, 20.0) == 2 * 6 + 3
 
 
+def test_reuse_analysis_by_hand() -> None:
+    """Conversation A (turns at 0, 4, 10 and 12 s), B (one turn) and a one-shot X. Continuing
+    turns' gaps before / after: (4, 6) and (6, 2), ranked oppositely: Spearman -1. At 5 blocks,
+    leaf LRU loses A's prefix to B and X before A's second turn (hits 0 + 5 + 5 of 29 references);
+    evicting the dead B and X first keeps it (3 + 5 + 5), as Belady does."""
+    import runpy
+
+    import numpy as np
+
+    from superinfer.harness.offline.cache_replay import next_use
+    from superinfer.harness.offline.cache_trace import BlockTrace
+
+    mod = runpy.run_path(str(ROOT / "benchmarks" / "mooncake_reuse_analysis.py"), run_name="t")
+    a = [0, 1, 2, 8, 9, 10, 11, 12, 13]  # A's blocks a0..a8 as dense ids (first appearance)
+    reqs = [a[:3], [3, 4, 5], [6, 7], a[:5], a[:7], a[:9]]
+    times = [0.0, 1.0, 2.0, 4.0, 10.0, 12.0]
+    parent = [-1, 0, 1, -1, 3, 4, -1, 6, 2, 8, 9, 10, 11, 12]
+    depth = [0, 1, 2, 0, 1, 2, 0, 1, 3, 4, 5, 6, 7, 8]
+    offsets = np.cumsum([0] + [len(r) for r in reqs])
+    trace = BlockTrace("hand", np.array(times), np.full(6, 64), offsets,
+                       np.array([b for r in reqs for b in r]), np.array(parent),
+                       np.array(depth), np.full(14, 64), 64)  # fmt: skip
+    nxt = next_use(trace)
+    rows = dict(mod["continuation_rows"](trace, nxt))
+    # first appearances as a last block a2, b2, x1, a4, a6, a8: a2, a4, a6 come back
+    assert rows["reuse_rate_partial_last_block"] == 0.5
+    assert rows["reuse_rate_full_block"] == 0.5  # a0, a1, a3, a5 of a0, a1, b0, b1, x0, a3, a5, a7
+    assert rows["requests_with_new_full_blocks"] == 6
+    assert rows["continuation_rate"] == 0.5  # A's first three turns
+    assert rows["auc_continuation_prefix_hit_blocks"] == 5 / 9  # (0, 3, 5) against (0, 0, 7)
+    assert rows["turns_with_prev_and_next_gap"] == 2
+    assert rows["spearman_prev_vs_next_turn_gap"] == pytest.approx(-1.0, abs=1e-12)
+    hits = dict(mod["hit_rate_rows"](trace, nxt, 0.36))
+    assert hits["capacity_blocks_at_0.36"] == 5
+    assert hits["hit_rate_lru_0.36"] == 10 / 29
+    assert hits["hit_rate_lru_dead_block_oracle_0.36"] == 13 / 29
+    assert hits["hit_rate_belady_0.36"] == 13 / 29
+    assert hits["dead_block_share_of_belady_lead_0.36"] == 1.0
+
+
 def test_trace_request_steps_prints_each_step_of_the_request() -> None:
     out = subprocess.run(
         [sys.executable, "benchmarks/trace_request_steps.py", "--request-id", "conv-3",
