@@ -68,6 +68,30 @@ def test_fp8_weights_and_kv_on_hopper_are_faster_and_hold_twice_the_kv() -> None
     assert blocks8 > 2 * blocks16  # half the bytes per block, and FP8 weights free memory
 
 
+def test_fp8_weights_halve_the_weight_read_in_each_gemms_fitted_constant() -> None:
+    """Llama-3.1-70B at TP1 on H100: each GEMM's per-shape constant loses half its FP16 weight
+    read at the H100's peak (capped at the constant); the roofline terms are the FP16 fit's."""
+    from superinfer.sim.calibrated import CalibratedStepTime, narrow_weight_read
+
+    l70 = get_model("llama-3.1-70b")
+    fp16 = CalibratedStepTime(l70, H100, 1)
+    fp8 = CalibratedStepTime(l70, H100, 1, weight_bytes=1.0)
+    for (p16, k, n), (p8, k8, n8) in zip(fp16.gemms, fp8.gemms, strict=True):
+        assert (k, n) == (k8, n8)
+        read = min(p16["overhead_s"], 2.0 * k * n / 3.35e12)
+        assert p8["overhead_s"] == pytest.approx(p16["overhead_s"] - read / 2, rel=1e-12)
+        assert (p8["flops_s"], p8["bytes_s"]) == (p16["flops_s"], p16["bytes_s"])
+    # by hand: a constant of 100 us over a 2 x 4096 x 4096 B = 33.6 MB read (10.0 us at peak)
+    # keeps 95.0 us; one of 4 us (below the read) keeps 2 us; FP16 weights are left alone
+    p = {"flops_s": [1.0], "bytes_s": [1.0], "overhead_s": 100e-6}
+    assert narrow_weight_read(p, 4096, 4096, H100, 1.0)["overhead_s"] == pytest.approx(
+        100e-6 - 2 * 4096 * 4096 / 3.35e12 / 2, rel=1e-12)  # fmt: skip
+    assert narrow_weight_read({**p, "overhead_s": 4e-6}, 4096, 4096, H100, 1.0)[
+        "overhead_s"] == pytest.approx(2e-6, rel=1e-12)  # fmt: skip
+    assert narrow_weight_read(p, 4096, 4096, H100, 2.0)["overhead_s"] == 100e-6
+    assert H100.peak_mem_bw_bytes_s == 3.35e12
+
+
 def test_engines_differ_in_their_cost_terms() -> None:
     assert (SIM_VLLM.cpu_overlap, SIM_SGLANG.cpu_overlap, SIM_TRTLLM.cpu_overlap) == (
         False, True, True)  # fmt: skip

@@ -6,6 +6,8 @@ documents each fitted form and ``results/calibration/`` its error. Per layer, fo
 tokens::
 
     GEMMs (QKV, O, gate+up, down)   roofline with per-token-range efficiencies, per GEMM shape
+                                     (FP8 weights: less half the FP16 weight read the fitted
+                                     per-shape constant holds, :func:`narrow_weight_read`)
     small kernels                    bytes / B + c   (2 RMSNorms, RoPE, SiLU-and-mul, add)
     attention                        decode  c + c_seq B + KV bytes / B_attn
                                      prefill c + 4 q d sum n (ctx + n) / F_attn + c_tok sum n
@@ -27,7 +29,13 @@ from typing import Any
 from superinfer.sim.hardware import GPUS, GPUSpec, ModelSpec
 from superinfer.sim.step_time import BatchShape, RooflineStepTime
 
-__all__ = ["GPU_BASIS", "CalibratedStepTime", "default_step_time", "load_params"]
+__all__ = [
+    "GPU_BASIS",
+    "CalibratedStepTime",
+    "default_step_time",
+    "load_params",
+    "narrow_weight_read",
+]
 
 #: Measured GPU whose fitted parameters each simulated GPU uses.
 GPU_BASIS = {"a100-80gb": "a100", "h100-80gb": "h100", "h200": "h100", "gh200": "h100"}
@@ -64,6 +72,36 @@ def _gemm(p: dict[str, Any], edges: list[int], tokens: int, k: int, n: int,
                  + p["overhead_s"])  # fmt: skip
 
 
+def narrow_weight_read(p: dict[str, Any], k: int, n: int, measured: GPUSpec,
+                       wbytes: float) -> dict[str, Any]:  # fmt: skip
+    """A GEMM fit ``p`` of a ``K x N`` FP16 weight, for weights of ``wbytes`` (< 2) bytes.
+
+    The fitted form (``harness/offline/calibrate.py``) is ``max(flops / F_b, bytes / B_b) + c``
+    with ``c`` per shape. At few tokens a large shape's time is its weight read, and the fit
+    put that read into ``c``: on the H100 fits of ``calibration.json`` (Vidur's measured FP16
+    GEMMs), ``c`` is 166.8 us for ``mlp_down_proj`` 28672x8192, 157.3 us for ``mlp_up_proj``
+    8192x28672 and 213.6 us for 8192x57344, where reading the FP16 weights at the H100's
+    3.35 TB/s peak takes 140.2, 140.2 and 280.5 us (``B_b`` there, unconstrained by the data,
+    fitted at 4 to 25 TB/s). ``_gemm`` halves the weight bytes of FP8 weights in the roofline
+    term only, so without this an FP8 GEMM at small batch was modelled as slow as an FP16 one
+    (issue 19: TensorRT-LLM's 70B FP8 runs on one H100, 27-34 % under their published
+    throughput). The part of ``c`` that is the FP16 weight read at ``measured``'s peak
+    bandwidth (at most ``c``) shrinks by the ratio of weight bytes; the rest (launch, tails)
+    stays.
+
+    Args:
+        p: the fit (``flops_s``, ``bytes_s``, ``overhead_s``).
+        k, n: the weight's shape.
+        measured: the GPU the fit was measured on.
+        wbytes: bytes per weight, < 2.
+
+    Returns:
+        A copy of ``p`` with ``overhead_s`` reduced.
+    """
+    read = min(float(p["overhead_s"]), 2.0 * k * n / measured.peak_mem_bw_bytes_s)
+    return {**p, "overhead_s": float(p["overhead_s"]) - read * (1.0 - wbytes / 2.0)}
+
+
 class CalibratedStepTime:
     """Step time of one model on one GPU type at one tensor-parallel degree, from fitted terms.
 
@@ -75,8 +113,9 @@ class CalibratedStepTime:
         tp: tensor-parallel degree; must divide the KV heads.
         params: calibration parameters (default: the packaged ones).
         weight_bytes: bytes per weight (2: FP16/BF16, 1: FP8); FP8 GEMMs read half the weight
-            bytes and, on GPUs with FP8 tensor cores (:data:`FP8_FLOPS_MULT`), run at twice the
-            fitted FLOP/s.
+            bytes (in the roofline term and in the weight read the fitted constant holds:
+            :func:`narrow_weight_read`) and, on GPUs with FP8 tensor cores
+            (:data:`FP8_FLOPS_MULT`), run at twice the fitted FLOP/s.
         kv_bytes: bytes per KV element (2: FP16, 1: FP8): decode attention reads that many;
             FP8 KV on FP8 tensor cores also doubles the prefill attention FLOP/s (FP8 FMHA).
 
@@ -114,7 +153,10 @@ class CalibratedStepTime:
             entry = params["gemm"][basis][op]
             fit = entry["by_shape"].get(f"{k}x{n}")
             self.gemm_sources[op] = "shape" if fit else "pooled"
-            self.gemms.append((self._scaled(fit or entry["pooled"]), k, n))
+            gemm = self._scaled(fit or entry["pooled"])
+            if weight_bytes < 2.0:
+                gemm = narrow_weight_read(gemm, k, n, measured, weight_bytes)
+            self.gemms.append((gemm, k, n))
         self.lm_head = (self._scaled(params["gemm"][basis]["mlp_up_proj"]["pooled"]), h,
                         model.vocab_size // tp)  # fmt: skip
         small = params["small"][basis]
