@@ -342,6 +342,27 @@ class TestTPOTProtection:
         # prompt's B * 2400 = 0.24 s, so it needs chunks of 800, which the credit covers
         assert plain.num_tokens["urgent"] == 700 and boosted.num_tokens["urgent"] == 800
 
+    def test_with_ttft_boost_whole_a_prefill_the_credit_covers_runs_whole(self) -> None:
+        # As above, but the option runs the 2,400 tokens in this step: the decode's credit (0.1 s
+        # banked plus about 500 tokens at 0.1 - A s each) covers 2,400 x B = 0.24 s
+        def boosted(*, whole: bool, later: int) -> int:
+            p = policy(min_prefill_tokens=1, ttft_boost_whole=whole)
+            for i in range(40):
+                p.on_request_finished(make_view(f"f{i}", generated=later), 0.0)
+            dec = decoding("dec", 32, 2, first_token_s=9.9, max_output=1000)
+            urgent = make_view("urgent", prompt=2400, arrival_s=9.3)
+            arrive(p, make_view("dec", prompt=32), urgent)
+            state = make_state(running=[dec], waiting=[urgent], token_budget=4096,
+                               free_blocks=1000)  # fmt: skip
+            return decide(p, state).num_tokens["urgent"]
+
+        assert boosted(whole=True, later=500) == 2400
+        assert boosted(whole=False, later=500) == 800
+        # outputs of 3 tokens leave the decode one token to come, so only its 0.1 s banked:
+        # 0.9 x 0.1 - A = 0.07 s, 700 tokens, short of 2,400 (and of the plan's 800): the step
+        # gets what TPOT alone allows, as without the option
+        assert boosted(whole=True, later=3) == boosted(whole=False, later=3) == 700
+
 
 class TestTPOTProtectionWithoutMixedBatches:
     """``StepState.mixed_batches = False`` (SGLang's prefill-first batches): a prefill step runs

@@ -117,6 +117,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "prior_prefill_token_s",
         "prior_decode_seq_s",
         "step_time_forgetting",
+        "ttft_boost_whole",
     ]
     assert list(policy_options(SuperInferPolicy)) == expected
     assert list(policy_options(OraclePolicy)) == [*expected, "output_tokens"]

@@ -208,7 +208,8 @@ class _StepBudget(_Running):
         a tier) can still meet its deadline, as far as the decodes' TPOT credit allows.
 
         The chunk it needs is ``ceil(pending / steps)`` with ``steps`` the whole steps that fit
-        in its slack after its prefill compute. A decode's credit is its banked allowance plus
+        in its slack after its prefill compute (all of ``pending`` with ``ttft_boost_whole``
+        when the credit covers it). A decode's credit is its banked allowance plus
         ``(tpot - typical step) * r`` for the ``r`` tokens it will still produce with
         probability ``1 - credit_quantile`` (the estimator's conditional quantile): a longer step
         now is repaid by the faster steps it still has to come.
@@ -248,4 +249,6 @@ class _StepBudget(_Running):
             return max(allow, min(chunk, step.budget))
         room = credit * self.tpot_safety - model.step_s(0.0, len(decodes))
         most = _count(room / model.prefill_token_s) if room > 0 else 0
+        if self.ttft_boost_whole and most >= pending:
+            chunk = pending  # the credit covers it whole: no pacing to the plan
         return max(allow, min(chunk, most, step.budget))
