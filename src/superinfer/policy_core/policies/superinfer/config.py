@@ -147,8 +147,8 @@ class SuperInferConfig(BasePolicy):
     step_time_forgetting: float = _opt(0.995, "forgetting factor of the step-time fit")
     ttft_boost_whole: bool = _opt(
         # off until the results built on the default are rerun with it (issue 18, 2026-12-04:
-        # x0.3-1.6 of the Azure mix, 900 s, sim:vllm and sim:trtllm, chat attainment +0.0 to
-        # +0.2 points in 11 of 12 cells, -0.05 in one; results/boost-whole/)
+        # x0.3-1.6 of the Azure mix, 900 s, sim:vllm and sim:trtllm: chat attainment +0.06 to
+        # +0.16 points in 9 of 12 cells, unchanged in 2, -0.05 in one; results/boost-whole/)
         False,
         "when the decodes' TPOT credit covers the TTFT boost's urgent prefill whole, run it all "
         "in this step (its earliest first token) instead of pacing it to its plan",
