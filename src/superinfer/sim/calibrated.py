@@ -82,10 +82,11 @@ def narrow_weight_read(p: dict[str, Any], k: int, n: int, measured: GPUSpec,
     GEMMs), ``c`` is 166.8 us for ``mlp_down_proj`` 28672x8192, 157.3 us for ``mlp_up_proj``
     8192x28672 and 213.6 us for 8192x57344, where reading the FP16 weights at the H100's
     3.35 TB/s peak takes 140.2, 140.2 and 280.5 us (``B_b`` there, unconstrained by the data,
-    fitted at 4 to 25 TB/s). ``_gemm`` halves the weight bytes of FP8 weights in the roofline
-    term only, so without this an FP8 GEMM at small batch was modelled as slow as an FP16 one
-    (issue 19: TensorRT-LLM's 70B FP8 runs on one H100, 27-34 % under their published
-    throughput). The part of ``c`` that is the FP16 weight read at ``measured``'s peak
+    is fitted at 4.1 TB/s or more in every token range up to 256). ``_gemm`` halves the weight
+    bytes of FP8 weights in the roofline term only, so without this the four GEMMs of a
+    Llama-3.1-70B layer (TP1, H100) at 16-26 tokens took 0.87-0.88x their FP16 time in FP8
+    (0.53x with it; issue 19: TensorRT-LLM's 70B FP8 runs on one H100 were 27-34 % under their
+    published throughput). The part of ``c`` that is the FP16 weight read at ``measured``'s peak
     bandwidth (at most ``c``) shrinks by the ratio of weight bytes; the rest (launch, tails)
     stays.
 
