@@ -8,7 +8,13 @@ import pandas as pd
 import pytest
 
 from superinfer.harness.bench import BenchConfig, suite_defaults
-from superinfer.harness.suites_seed import COMPARISONS, METRICS, SEED_COLUMNS, run_seed_suite
+from superinfer.harness.suites_seed import (
+    COMPARISONS,
+    METRICS,
+    REFERENCE,
+    SEED_COLUMNS,
+    run_seed_suite,
+)
 
 
 def test_seed_suite_writes_both_sides_and_their_ratios(tmp_path: Path) -> None:
@@ -17,20 +23,29 @@ def test_seed_suite_writes_both_sides_and_their_ratios(tmp_path: Path) -> None:
     assert files == "summary.csv, report.md, manifest.json"
     written = pd.read_csv(tmp_path / "seed" / "summary.csv")
     assert tuple(written.columns) == SEED_COLUMNS
-    assert len(written) == 2 * len(METRICS) + len(COMPARISONS)
+    assert len(written) == 3 * len(METRICS) + len(COMPARISONS)
     assert set(written["stack"]) == {"none", "full", "full/none"}
     assert set(written.loc[written["stack"] == "none", "policy"]) == {"fcfs"}  # sim:vllm's native
     assert set(written.loc[written["stack"] == "full/none", "policy"]) == {"superinfer/fcfs"}
-    values = {(r.stack, r.metric): r.value for r in table.itertuples()}
+    assert list(written["policy"].iloc[-len(METRICS) :]) == [REFERENCE[0]] * len(METRICS)
+    values = {(r.policy, r.stack, r.metric): r.value for r in table.itertuples()}
     for name, (metric, kind, _, _) in COMPARISONS.items():
-        native, full = values[("none", metric)], values[("full", metric)]
+        native, full = values[("fcfs", "none", metric)], values[("superinfer", "full", metric)]
         want = full / native if kind == "ratio" else (full - native) * 100
-        assert values[("full/none", name)] == pytest.approx(want, rel=1e-12, nan_ok=True)
-    article = written.set_index(["stack", "metric"])["seed_article_value"]
-    assert article[("none", "chat_slo_attainment")] == 0.78
-    assert article[("full/none", "chat_p99_latency_ratio")] == 0.6
+        got = values[("superinfer/fcfs", "full/none", name)]
+        assert got == pytest.approx(want, rel=1e-12, nan_ok=True)
+    article = written.set_index(["policy", "stack", "metric"])["seed_article_value"]
+    assert article[("fcfs", "none", "chat_slo_attainment")] == 0.78
+    assert article[("superinfer/fcfs", "full/none", "chat_p99_latency_ratio")] == 0.6
+    assert pd.isna(article[(*REFERENCE, "chat_slo_attainment")])  # no article value
     report = (tmp_path / "seed" / "report.md").read_text()
     assert "| `sim:vllm` | peak_kv_ratio |" in report
+    # the oracle's column: its chat attainment and its points over native, from the table
+    points = (
+        values[(*REFERENCE, "chat_slo_attainment")]
+        - values[("fcfs", "none", "chat_slo_attainment")]
+    ) * 100
+    assert f"({points:+.1f} pts) |" in report
     assert "applied rotation, reuse, quant; not applied: none." in report
 
 

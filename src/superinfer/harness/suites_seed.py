@@ -9,7 +9,8 @@ the same run, and writes ``results/seed/``:
 
 * ``summary.csv``: ``engine, policy, stack, metric, value, seed_article_value``; per engine the
   four metrics of each side (:data:`METRICS`), then their ratios / difference
-  (:data:`COMPARISONS`) beside the article's;
+  (:data:`COMPARISONS`) beside the article's, then the four metrics of the clairvoyant
+  reference (:data:`REFERENCE`: ``oracle`` with the same stack, no article value);
 * ``report.md``: the table and what each row means; ``manifest.json``.
 
 "Chat P99 latency" is the chat class's TTFT p99 (the latency its 1 s target bounds); batch
@@ -35,6 +36,7 @@ from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, staged
 __all__ = [
     "COMPARISONS",
     "METRICS",
+    "REFERENCE",
     "SEED_COLUMNS",
     "SEED_ENGINES",
     "run_seed",
@@ -53,6 +55,11 @@ METRICS: dict[str, tuple[str, str, float | None, float | None]] = {
     "kv_peak_gb": ("all", "kv_peak_gb", None, None),
     "chat_slo_attainment": ("chat", "slo_attainment", 0.78, 0.96),
 }
+#: The reference run beside the two sides: ``(policy, stack)``. ``oracle`` is ``superinfer``
+#: knowing every request's true output length (``policy_core.policies.oracle``), with the same
+#: stack: what better length prediction could add to the whole stack on this workload, not a
+#: bound on every scheduler (issue 18 asks for the oracle's attainment beside the policy's).
+REFERENCE = ("oracle", "full")
 #: comparison -> (metric, "ratio" (stack / native) or "points" (stack - native, x100), the
 #: article's value, what the issue's target is).
 COMPARISONS: dict[str, tuple[str, str, float, str]] = {
@@ -71,7 +78,8 @@ def _value(summary: pd.DataFrame, cls: str, column: str) -> float:
 def run_seed(
     config: BenchConfig, *, progress: Callable[[str], None] | None = None
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Per engine of ``config``: ``native`` alone, then ``superinfer --stack full``.
+    """Per engine of ``config``: ``native`` alone, then ``superinfer --stack full``, then the
+    clairvoyant reference (:data:`REFERENCE`).
 
     Returns:
         ``(summary.csv table, manifest info)``; the info keeps each side's bench info.
@@ -82,7 +90,7 @@ def run_seed(
     for engine in config.engines:
         sides = {}
         native = native_policy(engine) or FALLBACK_POLICY
-        for policy, stack in ((native, "none"), ("superinfer", "full")):
+        for policy, stack in ((native, "none"), ("superinfer", "full"), REFERENCE):
             if progress:
                 progress(f"{engine}: {policy} (stack {stack})")
             cfg = replace(
@@ -90,21 +98,26 @@ def run_seed(
                 kv_policy=None, kv_quant=False,
             )  # fmt: skip
             result = run_bench(cfg, workload=wl)
-            sides[stack] = {
+            side = sides[policy, stack] = {
                 m: _value(result.summary, c, col) for m, (c, col, *_) in METRICS.items()
             }
             info["runs"][f"{engine}/{policy}/{stack}"] = {
                 k: result.info[k] for k in ("cells", "feasibility", "stack") if k in result.info
             }
+            if (policy, stack) == REFERENCE:
+                continue  # its rows go after the comparisons
             for metric, (*_, native_ref, stack_ref) in METRICS.items():
                 ref = native_ref if stack == "none" else stack_ref
                 rows.append({"engine": engine, "policy": policy, "stack": stack, "metric": metric,
-                             "value": sides[stack][metric], "seed_article_value": ref})  # fmt: skip
+                             "value": side[metric], "seed_article_value": ref})  # fmt: skip
         for name, (metric, kind, ref, _) in COMPARISONS.items():
-            base, full = sides["none"][metric], sides["full"][metric]
+            base, full = sides[native, "none"][metric], sides["superinfer", "full"][metric]
             value = full / base if kind == "ratio" else (full - base) * 100
             rows.append({"engine": engine, "policy": f"superinfer/{native}", "stack": "full/none",
                          "metric": name, "value": value, "seed_article_value": ref})  # fmt: skip
+        for metric, value in sides[REFERENCE].items():
+            rows.append({"engine": engine, "policy": REFERENCE[0], "stack": REFERENCE[1],
+                         "metric": metric, "value": value, "seed_article_value": None})  # fmt: skip
     return pd.DataFrame(rows, columns=list(SEED_COLUMNS)), info
 
 
@@ -120,21 +133,33 @@ def render_seed_report(table: pd.DataFrame, meta: dict[str, Any]) -> str:
         + (f", first {cfg.get('duration_s'):g} s" if cfg.get("duration_s") else "")
         + f"; seed {meta.get('seed')}, git `{meta.get('git_sha')}`. Per engine: its `native` "
         "policy alone vs `superinfer` with `--stack full` (rotation, reuse-predictor placement, "
-        "KV quantization planner; the parts each engine applied are below).",
+        "KV quantization planner; the parts each engine applied are below), and beside them "
+        "`oracle` with the same stack: the same scheduler knowing every true output length.",
         "",
-        "| engine | row | native | whole stack | ratio / points | article | target |",
-        "|---|---|---|---|---|---|---|",
+        "| engine | row | native | whole stack | ratio / points | article | target "
+        "| oracle + stack |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for engine, part in table.groupby("engine", sort=False):
-        values = {(r.stack, r.metric): r.value for r in part.itertuples()}
+        values = {
+            (r.stack, r.metric): r.value for r in part.itertuples() if r.policy != REFERENCE[0]
+        }
+        oracle = {r.metric: r.value for r in part.itertuples() if (r.policy, r.stack) == REFERENCE}
         for name, (metric, kind, ref, target) in COMPARISONS.items():
             cmp = values.get(("full/none", name), float("nan"))
             shown = f"{cmp:.3f}x" if kind == "ratio" else f"{cmp:+.1f} pts"
             article = f"{ref:g}x" if kind == "ratio" else "+18 pts (78% -> 96%)"
+            native, best = values.get(("none", metric), float("nan")), oracle.get(metric)
+            if best is None:
+                ref_shown = "-"
+            else:
+                gain = best / native if kind == "ratio" else (best - native) * 100
+                unit = f"{gain:.3f}x" if kind == "ratio" else f"{gain:+.1f} pts"
+                ref_shown = f"{format_value(best, metric)} ({unit})"
             lines.append(
-                f"| `{engine}` | {name} | {format_value(values.get(('none', metric)), metric)} | "
+                f"| `{engine}` | {name} | {format_value(native, metric)} | "
                 f"{format_value(values.get(('full', metric)), metric)} | {shown} | {article} | "
-                f"{target} |"
+                f"{target} | {ref_shown} |"
             )
     lines += [
         "",
@@ -142,7 +167,8 @@ def render_seed_report(table: pd.DataFrame, meta: dict[str, Any]) -> str:
         "`batch_throughput_ratio` the batch class's output tokens/s; `peak_kv_ratio` the peak "
         "KV-cache bytes in HBM on one replica (`kv_peak_gb`, cached prefixes included); "
         "`chat_attainment_points` the chat class's SLO attainment (TTFT <= 1 s and TPOT <= "
-        "100 ms), difference in points. Definitions: docs/metrics.md.",
+        "100 ms), difference in points; `oracle + stack` the oracle's value and its ratio / "
+        "points against native. Definitions: docs/metrics.md.",
         "",
     ]
     for key, run in meta.get("runs", {}).items():
