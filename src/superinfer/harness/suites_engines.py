@@ -287,9 +287,11 @@ def _run_cell(
     wl: Workload,
     handle: Mapping[str, Any],
     opts: SuiteOptions,
+    steps_to: Path | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """One real run; ``(summary, requests, info)`` with ``engine``/``policy`` as the suite names
-    them."""
+    them. ``steps_to``: where the run's step log goes (``steps.parquet``'s columns), if the
+    engine keeps one (``hf``; a server over HTTP does not)."""
     if engine == HF:
         cfg = _base(config, "hf", policy, engine_options={})
     else:
@@ -305,6 +307,9 @@ def _run_cell(
             engine_options={"timeout_s": "600"},
         )
     result = run_bench(cfg, workload=wl)
+    if steps_to is not None and not result.steps.empty:
+        steps_to.parent.mkdir(parents=True, exist_ok=True)
+        result.steps.assign(engine=engine, policy=policy).to_parquet(steps_to, index=False)
     summary, requests = result.summary.copy(), result.requests.copy()
     for frame in (summary, requests):
         frame["engine"], frame["policy"] = engine, policy
@@ -416,7 +421,10 @@ def _real_engine(
                 for policy in ENGINE_POLICIES[engine]:
                     tell(f"{engine}/{policy} at {load:g} req/s, repeat {rep}")
                     t0 = time.monotonic()
-                    summary, _, run = _run_cell(config, engine, policy, wl, handles[policy], opts)
+                    log = work_dir / "steps" / f"{engine}_{policy}_{load:g}_{rep}.parquet"
+                    summary, _, run = _run_cell(
+                        config, engine, policy, wl, handles[policy], opts, steps_to=log
+                    )
                     run["wall_s"] = round(time.monotonic() - t0, 1)
                     info["runs"][f"{engine}/{policy}/{load:g}/{rep}"] = run
                     frames.append(_keyed(summary, rep, load))
@@ -435,7 +443,8 @@ def run_engines(
     Args:
         config: bench settings (``seed``; the rest the suite sets).
         opts: the suite's options.
-        work_dir: where server logs and the ``<engine>_step_time.json`` fits go.
+        work_dir: where server logs, the ``<engine>_step_time.json`` fits and the runs' step
+            logs (``steps/<engine>_<policy>_<load>_<repeat>.parquet``, engines that keep one) go.
         progress: called with a message before every run.
     """
     tell = progress or (lambda _msg: None)
