@@ -409,3 +409,29 @@ def test_with_seq_cost_scales_the_donor_term_by_the_intercepts() -> None:
         "the two intercepts"
     )
     assert own["coefficients"]["num_seqs"] == 0.0  # not modified
+
+
+def test_a_real_runs_step_log_is_kept_with_its_engine_and_policy(tmp_path, monkeypatch) -> None:
+    from superinfer.harness import suites_engines
+    from superinfer.harness.bench import BenchResult
+
+    steps = pd.DataFrame({"step_index": [0, 1], "duration_ms": [70.5, 131.25], "num_seqs": [1, 2]})
+    summary = pd.DataFrame({"engine": ["hf"], "policy": ["fcfs"], "slo_class": ["all"]})
+    requests = pd.DataFrame({"slo_class": ["chat"], "status": ["finished"], "reason": [""]})
+    seen: list[BenchConfig] = []
+
+    def fake_run_bench(cfg: BenchConfig, workload: object) -> BenchResult:
+        seen.append(cfg)
+        return BenchResult(summary, requests, pd.DataFrame(), {}, steps if seen[1:] else steps[:0])
+
+    monkeypatch.setattr(suites_engines, "run_bench", fake_run_bench)
+    opts = SuiteOptions()
+    wl = mix_workload(opts, 0.3, 0)
+    first, second = tmp_path / "a" / "hf_fcfs.parquet", tmp_path / "b" / "hf_superinfer.parquet"
+    suites_engines._run_cell(BenchConfig(), "hf", "fcfs", wl, {}, opts, steps_to=first)
+    assert not first.exists()  # no step recorded: no file
+    suites_engines._run_cell(BenchConfig(), "hf", "superinfer", wl, {}, opts, steps_to=second)
+    got = pd.read_parquet(second)
+    assert got["duration_ms"].tolist() == [70.5, 131.25] and got["num_seqs"].tolist() == [1, 2]
+    assert set(got["engine"]) == {"hf"} and set(got["policy"]) == {"superinfer"}
+    assert [c.engines for c in seen] == [("hf",), ("hf",)]

@@ -157,7 +157,7 @@ def test_cli_bench_on_sim_hf_cpu_and_one_line_errors(tmp_path: Path) -> None:
 def test_calibrate_refits_recorded_steps_without_the_engine(tmp_path: Path) -> None:
     from superinfer.sim.hf_cpu import HFCPUStepTime, shape_of
 
-    true = HFCPUStepTime((0.02, 0.004, 0.001, 0.0005, 0.00002, 1e-7))
+    true = HFCPUStepTime((0.02, 0.004, 0.001, 0.0005, 0.00002, 1e-7, 0.03))
     rows = []
     grid = [(1, 0, 64, True), (1, 0, 256, False), (2, 40, 100, False), (3, 10, 30, True)]
     for b, c, n, sampled in grid + [(b, c, 1, True) for b in (1, 3, 8, 16) for c in (30, 300)]:

@@ -26,7 +26,7 @@ from superinfer.sim.hf_cpu import (
 from superinfer.sim.request import RequestSpec
 from superinfer.sim.step_time import BatchShape
 
-TRUE = HFCPUStepTime((0.02, 0.004, 0.001, 0.0005, 0.00002, 1e-7))
+TRUE = HFCPUStepTime((0.02, 0.004, 0.001, 0.0005, 0.00002, 1e-7, 0.03))
 
 
 def test_shape_of_classifies_pieces_as_the_simulator_does() -> None:
@@ -40,7 +40,8 @@ def test_shape_of_classifies_pieces_as_the_simulator_does() -> None:
         decode_kv_tokens=100 + 8,
         num_seqs=4,
     )
-    assert features(shape) == (1.0, 37.0, 4.0, 3.0, 153.0, 37.0 * 153)
+    assert features(shape) == (1.0, 37.0, 4.0, 3.0, 153.0, 37.0 * 153, 1.0)
+    assert features(shape_of([(99, 1, True)]))[-1] == 0.0  # one request: no batched-step cost
 
 
 def test_smollm2_kv_bytes_are_fp32_pages_of_every_layer() -> None:
@@ -91,13 +92,18 @@ def test_decode_coefficients_match_the_step_time_of_a_decode_batch() -> None:
     shape = shape_of([(c, 1, True) for c in (10, 50, 300)])
     a, b = TRUE.decode_coefficients(3)
     assert a + b * shape.decode_kv_tokens == pytest.approx(TRUE.step_time_s(shape), rel=1e-12)
+    lone = shape_of([(40, 1, True)])
+    a, b = TRUE.decode_coefficients(1)
+    assert a + b * lone.decode_kv_tokens == pytest.approx(TRUE.step_time_s(lone), rel=1e-12)
+    # by hand: c0 + (c_tok + c_seq + c_samp) + c_kv * 41 + c_qk * 41, no batched-step cost
+    assert TRUE.step_time_s(lone) == pytest.approx(0.02 + 0.0055 + 41 * (0.00002 + 1e-7))
 
 
 def test_bad_coefficients_and_files_are_rejected_with_the_reason(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="need 6 coefficients"):
+    with pytest.raises(ValueError, match="need 7 coefficients"):
         HFCPUStepTime((1.0,))
     with pytest.raises(ValueError, match="num_seqs must be finite and >= 0"):
-        HFCPUStepTime((0.1, 0.1, -1.0, 0.0, 0.0, 0.0))
+        HFCPUStepTime((0.1, 0.1, -1.0, 0.0, 0.0, 0.0, 0.0))
     bad = tmp_path / "fit.json"
     bad.write_text(json.dumps({"coefficients": {"intercept": 1.0}}))
     with pytest.raises(ValueError, match=f"{bad}: not a step-time calibration"):
@@ -106,6 +112,10 @@ def test_bad_coefficients_and_files_are_rejected_with_the_reason(tmp_path: Path)
     good.write_text(json.dumps({"coefficients": TRUE.to_dict()}))
     assert HFCPUStepTime.from_file(good) == TRUE
     assert list(TRUE.to_dict()) == list(FEATURES)
+    older = tmp_path / "older.json"  # written before multi_seq existed: read as 0
+    old = {k: v for k, v in TRUE.to_dict().items() if k != "multi_seq"}
+    older.write_text(json.dumps({"coefficients": old}))
+    assert HFCPUStepTime.from_file(older).coefficients == (*TRUE.coefficients[:-1], 0.0)
 
 
 def test_the_default_model_is_a_real_fit() -> None:

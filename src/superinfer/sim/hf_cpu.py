@@ -14,11 +14,21 @@ SmolLM2-135M-Instruct in fp32 on CPU with our :class:`~superinfer.adapters.hf.pl
 Step time is not a roofline here: it is a linear model fitted to step times measured on the real
 engine (``superinfer calibrate --engine hf``)::
 
-    t = c0 + c_tok T + c_seq S + c_samp N + c_kv K + c_qk T K
+    t = c0 + c_tok T + c_seq S + c_samp N + c_kv K + c_qk T K + c_multi [S > 1]
 
 with ``T`` query tokens, ``S`` requests, ``N`` sampled tokens (LM-head rows), ``K`` key tokens
-read by the step (each request's past plus its new tokens). Coefficients are fitted by least
-squares on relative error (each row divided by its measured time), with negative coefficients
+read by the step (each request's past plus its new tokens), and ``[S > 1]`` 1 for a step of more
+than one request: the decode cost is not linear in the batch. Measured on this engine's own step
+log (``results/engines-cpu/hf-steps/steps.parquet``: the engines suite's mix at 0.214-0.334
+req/s, 27 runs, 5,000 decode steps, 2026-12-04 on the 2-core VM): a decode step of one request
+took 71-78 ms (median per range of KV tokens), of two 138-161 ms, of four 144-206 ms, of eight
+236-290 ms; the suite's lockstep batches of identical requests 72.5 / 131.5 / 120.7 / 145.6 ms at
+1 / 2 / 4 / 8 (TPOT). A term per request alone cannot fit both the jump at two and the slower
+growth after it: fitted on that log, ``multi_seq`` takes 56.8 ms and the mean |relative error|
+per step falls from 0.144 (the six other terms refitted alone) to 0.102. Calibration files
+without ``multi_seq`` read it as 0.
+
+Coefficients are fitted by least squares on relative error (each row divided by its measured time), with negative coefficients
 removed and the rest refitted, so every term stays a cost. Steps slowed by something outside the
 engine (another process taking the core) would pull the fit up, so steps more than
 :data:`OUTLIER_MADS` median absolute deviations slower than the fit (and at least
@@ -45,6 +55,7 @@ from superinfer.sim.step_time import BatchShape
 
 __all__ = [
     "FEATURES",
+    "OPTIONAL_FEATURES",
     "HOST_CPU",
     "KV_BYTES_PER_TOKEN_FP32",
     "MECHANICS",
@@ -173,7 +184,17 @@ OUTLIER_MADS = 3.0
 OUTLIER_FLOOR = 0.05
 
 #: Names of the step-time features, in coefficient order.
-FEATURES = ("intercept", "num_tokens", "num_seqs", "num_samples", "kv_tokens", "q_times_kv")
+FEATURES = (
+    "intercept",
+    "num_tokens",
+    "num_seqs",
+    "num_samples",
+    "kv_tokens",
+    "q_times_kv",
+    "multi_seq",
+)
+#: Features a calibration file may lack (written before they existed), read as 0.
+OPTIONAL_FEATURES = ("multi_seq",)
 
 #: Coefficients (s per unit of each feature) from ``superinfer calibrate --engine hf
 #: --engine-option num_threads=1`` (results/hf/step_time_fit.json: 144 steps, mean |rel err|
@@ -186,6 +207,7 @@ DEFAULT_COEFFICIENTS: tuple[float, ...] = (
     0.0,
     7.48812e-05,
     1.46565e-06,
+    0.0,
 )
 
 
@@ -236,6 +258,7 @@ def features(shape: BatchShape) -> tuple[float, ...]:
         float(shape.num_samples),
         float(kv),
         float(shape.num_tokens) * kv,
+        1.0 if shape.num_seqs > 1 else 0.0,
     )
 
 
@@ -299,11 +322,12 @@ class HFCPUStepTime:
     def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:
         """Step time of a pure-decode batch of ``num_seqs`` as ``a + b * decode_kv_tokens``.
 
-        With ``T = S = N = num_seqs`` and ``K = decode_kv_tokens``:
-        ``a = c0 + (c_tok + c_seq + c_samp) B``, ``b = c_kv + c_qk B``.
+        With ``T = S = N = num_seqs = B`` and ``K = decode_kv_tokens``:
+        ``a = c0 + (c_tok + c_seq + c_samp) B + c_multi [B > 1]``, ``b = c_kv + c_qk B``.
         """
-        c0, c_tok, c_seq, c_samp, c_kv, c_qk = self.coefficients
-        return c0 + (c_tok + c_seq + c_samp) * num_seqs, c_kv + c_qk * num_seqs
+        c0, c_tok, c_seq, c_samp, c_kv, c_qk, c_multi = self.coefficients
+        a = c0 + (c_tok + c_seq + c_samp) * num_seqs + (c_multi if num_seqs > 1 else 0.0)
+        return a, c_kv + c_qk * num_seqs
 
     @classmethod
     def fit(cls, samples: Sequence[StepSample]) -> tuple[HFCPUStepTime, FitReport]:
@@ -354,12 +378,13 @@ class HFCPUStepTime:
         """Inverse of :meth:`to_dict`.
 
         Raises:
-            ValueError: a feature is missing or a value is not a number.
+            ValueError: a feature other than :data:`OPTIONAL_FEATURES` is missing, or a value is
+                not a number.
         """
-        missing = [f for f in FEATURES if f not in data]
+        missing = [f for f in FEATURES if f not in data and f not in OPTIONAL_FEATURES]
         if missing:
             raise ValueError(f"step-time coefficients lack {', '.join(missing)}")
-        return cls(tuple(float(data[f]) for f in FEATURES))
+        return cls(tuple(float(data.get(f, 0.0)) for f in FEATURES))
 
     @classmethod
     def from_file(cls, path: Path) -> HFCPUStepTime:
