@@ -28,9 +28,10 @@ growth after it: fitted on that log, ``multi_seq`` takes 56.8 ms and the mean |r
 per step falls from 0.144 (the six other terms refitted alone) to 0.102. Calibration files
 without ``multi_seq`` read it as 0.
 
-Coefficients are fitted by least squares on relative error (each row divided by its measured time), with negative coefficients
-removed and the rest refitted, so every term stays a cost. Steps slowed by something outside the
-engine (another process taking the core) would pull the fit up, so steps more than
+Coefficients are fitted by least squares on relative error (each row divided by its measured
+time), with negative coefficients removed and the rest refitted, so every term stays a cost.
+Steps slowed by something outside the engine (another process taking the core) would pull the
+fit up, so steps more than
 :data:`OUTLIER_MADS` median absolute deviations slower than the fit (and at least
 :data:`OUTLIER_FLOOR` slower, relatively) are set aside and the fit is redone, until the set is
 stable; slow outliers only, since contention never makes a step faster.
