@@ -396,6 +396,20 @@ class TestTPOTProtectionWithoutMixedBatches:
         floor = decide(mixed, make_state(running=[dec], waiting=[new]))
         assert dict(floor.num_tokens) == {"dec": 1, "new": 256}  # min_prefill_tokens
 
+    @pytest.mark.parametrize(("share", "want"), [(0.125, 32), (0.5, 128), (1.0, 255)])
+    def test_the_floor_is_at_most_a_share_of_a_small_token_budget(
+        self, share: float, want: int
+    ) -> None:
+        # the hf engine's 256-token steps, a decode with no TPOT allowance left (0.1 * 2 - 0.2):
+        # the step still prefills min(256, share * 256) tokens (1/8 by default: 32; at 1.0 the
+        # 255 the decode leaves of the budget)
+        p = policy(ttft_boost=False, min_prefill_budget_share=share)
+        dec = decoding("dec", 32, 2, first_token_s=9.8)
+        new = make_view("new", prompt=2000, arrival_s=10.0)
+        arrive(p, make_view("dec", prompt=32), new)
+        d = decide(p, make_state(running=[dec], waiting=[new], token_budget=256))
+        assert dict(d.num_tokens) == {"dec": 1, "new": want}
+
 
 class TestTTFTReserveWithoutMixedBatches:
     """Without mixed batches, a prefill step with no TTFT-class prefill pending leaves the

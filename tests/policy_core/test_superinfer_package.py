@@ -118,6 +118,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "prior_decode_seq_s",
         "step_time_forgetting",
         "ttft_boost_whole",
+        "min_prefill_budget_share",
     ]
     assert list(policy_options(SuperInferPolicy)) == expected
     assert list(policy_options(OraclePolicy)) == [*expected, "output_tokens"]

@@ -122,7 +122,10 @@ class _StepBudget(_Running):
         running, what fits in ``tpot_safety`` of their smallest allowance.
 
         With mixed batches the decodes run in the same step, so the step (prefill plus decodes)
-        must fit; at least ``min_prefill_tokens`` always may. Without them
+        must fit; at least ``min_prefill_tokens``, but no more than ``min_prefill_budget_share``
+        of the step's token budget, always may (on the real hf engine, a 256-token budget, a
+        floor of 256 let every step carry a full prefill chunk whatever the decodes' TPOT).
+        Without them
         (``StepState.mixed_batches`` false: SGLang's prefill-first batches) a prefill step
         runs alone and the decodes' next token comes after it and one decode step, so both must
         fit, and a prefill step shorter than ``min_prefill_tokens`` is not worth its fixed cost:
@@ -137,7 +140,8 @@ class _StepBudget(_Running):
             room_s -= model.base_s  # the prefill step's own fixed cost
         tokens = _count(room_s / model.prefill_token_s) if room_s > 0 else 0
         if mixed:
-            return max(self.min_prefill_tokens, tokens)
+            share = int(self.min_prefill_budget_share * step.state.token_budget)
+            return max(min(self.min_prefill_tokens, share), tokens)
         return tokens if tokens >= self.min_prefill_tokens else 0
 
     def _reserve_for_ttft(

@@ -153,6 +153,14 @@ class SuperInferConfig(BasePolicy):
         "when the decodes' TPOT credit covers the TTFT boost's urgent prefill whole, run it all "
         "in this step (its earliest first token) instead of pacing it to its plan",
     )
+    min_prefill_budget_share: float = _opt(
+        # 1/8 (issue 18, 2026-12-04): on the real hf engine (256-token steps) the floor of 256 let
+        # every step carry a full prefill chunk (~0.46 s) beside decodes with a 500 ms TPOT; the
+        # GPU engines' budgets (>= 2,048 tokens) keep the floor at min_prefill_tokens
+        0.125,
+        "with mixed batches, the prefill floor (min_prefill_tokens) is at most this share of "
+        "the step's token budget",
+    )
     name: str = "superinfer"
 
     def __post_init__(self) -> None:
@@ -214,6 +222,7 @@ class SuperInferConfig(BasePolicy):
                 raise ValueError(f"{n}: {key} must be >= 1, got {getattr(self, key)}")
         for key in (
             "tpot_safety",
+            "min_prefill_budget_share",
             "swap_budget_fraction",
             "step_time_forgetting",
             "ttft_plan_fraction",
