@@ -435,3 +435,33 @@ def test_a_real_runs_step_log_is_kept_with_its_engine_and_policy(tmp_path, monke
     assert got["duration_ms"].tolist() == [70.5, 131.25] and got["num_seqs"].tolist() == [1, 2]
     assert set(got["engine"]) == {"hf"} and set(got["policy"]) == {"superinfer"}
     assert [c.engines for c in seen] == [("hf",), ("hf",)]
+
+
+def test_the_suite_folder_gets_every_step_log_in_one_file(tmp_path) -> None:
+    from superinfer.harness.suites_engines import collect_step_logs
+    from superinfer.harness.suites_engines_report import write_engines
+
+    assert collect_step_logs(tmp_path / "work").empty  # no run kept a log
+    logs = tmp_path / "work" / "steps"
+    logs.mkdir(parents=True)
+    pd.DataFrame({"duration_ms": [80.0], "policy": ["superinfer"]}).to_parquet(
+        logs / "hf_superinfer_0.3_0.parquet"
+    )
+    pd.DataFrame({"duration_ms": [70.0, 140.0], "policy": ["fcfs"] * 2}).to_parquet(
+        logs / "hf_fcfs_0.3_0.parquet"
+    )
+    steps = collect_step_logs(tmp_path / "work")
+    assert steps["run"].tolist() == ["hf_fcfs_0.3_0"] * 2 + ["hf_superinfer_0.3_0"]
+    assert steps["duration_ms"].tolist() == [70.0, 140.0, 80.0]
+    summary = run_engines(
+        BenchConfig(),
+        suite_options({"suite.engines": "sim:hf-cpu", "suite.loads.hf": "0.2",
+                       "suite.duration_s": "10", "suite.repeats": "1",
+                       "suite.hf_step_time_file": "results/hf/step_time_fit.json"}),
+        tmp_path / "sim-work",
+    ).summary  # fmt: skip
+    out = tmp_path / "out"
+    files = write_engines(out, summary, pd.DataFrame(), {}, {}, ["test"], steps=steps)
+    assert "steps.parquet" in files.split(", ")
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "steps.parquet"), steps)
+    assert "| `steps.parquet` | `test` |" in (out / "MANIFEST.md").read_text()

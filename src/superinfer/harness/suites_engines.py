@@ -74,6 +74,7 @@ __all__ = [
     "batched_concurrency",
     "batched_sizes",
     "batched_workload",
+    "collect_step_logs",
     "lone_workload",
     "mix_workload",
     "resimulate",
@@ -525,6 +526,15 @@ def resimulate(
     return pd.concat([ran, *frames], ignore_index=True)
 
 
+def collect_step_logs(work_dir: Path) -> pd.DataFrame:
+    """The real runs' step logs :func:`run_engines` kept under ``work_dir/steps`` as one frame,
+    in file-name order, with a ``run`` column (``<engine>_<policy>_<load>_<repeat>``, the file's
+    stem) after the engine's own columns; empty if none was kept."""
+    files = sorted((work_dir / "steps").glob("*.parquet"))
+    frames = [pd.read_parquet(f).assign(run=f.stem) for f in files]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 def run_engines_suite(
     config: BenchConfig,
     out_dir: Path,
@@ -550,5 +560,8 @@ def run_engines_suite(
     work = Path(tempfile.mkdtemp(prefix="engines-cpu-logs-"))
     result = run_engines(replace(config, engine_options={}), opts, work, progress=progress)
     result.info["logs"] = str(work)
-    files = write_engines(out_dir, result.summary, result.lone, result.info, NATIVE, command or [])
+    files = write_engines(
+        out_dir, result.summary, result.lone, result.info, NATIVE, command or [],
+        steps=collect_step_logs(work),
+    )  # fmt: skip
     return policy_checks(aggregate(result.summary), NATIVE), files

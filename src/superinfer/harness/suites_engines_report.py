@@ -478,6 +478,7 @@ OWNED = (
     "sglang_step_time.json",
     "hf_step_time.json",
     "attainment_vs_load.png",
+    "steps.parquet",
     "report.md",
     "manifest.json",
 )
@@ -491,8 +492,11 @@ def write_engines(
     natives: dict[str, str],
     command: list[str],
     machine: str = "",
+    steps: pd.DataFrame | None = None,
 ) -> str:
-    """Write every file of :data:`OWNED` (staged) and ``MANIFEST.md``; the files, as text."""
+    """Write every file of :data:`OWNED` (staged) and ``MANIFEST.md``; the files, as text.
+    ``steps``: the real runs' step logs (``suites_engines.collect_step_logs``), written as
+    ``steps.parquet`` when there are any."""
     meta = manifest(info, command=command)
     agg = aggregate(summary)
     checks, fid = policy_checks(agg, natives), fidelity(agg)
@@ -512,6 +516,10 @@ def write_engines(
 
             write_atomic(stage / name, to_csv)
             written.append(name)
+        if steps is not None and not steps.empty:
+            log = steps
+            write_atomic(stage / "steps.parquet", lambda p: log.to_parquet(p, index=False))
+            written.append("steps.parquet")
         for sim, real in SIM_OF.items():  # the fits run_engines wrote as <real>_step_time.json
             fit = info.get("engines", {}).get(sim)
             if fit:
