@@ -517,8 +517,11 @@ def write_engines(
             write_atomic(stage / name, to_csv)
             written.append(name)
         if steps is not None and not steps.empty:
-            log = steps
-            write_atomic(stage / "steps.parquet", lambda p: log.to_parquet(p, index=False))
+
+            def to_parquet(p: Path, f: pd.DataFrame = steps) -> None:
+                f.to_parquet(p, index=False)
+
+            write_atomic(stage / "steps.parquet", to_parquet)
             written.append("steps.parquet")
         for sim, real in SIM_OF.items():  # the fits run_engines wrote as <real>_step_time.json
             fit = info.get("engines", {}).get(sim)

@@ -31,10 +31,9 @@ without ``multi_seq`` read it as 0.
 Coefficients are fitted by least squares on relative error (each row divided by its measured
 time), with negative coefficients removed and the rest refitted, so every term stays a cost.
 Steps slowed by something outside the engine (another process taking the core) would pull the
-fit up, so steps more than
-:data:`OUTLIER_MADS` median absolute deviations slower than the fit (and at least
-:data:`OUTLIER_FLOOR` slower, relatively) are set aside and the fit is redone, until the set is
-stable; slow outliers only, since contention never makes a step faster.
+fit up, so steps more than :data:`OUTLIER_MADS` median absolute deviations slower than the fit
+(and at least :data:`OUTLIER_FLOOR` slower, relatively) are set aside and the fit is redone,
+until the set is stable; slow outliers only, since contention never makes a step faster.
 """
 
 from __future__ import annotations

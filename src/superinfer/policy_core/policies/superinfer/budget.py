@@ -124,7 +124,7 @@ class _StepBudget(_Running):
         With mixed batches the decodes run in the same step, so the step (prefill plus decodes)
         must fit; at least ``min_prefill_tokens``, but no more than ``min_prefill_budget_share``
         of the step's token budget, always may (on the real hf engine, a 256-token budget, a
-        floor of 256 let every step carry a full prefill chunk whatever the decodes' TPOT).
+        floor of 256 let steps carry full prefill chunks whatever the decodes' TPOT).
         Without them
         (``StepState.mixed_batches`` false: SGLang's prefill-first batches) a prefill step
         runs alone and the decodes' next token comes after it and one decode step, so both must

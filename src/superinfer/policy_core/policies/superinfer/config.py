@@ -155,8 +155,9 @@ class SuperInferConfig(BasePolicy):
     )
     min_prefill_budget_share: float = _opt(
         # 1/8 (issue 18, 2026-12-04): on the real hf engine (256-token steps) the floor of 256 let
-        # every step carry a full prefill chunk (~0.46 s) beside decodes with a 500 ms TPOT; the
-        # GPU engines' budgets (>= 2,048 tokens) keep the floor at min_prefill_tokens
+        # steps carry full prefill chunks (a median 249 tokens; 200+ beside decodes: 0.90 s) next
+        # to decodes with a 500 ms TPOT (results/engines-cpu/README.md); the GPU engines' budgets
+        # (2,048 and 8,192 tokens) keep the floor at min_prefill_tokens
         0.125,
         "with mixed batches, the prefill floor (min_prefill_tokens) is at most this share of "
         "the step's token budget",
