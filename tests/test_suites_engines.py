@@ -437,6 +437,35 @@ def test_a_real_runs_step_log_is_kept_with_its_engine_and_policy(tmp_path, monke
     assert [c.engines for c in seen] == [("hf",), ("hf",)]
 
 
+def test_an_sglang_runs_step_log_is_the_lines_its_server_wrote_during_the_run(
+    tmp_path, monkeypatch
+) -> None:
+    from superinfer.harness import suites_engines
+    from superinfer.harness.bench import BenchResult
+
+    log = tmp_path / "sglang-fcfs.steps.csv"
+    log.write_text("step_index,duration_ms,kind\n0,9.5,prefill\n1,6.25,decode\n")
+    summary = pd.DataFrame({"engine": ["http"], "policy": ["fcfs"], "slo_class": ["all"]})
+    requests = pd.DataFrame({"slo_class": ["chat"], "status": ["finished"], "reason": [""]})
+
+    def fake_run_bench(cfg: BenchConfig, workload: object) -> BenchResult:
+        with log.open("a") as f:  # the server steps while the run goes on
+            f.write("2,11.0,prefill\n3,7.5,decode\n")
+        return BenchResult(summary, requests, pd.DataFrame(), {}, pd.DataFrame())
+
+    monkeypatch.setattr(suites_engines, "run_bench", fake_run_bench)
+    monkeypatch.setattr(suites_engines, "_flush", lambda url: None)
+    server = type("Server", (), {"step_log_path": log, "plugin": False})()
+    handle = {"url": "http://127.0.0.1:1", "server": server}
+    opts = SuiteOptions()
+    wl = mix_workload(opts, 1.0, 0)
+    out = tmp_path / "steps" / "sglang_native_1_0.parquet"
+    suites_engines._run_cell(BenchConfig(), "sglang", "native", wl, handle, opts, steps_to=out)
+    got = pd.read_parquet(out)
+    assert got["step_index"].tolist() == [2, 3] and got["duration_ms"].tolist() == [11.0, 7.5]
+    assert set(got["engine"]) == {"sglang"} and set(got["policy"]) == {"native"}
+
+
 def test_the_suite_folder_gets_every_step_log_in_one_file(tmp_path) -> None:
     from superinfer.harness.suites_engines import collect_step_logs
     from superinfer.harness.suites_engines_report import write_engines

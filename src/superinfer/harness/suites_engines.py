@@ -271,6 +271,7 @@ def _servers(engine: str, opts: SuiteOptions, log_dir: Path) -> Iterator[dict[st
                 ["--model-path", str(model), *SGLANG_ARGS.split()],
                 policy_opts=[f"{k}={v}" for k, v in plugin_opts.items()],
                 log_path=log_dir / f"sglang-{policy}.log",
+                step_log_path=log_dir / f"sglang-{policy}.steps.csv",
             )
             try:
                 server.start()
@@ -291,8 +292,9 @@ def _run_cell(
     steps_to: Path | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """One real run; ``(summary, requests, info)`` with ``engine``/``policy`` as the suite names
-    them. ``steps_to``: where the run's step log goes (``steps.parquet``'s columns), if the
-    engine keeps one (``hf``; a server over HTTP does not)."""
+    them. ``steps_to``: where the run's step log goes, if the engine keeps one: ``hf``'s own
+    (``steps.parquet``'s columns), or the lines the SGLang server's scheduler appended to its step
+    log during the run (``adapters/sglang/steplog.py``); llama.cpp keeps none."""
     if engine == HF:
         cfg = _base(config, "hf", policy, engine_options={})
     else:
@@ -307,10 +309,16 @@ def _run_cell(
             backend=backend,
             engine_options={"timeout_s": "600"},
         )
+    server = handle.get("server")
+    server_log = getattr(server, "step_log_path", None) if steps_to is not None else None
+    seen = _step_lines(server_log)
     result = run_bench(cfg, workload=wl)
-    if steps_to is not None and not result.steps.empty:
+    steps = result.steps
+    if server_log is not None:
+        steps = pd.read_csv(server_log).iloc[seen:] if server_log.is_file() else steps
+    if steps_to is not None and not steps.empty:
         steps_to.parent.mkdir(parents=True, exist_ok=True)
-        result.steps.assign(engine=engine, policy=policy).to_parquet(steps_to, index=False)
+        steps.assign(engine=engine, policy=policy).to_parquet(steps_to, index=False)
     summary, requests = result.summary.copy(), result.requests.copy()
     for frame in (summary, requests):
         frame["engine"], frame["policy"] = engine, policy
@@ -319,9 +327,17 @@ def _run_cell(
         "cells": result.info.get("cells"),
         "outcomes": {"/".join(map(str, k)): int(n) for k, n in outcomes.items()},
     }
-    if (server := handle.get("server")) is not None and server.plugin:
+    if server is not None and server.plugin:
         info["plugin_stats"] = server.stats()
     return summary, requests, info
+
+
+def _step_lines(path: Path | None) -> int:
+    """Steps already in a server's step log (data lines of the CSV; 0 if none yet)."""
+    if path is None or not path.is_file():
+        return 0
+    with path.open("rb") as f:
+        return max(0, sum(1 for _ in f) - 1)
 
 
 def _sim_cells(

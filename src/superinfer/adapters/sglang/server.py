@@ -31,6 +31,7 @@ from superinfer.adapters.sglang.launch import (
     server_command,
 )
 from superinfer.adapters.sglang.stats import ENV_STATS_FILE, read_stats
+from superinfer.adapters.sglang.steplog import ENV_STEP_LOG
 
 __all__ = [
     "DEFAULT_START_TIMEOUT_S",
@@ -128,6 +129,8 @@ class SGLangServer:
         config_path: adapter configuration file.
         log_path: where the server's stdout and stderr go (kept); a temporary file by default.
         stats_path: the plugin's stats file; next to the log by default (plugin policies only).
+        step_log_path: where the scheduler appends one CSV line per batch (:mod:`.steplog`),
+            under any policy, native included; none by default.
         env: extra environment variables for the server (e.g. ``SGLANG_CLIP_...``).
         start_timeout_s: the bound on start-up.
         cpu: force the CPU recipe on or off; ``None``: on without a CUDA GPU.
@@ -146,6 +149,7 @@ class SGLangServer:
         config_path: str | None = None,
         log_path: str | Path | None = None,
         stats_path: str | Path | None = None,
+        step_log_path: str | Path | None = None,
         env: Mapping[str, str] | None = None,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         cpu: bool | None = None,
@@ -168,6 +172,9 @@ class SGLangServer:
         environ = {**os.environ, **(env or {})}
         if self.stats_path is not None:
             environ[ENV_STATS_FILE] = str(self.stats_path)
+        self.step_log_path = Path(step_log_path) if step_log_path is not None else None
+        if self.step_log_path is not None:
+            environ[ENV_STEP_LOG] = str(self.step_log_path)
         args = [*engine_args, "--host", self.host, "--port", str(self.port)]
         if "--sleep-on-idle" not in args:
             args.append("--sleep-on-idle")  # an idle scheduler busy-polls a core otherwise
