@@ -494,3 +494,44 @@ def test_the_suite_folder_gets_every_step_log_in_one_file(tmp_path) -> None:
     assert "steps.parquet" in files.split(", ")
     pd.testing.assert_frame_equal(pd.read_parquet(out / "steps.parquet"), steps)
     assert "| `steps.parquet` | `test` |" in (out / "MANIFEST.md").read_text()
+
+
+def test_sim_sglang_cpu_is_fitted_on_the_runs_step_logs_when_they_hold_enough_steps(
+    tmp_path,
+) -> None:
+    from superinfer.harness.suites_engines_knee import MIN_LOG_STEPS, step_log_fit
+    from superinfer.sim.hf_cpu import HFCPUStepTime, shape_of_totals
+
+    true = HFCPUStepTime((0.05, 0.001, 0.0015, 0.0015, 3e-5, 0.0, 0.0, 3.6e-4))
+    rows = []
+    for i in range(MIN_LOG_STEPS):
+        seqs, prefill = 1 + i % 8, i % 5 == 0
+        tokens = 64 + 7 * i % 448 if prefill else seqs
+        kv = tokens + 37 * i % 900
+        held = kv - tokens if prefill and i % 10 == 0 else 0
+        ms = true.step_time_s(shape_of_totals(tokens, seqs, seqs, kv, held)) * 1e3
+        rows.append(
+            {
+                "kind": "prefill" if prefill else "decode",
+                "num_tokens": tokens,
+                "num_seqs": seqs,
+                "num_samples": seqs,
+                "kv_tokens": kv,
+                "prefix_tokens": held,
+                "duration_ms": ms - 2.0,  # the scheduler's 2 ms before each batch
+                "gap_ms": 2.0,
+            }
+        )
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    half = MIN_LOG_STEPS // 2
+    pd.DataFrame(rows[:half]).to_parquet(steps / "sglang_native_1_0.parquet")
+    lone = {"coefficients": {"intercept": 0.1}, "source": "lone"}
+    assert step_log_fit(steps, "sglang", lone) is None  # too few steps: the lone fit stays
+    pd.DataFrame(rows[half:]).to_parquet(steps / "sglang_superinfer_1_0.parquet")
+    fit = step_log_fit(steps, "sglang", lone)
+    assert fit is not None and fit["lone"] == lone
+    assert fit["fit"]["num_samples"] == MIN_LOG_STEPS
+    assert fit["source"].startswith(f"the sglang runs' own step logs: {MIN_LOG_STEPS} steps of 2")
+    got = HFCPUStepTime.from_dict(fit["coefficients"]).coefficients
+    assert got == pytest.approx(true.coefficients, rel=1e-6, abs=1e-12)

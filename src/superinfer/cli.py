@@ -187,14 +187,15 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
 # fmt: off
 @cli.command()
 @click.option("--engine", default="gpu", show_default=True,
-              help="gpu or hf. gpu: fit the simulated GPU engines' step-time model to the measured "
-              "kernel timings in shared/data/profiling; hf: measure the real CPU engine, fit "
-              "sim:hf-cpu.")
+              help="gpu, hf, sglang or published. gpu: fit the simulated GPU engines' step-time "
+              "model to the measured kernel timings in shared/data/profiling; hf: measure the real "
+              "CPU engine, fit sim:hf-cpu; sglang: fit sim:sglang-cpu to a real SGLang server's "
+              "step log (--steps).")
 @engine_option("hf: engine setting, repeatable (as for bench).")
 @seed_option("hf: seed of the prompt order.")
 @click.option("--steps", "steps_file", default=None, type=click.Path(dir_okay=False),
               help="hf: refit from steps recorded earlier (a *_steps.csv of calibrate, or a run's "
-              "steps.parquet) instead of measuring.")
+              "steps.parquet) instead of measuring; sglang: the server's step log (required).")
 @click.option("--out", default=None, type=click.Path(),
               help="gpu: directory for fit_error.csv, fit_error_by_range.csv, params.json, "
               "report.md [results/calibration]; hf: calibration file, its steps go beside it "
@@ -210,26 +211,31 @@ def calibrate(engine: str, engine_options: tuple[str, ...], seed: int, steps_fil
     from superinfer.harness.offline.calibrate_published import write_published
     targets: dict[str, Callable[[], None]] = {
         "hf": lambda: _calibrate_hf(engine_options, seed, steps_file, out),
+        "sglang": lambda: _calibrate_hf(
+            engine_options, seed, steps_file, out or "sglang_step_time.json", server_log=True
+        ),
         "gpu": lambda: _calibrate_gpu(out, install),
         "published": lambda: click.echo("\n".join(f"wrote {p}" for p in write_published(
             out or "results/fidelity", install=install, progress=click.echo))),  # fmt: skip
     }
     if engine not in targets:
         raise UserError(
-            f"calibrate fits the simulated GPUs (--engine gpu) or measures the real CPU engine "
-            f"(--engine hf), not {engine!r}"
+            f"calibrate fits the simulated GPUs (--engine gpu), measures the real CPU engine "
+            f"(--engine hf), refits an SGLang step log (--engine sglang) or the published "
+            f"measurements (--engine published), not {engine!r}"
         )
     targets[engine]()
 
 
 def _calibrate_hf(engine_options: tuple[str, ...], seed: int, steps_file: str | None,
-                  out: str | None) -> None:  # fmt: skip
-    """Measure real engine steps (or refit recorded ones) and fit the sim:hf-cpu step time."""
+                  out: str | None, server_log: bool = False) -> None:  # fmt: skip
+    """Measure real engine steps (or refit recorded ones) and fit the sim:hf-cpu step time; with
+    ``server_log``, fit sim:sglang-cpu's to an SGLang server's step log."""
     from superinfer.harness.offline.calibrate_hf import fit_summary, write_hf_calibration
 
     model, report, path, steps_path = write_hf_calibration(
         key_values(engine_options, "--engine-option"), seed=seed, steps_file=steps_file,
-        out=out or "results/hf/step_time_fit.json",
+        out=out or "results/hf/step_time_fit.json", server_log=server_log,
     )  # fmt: skip
     click.echo("\n".join([*fit_summary(model, report), f"wrote {path} and {steps_path}"]))
 

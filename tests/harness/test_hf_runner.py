@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -144,7 +145,11 @@ def test_cli_bench_on_sim_hf_cpu_and_one_line_errors(tmp_path: Path) -> None:
             ["bench", "--engine", "sim:hf-cpu", "--engine-option", "bogus=1"],
             "error: unknown --engine-option 'bogus'",
         ),
-        (["calibrate", "--engine", "sglang"], "error: calibrate fits the simulated GPUs"),
+        (["calibrate", "--engine", "bogus"], "error: calibrate fits the simulated GPUs"),
+        (
+            ["calibrate", "--engine", "sglang"],
+            "error: calibrate --engine sglang refits a server's step log: give --steps",
+        ),
     ]
     for args, expected in cases:
         proc = _cli(*args, "--out", str(tmp_path / "x"))
@@ -154,10 +159,11 @@ def test_cli_bench_on_sim_hf_cpu_and_one_line_errors(tmp_path: Path) -> None:
         )
 
 
-def test_calibrate_refits_recorded_steps_without_the_engine(tmp_path: Path) -> None:
+def _true_steps() -> tuple[Any, list[dict[str, Any]]]:
+    """A step-time model and twelve steps it times exactly (``steps.parquet`` columns)."""
     from superinfer.sim.hf_cpu import HFCPUStepTime, shape_of
 
-    true = HFCPUStepTime((0.02, 0.004, 0.001, 0.0005, 0.00002, 1e-7, 0.03))
+    true = HFCPUStepTime((0.02, 0.004, 0.001, 0.0005, 0.00002, 1e-7, 0.03, 0.0))
     rows = []
     grid = [(1, 0, 64, True), (1, 0, 256, False), (2, 40, 100, False), (3, 10, 30, True)]
     for b, c, n, sampled in grid + [(b, c, 1, True) for b in (1, 3, 8, 16) for c in (30, 300)]:
@@ -172,6 +178,13 @@ def test_calibrate_refits_recorded_steps_without_the_engine(tmp_path: Path) -> N
                 "duration_ms": true.step_time_s(shape) * 1e3,
             }
         )
+    return true, rows
+
+
+def test_calibrate_refits_recorded_steps_without_the_engine(tmp_path: Path) -> None:
+    from superinfer.sim.hf_cpu import HFCPUStepTime
+
+    true, rows = _true_steps()
     steps = tmp_path / "recorded.csv"
     pd.DataFrame(rows).to_csv(steps, index=False)
     out = tmp_path / "fit.json"
@@ -183,3 +196,34 @@ def test_calibrate_refits_recorded_steps_without_the_engine(tmp_path: Path) -> N
         assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
     assert doc["steps_from"] == str(steps) and doc["fit"]["num_samples"] == 12
     assert (tmp_path / "fit_steps.csv").is_file()
+
+
+def test_calibrate_sglang_fits_whole_iterations_of_a_step_log(tmp_path: Path) -> None:
+    from superinfer.sim.hf_cpu import HFCPUStepTime
+
+    true, rows = _true_steps()
+    # run_batch took the step minus 2 ms of scheduling before it; the first batch has no gap and
+    # the fifth waited 0.8 s for a request: both are charged the median busy gap (2 ms)
+    gaps = [float("nan"), 2.0, 1.5, 2.5, 800.0, 2.0, 2.0, 1.0, 3.0, 2.0, 2.0, 2.0]
+    for row, gap in zip(rows, gaps, strict=True):
+        spent = gap if gap <= 20 else 2.0
+        row["duration_ms"] -= 2.0 if gap != gap else spent
+        row["gap_ms"] = gap
+    steps = tmp_path / "sglang.steps.csv"
+    pd.DataFrame(rows).to_csv(steps, index=False)
+    out = tmp_path / "sglang_fit.json"
+    proc = _cli("calibrate", "--engine", "sglang", "--steps", str(steps), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    fitted = HFCPUStepTime.from_dict(doc["coefficients"])
+    for got, want in zip(fitted.coefficients, true.coefficients, strict=True):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert doc["engine"] == "sglang" and doc["fit"]["num_samples"] == 12
+    written = pd.read_csv(tmp_path / "sglang_fit_steps.csv")
+    got_ms = written["forward_ms"].tolist()  # written to 6 significant digits
+    assert got_ms == pytest.approx([r["duration_ms"] for r in rows], rel=1e-5)
+    bad = tmp_path / "hf_steps.csv"
+    pd.DataFrame(rows).drop(columns="gap_ms").to_csv(bad, index=False)
+    proc = _cli("calibrate", "--engine", "sglang", "--steps", str(bad), "--out", str(out))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: not an SGLang step log: no column gap_ms"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,12 +22,14 @@ from superinfer.sim.hf_cpu import (
     HFCPUStepTime,
     StepSample,
     features,
+    hf_cpu_sim_config,
     shape_of,
+    shape_of_totals,
 )
 from superinfer.sim.request import RequestSpec
 from superinfer.sim.step_time import BatchShape
 
-TRUE = HFCPUStepTime((0.02, 0.004, 0.001, 0.0005, 0.00002, 1e-7, 0.03))
+TRUE = HFCPUStepTime((0.02, 0.004, 0.001, 0.0005, 0.00002, 1e-7, 0.03, 0.0003))
 
 
 def test_shape_of_classifies_pieces_as_the_simulator_does() -> None:
@@ -39,9 +42,19 @@ def test_shape_of_classifies_pieces_as_the_simulator_does() -> None:
         prefill_kv_tokens=40 + 5,
         decode_kv_tokens=100 + 8,
         num_seqs=4,
+        prefill_tokens=35,
+        num_prefill_seqs=2,
     )
-    assert features(shape) == (1.0, 37.0, 4.0, 3.0, 153.0, 37.0 * 153, 1.0)
-    assert features(shape_of([(99, 1, True)]))[-1] == 0.0  # one request: no batched-step cost
+    # the 10 computed tokens of the first chunk are its held prefix
+    assert features(shape) == (1.0, 37.0, 4.0, 3.0, 153.0, 37.0 * 153, 1.0, 10.0)
+    assert features(shape_of([(99, 1, True)]))[-2:] == (0.0, 0.0)  # one decode: neither term
+
+
+def test_a_steps_totals_give_the_same_features_as_its_pieces() -> None:
+    pieces = [(10, 30, False), (0, 5, True), (99, 1, True), (7, 1, True)]
+    totals = shape_of_totals(37, 4, 3, 153, prefix_tokens=10)
+    assert features(totals) == features(shape_of(pieces))
+    assert features(shape_of_totals(2, 2, 2, 300))[-1] == 0.0  # no prefix column: 0
 
 
 def test_smollm2_kv_bytes_are_fp32_pages_of_every_layer() -> None:
@@ -54,6 +67,7 @@ def _samples(model: HFCPUStepTime) -> list[StepSample]:
         [shape_of([(0, n, True)]) for n in (16, 64, 128, 256)]
         + [shape_of([(c, 1, True)] * b) for b in (1, 4, 8, 16) for c in (32, 200)]
         + [shape_of([(40, 100, False), (60, 1, True), (90, 1, True)])]
+        + [shape_of([(300, 50, True)])]
     )
     return [StepSample(s, model.step_time_s(s)) for s in shapes]
 
@@ -62,7 +76,7 @@ def test_fit_recovers_the_coefficients_that_generated_the_steps() -> None:
     model, report = HFCPUStepTime.fit(_samples(TRUE))
     for got, want in zip(model.coefficients, TRUE.coefficients, strict=True):
         assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
-    assert report.num_samples == 13 and report.dropped == ()
+    assert report.num_samples == 14 and report.dropped == ()
     assert report.mean_abs_rel_err < 1e-9
 
 
@@ -77,7 +91,7 @@ def test_fit_sets_aside_steps_slowed_from_outside() -> None:
     for got, want in zip(model.coefficients, TRUE.coefficients, strict=True):
         assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
     assert report.num_outliers == 3 and report.inlier_mean_abs_rel_err < 1e-9
-    assert report.mean_abs_rel_err == pytest.approx(3 * (2 / 3) / 13)  # scored on every step
+    assert report.mean_abs_rel_err == pytest.approx(3 * (2 / 3) / 14)  # scored on every step
 
 
 def test_fit_drops_a_term_that_would_be_negative() -> None:
@@ -100,10 +114,10 @@ def test_decode_coefficients_match_the_step_time_of_a_decode_batch() -> None:
 
 
 def test_bad_coefficients_and_files_are_rejected_with_the_reason(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="need 7 coefficients"):
+    with pytest.raises(ValueError, match="need 8 coefficients"):
         HFCPUStepTime((1.0,))
     with pytest.raises(ValueError, match="num_seqs must be finite and >= 0"):
-        HFCPUStepTime((0.1, 0.1, -1.0, 0.0, 0.0, 0.0, 0.0))
+        HFCPUStepTime((0.1, 0.1, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0))
     bad = tmp_path / "fit.json"
     bad.write_text(json.dumps({"coefficients": {"intercept": 1.0}}))
     with pytest.raises(ValueError, match=f"{bad}: not a step-time calibration"):
@@ -112,10 +126,10 @@ def test_bad_coefficients_and_files_are_rejected_with_the_reason(tmp_path: Path)
     good.write_text(json.dumps({"coefficients": TRUE.to_dict()}))
     assert HFCPUStepTime.from_file(good) == TRUE
     assert list(TRUE.to_dict()) == list(FEATURES)
-    older = tmp_path / "older.json"  # written before multi_seq existed: read as 0
-    old = {k: v for k, v in TRUE.to_dict().items() if k != "multi_seq"}
+    older = tmp_path / "older.json"  # written before multi_seq, prefix_tokens: read as 0
+    old = {k: v for k, v in TRUE.to_dict().items() if k not in ("multi_seq", "prefix_tokens")}
     older.write_text(json.dumps({"coefficients": old}))
-    assert HFCPUStepTime.from_file(older).coefficients == (*TRUE.coefficients[:-1], 0.0)
+    assert HFCPUStepTime.from_file(older).coefficients == (*TRUE.coefficients[:-2], 0.0, 0.0)
 
 
 def test_the_default_model_is_a_real_fit() -> None:
@@ -139,3 +153,25 @@ def test_simulator_repeats_decodes_with_the_fitted_model_as_with_single_steps() 
     repeated, single = run(64), run(1)
     for (f1, e1), (f2, e2) in zip(repeated, single, strict=True):
         assert f1 == pytest.approx(f2, rel=1e-9) and e1 == pytest.approx(e2, rel=1e-9)
+
+
+def test_sglang_mechanics_admit_a_long_prompt_only_with_room_for_all_of_it() -> None:
+    """On the SGLang CPU server's profile four 600-token prompts (chunks of 128) and their 50
+    output tokens share a 1,024-token pool: with the whole prompt and output held at admission
+    (SGLang's PrefillAdder) none is ever preempted; charging only the first chunk admits a
+    second request beside the first one's decode, whose later chunks then find no room."""
+    slo = SLO("batch")
+    reqs = [RequestSpec(f"r{i}", 0.0, 600, 50, 50, slo) for i in range(4)]
+    config = hf_cpu_sim_config(
+        page_size_tokens=16, num_blocks=64, max_batch_tokens=128, max_num_seqs=8,
+        mechanics="sglang",
+    )  # fmt: skip
+
+    def preemptions(cfg: SimConfig) -> list[int]:
+        result = Simulator(cfg, build_plugin_manager("fcfs").hook, step_time=TRUE).run(reqs)
+        assert all(r.finish_s is not None for r in result.requests)
+        return [r.num_preemptions for r in result.requests]
+
+    assert preemptions(config) == [0, 0, 0, 0]
+    chunk_only = replace(config, profile=replace(config.profile, reserve_whole_prompt=False))
+    assert sum(preemptions(chunk_only)) > 0

@@ -79,7 +79,11 @@ def test_hf_cpu_config_is_what_run_sim_hf_cpu_cell_builds() -> None:
     assert (sg.mixed_batches, sg.admission, sg.prefix_cache) == (
         SIM_SGLANG.mixed_batches, SIM_SGLANG.admission, "radix",
     )  # fmt: skip
-    assert (sg.reserve_ratio_init, sg.cpu_kv_ratio, sg.kv_memory) == (0.7, 0.0, "utilization")
+    assert (sg.cpu_kv_ratio, sg.kv_memory) == (0.0, "utilization")
+    # the harness sends ignore_eos, for which SGLang holds a running request's whole remaining
+    # output (ratio 1.0, never decayed), and its admission charges the whole remaining prompt
+    assert (sg.reserve_ratio_init, sg.reserve_ratio_min, sg.reserve_ratio_decay) == (1.0, 1.0, 0.0)
+    assert sg.reserve_whole_prompt and not SIM_SGLANG.reserve_whole_prompt
     with pytest.raises(ValueError, match="mechanics 'x': one of hf, sglang"):
         hf_cpu_sim_config(mechanics="x")
     assert default.num_gpu_blocks_override == 256

@@ -40,7 +40,12 @@ import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, run_bench
 from superinfer.harness.errors import UserError
-from superinfer.harness.suites_engines_knee import SGLANG_CHUNK_TOKENS, lone_step_fit, pilot_knee
+from superinfer.harness.suites_engines_knee import (
+    SGLANG_CHUNK_TOKENS,
+    lone_step_fit,
+    pilot_knee,
+    step_log_fit,
+)
 from superinfer.harness.suites_engines_options import (
     BATCH_OUTPUT,
     BATCH_PROMPT,
@@ -351,13 +356,18 @@ def _sim_cells(
 ) -> list[pd.DataFrame]:
     """The simulated rows of ``engine`` (``sim:hf-cpu`` or ``sim:sglang-cpu``) at the loads
     ``found`` for its real engine, one frame per (repeat, load), with step time ``fit_file``;
-    ``extra``: more engine options of the simulator (``benchmarks/fidelity_resim.py``)."""
+    ``extra``: more engine options of the simulator (``benchmarks/fidelity_resim.py``).
+    ``sim:sglang-cpu``'s ``superinfer`` runs with the options the real server's plugin has
+    (:data:`SGLANG_SUPERINFER_OPTS`)."""
     limits = SIM_SGLANG_LIMITS if engine == SIM_SGLANG else {}
     eopts = {**limits, "step_time_file": str(fit_file), **(extra or {})}
     frames = []
+    # the policy options the real server's plugin runs with (SGLANG_SUPERINFER_OPTS)
+    popts = {"superinfer": dict(SGLANG_SUPERINFER_OPTS)} if engine == SIM_SGLANG else {}
     cfg = replace(
         _base(config, "sim:hf-cpu", "fcfs", engine_options=eopts),
         policies=ENGINE_POLICIES[engine],
+        policy_options=popts,
     )
     for rep in range(opts.repeats):
         for load in engine_loads(opts, engine, found):
@@ -486,6 +496,8 @@ def run_engines(
         if sim is None or sim in fit_files or not opts.lone or sim not in opts.engines:
             continue
         fit = lone_step_fit(lones[-1], *FIT_CHUNK_AND_LABEL[engine], batched.get(engine))
+        if engine == SGLANG:
+            fit = step_log_fit(work_dir / "steps", engine, fit) or fit
         fit_files[sim] = work_dir / f"{engine}_step_time.json"
         fit_files[sim].write_text(json.dumps(fit, indent=2) + "\n")
         info["engines"][sim] = fit

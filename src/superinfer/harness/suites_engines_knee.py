@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,8 @@ from superinfer.harness.suites_engines_options import SIM_SGLANG_LIMITS
 from superinfer.sim.hf_cpu import FEATURES
 
 __all__ = [
+    "MIN_LOG_STEPS",
+    "step_log_fit",
     "KNEE_BAND",
     "find_knee",
     "knee_loads",
@@ -224,3 +227,33 @@ def with_seq_cost(
         "the ratio of the two intercepts"
     )
     return dict(out)
+
+
+#: Fewest steps in a real engine's step logs the suite fits its simulation on (fewer: the lone fit).
+MIN_LOG_STEPS = 200
+
+
+def step_log_fit(steps_dir: Path, engine: str, lone: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The step time of ``sim:sglang-cpu`` fitted on the SGLang runs' own step logs in
+    ``steps_dir`` (``<engine>_*.parquet``; whole scheduler iterations: ``offline.calibrate_hf``'s
+    ``sglang_iteration_steps``), with the lone fit kept beside it (``lone``); ``None`` with fewer
+    than :data:`MIN_LOG_STEPS` steps."""
+    from superinfer.harness.offline.calibrate_hf import fit_steps, sglang_iteration_steps
+
+    files = sorted(steps_dir.glob(f"{engine}_*.parquet"))
+    if not files:
+        return None
+    steps = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    if len(steps) < MIN_LOG_STEPS:
+        return None
+    _, report = fit_steps(sglang_iteration_steps(steps))
+    return {
+        "coefficients": report["coefficients"],
+        "fit": report["fit"],
+        "fit_by_kind": report["fit_by_kind"],
+        "source": (
+            f"the {engine} runs' own step logs: {len(steps)} steps of {len(files)} runs, each "
+            "run_batch plus the scheduler's gap before it (calibrate --engine sglang)"
+        ),
+        "lone": dict(lone),
+    }

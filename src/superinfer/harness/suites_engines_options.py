@@ -60,11 +60,16 @@ SGLANG_ARGS = "--context-length 1024 --chunked-prefill-size 512 --max-running-re
 #: Policy options of ``superinfer`` through the SGLang plugin (docs/adapters.md: the knee run of
 #: results/sglang-cpu): no recompute preemption, a 32-token prefill floor per pass.
 SGLANG_SUPERINFER_OPTS = {"min_prefill_tokens": "32", "max_preemptions_per_step": "0"}
-#: SGLang's limits in the ``sim:sglang-cpu`` profile (hf-cpu mechanics): a 512-token step
-#: (``--chunked-prefill-size``), 8 running requests, a 4,096-token pool in 16-token pages.
+#: The ``sim:sglang-cpu`` profile: SGLang's mechanics (``sim.hf_cpu.hf_cpu_sim_config``:
+#: prefill batches without decodes, PrefillAdder admission of the whole prompt and output, radix
+#: cache) at the CPU server's limits (``SGLANG_ARGS`` and the CPU recipe: a 512-token step,
+#: ``--chunked-prefill-size``; 8 running requests; ``--max-total-tokens 4096`` in pages of one
+#: token, ``page_size`` 1). Until 2026-12-04 it ran hf's mechanics (mixed steps, no reserve) in
+#: 16-token pages, which preempted 20-59 batch requests per run where the server retracted none.
 SIM_SGLANG_LIMITS = {
-    "page_size_tokens": "16",
-    "num_blocks": "256",
+    "mechanics": "sglang",
+    "page_size_tokens": "1",
+    "num_blocks": "4096",
     "max_batch_tokens": "512",
     "max_num_seqs": "8",
 }

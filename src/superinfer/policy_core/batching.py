@@ -87,7 +87,9 @@ def step_blocks(view: RequestView, num_tokens: int, state: StepState, *, admit: 
     need = max(0, view_blocks(view, view.computed_tokens + num_tokens, state) - held)
     if state.admission is AdmissionRule.RESERVE_RATIO:
         left = min(view.max_output_tokens - view.generated_tokens, SGLANG_CLIP_MAX_NEW_TOKENS)
-        need += blocks_for_tokens(max(left, 0), bs)
+        # StepState.reserve_whole_prompt: the later prefill chunks too (SGLang's add_one_req)
+        rest = view.pending_tokens - num_tokens if state.reserve_whole_prompt else 0
+        need += blocks_for_tokens(max(left, 0) + max(rest, 0), bs)
     return need
 
 

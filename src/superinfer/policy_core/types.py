@@ -367,6 +367,12 @@ class StepState:
             prefill step delays every decode by its whole duration (SGLang 0.5.23 without
             ``--enable-mixed-chunk``: ``Scheduler.get_next_batch_to_run`` runs a new prefill
             batch before the running decode batch; ``Scheduler.is_mixed_chunk``).
+        reserve_whole_prompt: under ``RESERVE_RATIO``, an admission must find room for its whole
+            remaining prompt (its later prefill chunks too) besides its output cap, and
+            ``reserved_hbm_blocks`` holds the prompt still to prefill of running requests whole
+            (SGLang 0.5.23 ``PrefillAdder.add_one_req``: ``extend_input_len +
+            max_new_tokens``; ``add_chunked_req`` takes a continuing chunk before any
+            admission). ``False``: only this step's chunk is charged.
         views: request id -> view of every request in the three queues, or ``None``.
         queue_of: request id -> the queue holding it (the same ids as ``views``), or ``None``.
         changes: what changed since the previous state of the engine's series, or ``None``.
@@ -398,6 +404,7 @@ class StepState:
     changes: StepChanges | None = None
     mixed_batches: bool = True
     kv_packing: KVPages | None = None
+    reserve_whole_prompt: bool = False
 
     def view_map(self) -> Mapping[str, RequestView]:
         """``views``, or the same map built from the queues (one pass) when the engine gave none."""

@@ -14,7 +14,7 @@ SmolLM2-135M-Instruct in fp32 on CPU with our :class:`~superinfer.adapters.hf.pl
 Step time is not a roofline here: it is a linear model fitted to step times measured on the real
 engine (``superinfer calibrate --engine hf``)::
 
-    t = c0 + c_tok T + c_seq S + c_samp N + c_kv K + c_qk T K + c_multi [S > 1]
+    t = c0 + c_tok T + c_seq S + c_samp N + c_kv K + c_qk T K + c_multi [S > 1] + c_pre P
 
 with ``T`` query tokens, ``S`` requests, ``N`` sampled tokens (LM-head rows), ``K`` key tokens
 read by the step (each request's past plus its new tokens), and ``[S > 1]`` 1 for a step of more
@@ -25,8 +25,15 @@ took 71-78 ms (median per range of KV tokens), of two 138-161 ms, of four 144-20
 236-290 ms; the suite's lockstep batches of identical requests 72.5 / 131.5 / 120.7 / 145.6 ms at
 1 / 2 / 4 / 8 (TPOT). A term per request alone cannot fit both the jump at two and the slower
 growth after it: fitted on that log, ``multi_seq`` takes 56.8 ms and the mean |relative error|
-per step falls from 0.144 (the six other terms refitted alone) to 0.102. Calibration files
-without ``multi_seq`` read it as 0.
+per step falls from 0.144 (the six other terms refitted alone) to 0.102. ``P`` is the KV the
+step's prefill chunks already held (prefix-cache hits and a chunked prompt's earlier chunks:
+``prefill_kv_tokens - prefill_tokens``). The same model times ``sim:sglang-cpu``, fitted on the
+real SGLang server's step log (``superinfer calibrate --engine sglang``), where a prefill on top of
+a prefix is far slower than one without (``torch_native`` attention's extend path): in
+``results/engines-cpu/sglang-steps/steps.parquet`` a prefill of 64-128 new tokens took a median
+157 ms with no prefix and 381 ms on 256-512 held tokens, and ``prefix_tokens`` takes 0.36 ms per
+held token. The hf engine's step log records no prefix, so its fits leave ``c_pre`` at 0.
+Calibration files without ``multi_seq`` or ``prefix_tokens`` read them as 0.
 
 Coefficients are fitted by least squares on relative error (each row divided by its measured
 time), with negative coefficients removed and the rest refitted, so every term stays a cost.
@@ -172,6 +179,20 @@ def hf_cpu_sim_config(
         activation_reserve_bytes=0,
         cpu_kv_ratio=0.0,
     )
+    if base is SIM_SGLANG:
+        # every request reaches the server with ignore_eos (harness/engines/http_client.py), and
+        # SGLang 0.5.23 then holds a running request's whole remaining output, not
+        # new_token_ratio of it (managers/schedule_policy.py
+        # PrefillAdder._get_running_request_total_token_offset: ratio 1.0 for ignore_eos)
+        # (ratio 1.0 for ignore_eos); and its admission charges a request's whole remaining
+        # prompt (PrefillAdder.add_one_req: extend_input_len + max_new_tokens)
+        profile = replace(
+            profile,
+            reserve_ratio_init=1.0,
+            reserve_ratio_min=1.0,
+            reserve_ratio_decay=0.0,
+            reserve_whole_prompt=True,
+        )
     return SimConfig(
         profile, SMOLLM2_135M, HOST_CPU, tp=1, replicas=1, num_gpu_blocks_override=num_blocks
     )
@@ -192,9 +213,10 @@ FEATURES = (
     "kv_tokens",
     "q_times_kv",
     "multi_seq",
+    "prefix_tokens",
 )
 #: Features a calibration file may lack (written before they existed), read as 0.
-OPTIONAL_FEATURES = ("multi_seq",)
+OPTIONAL_FEATURES = ("multi_seq", "prefix_tokens")
 
 #: Coefficients (s per unit of each feature) from ``superinfer calibrate --engine hf
 #: --engine-option num_threads=1`` (results/hf/step_time_fit.json: 144 steps, mean |rel err|
@@ -207,6 +229,7 @@ DEFAULT_COEFFICIENTS: tuple[float, ...] = (
     0.0,
     7.48812e-05,
     1.46565e-06,
+    0.0,
     0.0,
 )
 
@@ -229,23 +252,34 @@ def shape_of(pieces: Sequence[tuple[int, int, bool]]) -> BatchShape:
     """The :class:`BatchShape` of a step, from ``(computed_tokens, num_tokens, samples)`` per
     request, classified as ``sim.steps.build_run`` does (one token = a decode)."""
     pairs = 0.0
-    prefill_kv = decode_kv = samples = 0
+    prefill_kv = decode_kv = samples = prefill = prefill_seqs = 0
     for c, n, sampled in pieces:
         if n == 1:
             decode_kv += c + 1
         else:
             pairs += n * (c + (n + 1) / 2)
             prefill_kv += c + n
+            prefill += n
+            prefill_seqs += 1
         samples += int(sampled)
     total = sum(n for _, n, _ in pieces)
-    return BatchShape(total, samples, pairs, prefill_kv, decode_kv, len(pieces))
+    return BatchShape(
+        total, samples, pairs, prefill_kv, decode_kv, len(pieces), prefill,
+        num_prefill_seqs=prefill_seqs,
+    )  # fmt: skip
 
 
-def shape_of_totals(num_tokens: int, num_seqs: int, num_samples: int, kv_tokens: int) -> BatchShape:
-    """A shape with a step's totals only (as ``steps.parquet`` records them). The step-time model
-    reads nothing else; the key tokens are all put in ``prefill_kv_tokens`` since only their sum is
-    used, so the shape is not fit for a roofline model."""
-    return BatchShape(num_tokens, num_samples, 0.0, kv_tokens, 0, num_seqs)
+def shape_of_totals(
+    num_tokens: int, num_seqs: int, num_samples: int, kv_tokens: int, prefix_tokens: int = 0
+) -> BatchShape:
+    """A shape with a step's totals only (as ``steps.parquet`` records them; ``prefix_tokens``:
+    the KV its prefill chunks already held). The step-time model reads nothing else: the held
+    tokens go in ``prefill_kv_tokens`` (with ``prefill_tokens`` 0, so their difference is
+    ``prefix_tokens``) and the other key tokens in ``decode_kv_tokens``, since only the sum and
+    that difference are used; the shape is not fit for a roofline model."""
+    return BatchShape(
+        num_tokens, num_samples, 0.0, prefix_tokens, kv_tokens - prefix_tokens, num_seqs
+    )
 
 
 def features(shape: BatchShape) -> tuple[float, ...]:
@@ -259,6 +293,7 @@ def features(shape: BatchShape) -> tuple[float, ...]:
         float(kv),
         float(shape.num_tokens) * kv,
         1.0 if shape.num_seqs > 1 else 0.0,
+        float(max(0, shape.prefill_kv_tokens - shape.prefill_tokens)),
     )
 
 
@@ -325,7 +360,7 @@ class HFCPUStepTime:
         With ``T = S = N = num_seqs = B`` and ``K = decode_kv_tokens``:
         ``a = c0 + (c_tok + c_seq + c_samp) B + c_multi [B > 1]``, ``b = c_kv + c_qk B``.
         """
-        c0, c_tok, c_seq, c_samp, c_kv, c_qk, c_multi = self.coefficients
+        c0, c_tok, c_seq, c_samp, c_kv, c_qk, c_multi, _ = self.coefficients  # no prefix
         a = c0 + (c_tok + c_seq + c_samp) * num_seqs + (c_multi if num_seqs > 1 else 0.0)
         return a, c_kv + c_qk * num_seqs
 

@@ -80,6 +80,10 @@ class EngineProfile:
             multi-step: ``MultiStepOutputProcessor._process_seq_outputs`` truncates the K steps'
             tokens to ``max_tokens``, ``vllm/engine/output_processor/multi_step.py``);
             ``False``: a run ends at its first finish (engines that schedule every step).
+        reserve_whole_prompt: ``StepState.reserve_whole_prompt`` (SGLang's admission charges a
+            request's whole remaining prompt); set for the SGLang CPU server's profile
+            (``sim.hf_cpu.hf_cpu_sim_config(mechanics="sglang")``). ``SIM_SGLANG`` does not set
+            it yet: its results were made without it (results/fidelity/README.md).
     """
 
     name: str
@@ -107,6 +111,7 @@ class EngineProfile:
     mixed_batches: bool = True
     cut_repeat_on_arrival: bool = True
     repeat_past_finish: bool = False
+    reserve_whole_prompt: bool = False
 
     def limits(self, gpu: GPUSpec) -> tuple[int, int]:
         """``(token_budget, max_num_seqs)`` on ``gpu``."""

@@ -143,14 +143,21 @@ class Replica:
             req.touch()
 
     def reserved_blocks(self) -> int:
-        """Headroom held for running requests' future tokens (SGLang ``new_token_ratio``)."""
+        """Headroom held for running requests' future tokens: ``new_token_ratio`` of their
+        remaining output caps (SGLang ``PrefillAdder``'s running offsets), plus, with the
+        profile's ``reserve_whole_prompt``, the prompt tokens still to prefill of a request in
+        chunked prefill, whole (its next chunks are taken before any admission,
+        ``PrefillAdder.add_chunked_req``, and were checked whole when it was admitted: a chunk
+        never waits for KV that a later admission took)."""
         if self.profile.admission is not AdmissionRule.RESERVE_RATIO:
             return 0
-        tokens = sum(
-            min(r.spec.max_output_tokens - r.generated_tokens, SGLANG_CLIP_MAX_NEW_TOKENS)
-            for r in self.running.values()
-        )
-        return blocks_for_tokens(int(tokens * self.reserve_ratio), self.block_size_tokens)
+        out = rest = 0
+        for r in self.running.values():
+            out += min(r.spec.max_output_tokens - r.generated_tokens, SGLANG_CLIP_MAX_NEW_TOKENS)
+            pending = r.pending_tokens
+            if pending > 1 and self.profile.reserve_whole_prompt:
+                rest += pending
+        return blocks_for_tokens(rest + int(out * self.reserve_ratio), self.block_size_tokens)
 
     def record_peak(self) -> None:
         """Fold the current KV use into the peaks."""
@@ -200,6 +207,7 @@ class Replica:
             link_bytes_per_s=self.link.bytes_per_s if self.cpu_total_blocks else 0.0,
             replica=self.index,
             mixed_batches=self.profile.mixed_batches,
+            reserve_whole_prompt=self.profile.reserve_whole_prompt,
             kv_packing=self.kv_packing,
         )
         return self.views.stamp(state)

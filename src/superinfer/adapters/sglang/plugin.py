@@ -41,7 +41,6 @@ from typing import Any, Protocol
 from superinfer.adapters.manager import UnknownPolicyError, build_plugin_manager
 from superinfer.adapters.sglang.config import ENV_SWITCH, AdapterConfig, ConfigError, load_config
 from superinfer.adapters.sglang.stats import Telemetry, kv_usage
-from superinfer.adapters.sglang.steplog import ENV_STEP_LOG, install_step_log
 from superinfer.adapters.sglang.view import (
     EngineLimits,
     RequestRecord,
@@ -581,16 +580,12 @@ def install(adapter: SGLangAdapter) -> None:
 
 
 def register() -> None:
-    """Entry point (``sglang.srt.plugins``): inert unless ``SUPERINFER_SGLANG=1`` or
-    ``SUPERINFER_STEP_LOG`` is set; the step log (:mod:`.steplog`, observer only) is installed
-    whenever the latter is, under our policy or SGLang's own.
+    """Entry point (``sglang.srt.plugins``): inert unless ``SUPERINFER_SGLANG=1``.
 
     Raises:
         SystemExit: the configuration is unusable or names an unregistered policy; the one-line
             message names the file and field.
     """
-    if step_log := os.environ.get(ENV_STEP_LOG):
-        install_step_log(step_log)
     if os.environ.get(ENV_SWITCH) != "1":
         return
     try:

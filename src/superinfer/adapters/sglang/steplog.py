@@ -1,12 +1,12 @@
 """A per-step log of a real SGLang scheduler, observer only: what it ran, for how long.
 
-With ``SUPERINFER_STEP_LOG=PATH`` in a server's environment, the plugin's entry point
-(:func:`superinfer.adapters.sglang.plugin.register`) installs :class:`StepLogger` whether or not
-our policy is on (``SUPERINFER_SGLANG``), so a server under SGLang's own ``--schedule-policy``
-keeps the same log as one under ours. It decides nothing and changes nothing: two hooks, an
-AROUND of ``Scheduler.run_batch`` (the forward pass of one batch; with
-``--disable-overlap-schedule``, which the CPU recipe sets, it returns after the forward) and an
-AROUND of ``ScheduleBatch.retract_decode`` (sglang 0.5.23, ``managers/scheduler.py`` and
+With ``SUPERINFER_STEP_LOG=PATH`` in a server's environment, this module's entry point
+(:func:`register`, plugin ``superinfer-steplog`` in group ``sglang.srt.plugins``) installs
+:class:`StepLogger` whether or not our policy is on (``SUPERINFER_SGLANG``), so a server under
+SGLang's own ``--schedule-policy`` keeps the same log as one under ours. It decides nothing and
+changes nothing: two hooks, an AROUND of ``Scheduler.run_batch`` (the forward pass of one batch;
+with ``--disable-overlap-schedule``, which the CPU recipe sets, it returns after the forward) and
+an AROUND of ``ScheduleBatch.retract_decode`` (sglang 0.5.23, ``managers/scheduler.py`` and
 ``managers/schedule_batch.py``), counting the requests a KV shortage sent back to the queue.
 
 Each batch that runs tokens appends one CSV line to ``PATH`` (header first when the file is new;
@@ -45,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["COLUMNS", "ENV_STEP_LOG", "StepLogger", "install_step_log", "step_row"]
+__all__ = ["COLUMNS", "ENV_STEP_LOG", "StepLogger", "install_step_log", "register", "step_row"]
 
 ENV_STEP_LOG = "SUPERINFER_STEP_LOG"
 
@@ -185,3 +185,10 @@ def install_step_log(path: str | Path) -> StepLogger:
         HookType.AROUND,
     )
     return logger
+
+
+def register() -> None:
+    """Entry point (``sglang.srt.plugins``, name ``superinfer-steplog``): installs the step log
+    when ``SUPERINFER_STEP_LOG`` is set, does nothing otherwise."""
+    if path := os.environ.get(ENV_STEP_LOG):
+        install_step_log(path)

@@ -2,7 +2,10 @@
 
 ``calibrate_hf`` runs closed batches of real ShareGPT prompts through the engine (``hf``),
 records every step's shape and wall time, and ``fit_steps`` fits the model of ``sim/hf_cpu.py``.
-torch and transformers are imported only when a measurement starts.
+torch and transformers are imported only when a measurement starts. The same model is fitted on
+a real SGLang CPU server's step log (``adapters/sglang/steplog.py``) for ``sim:sglang-cpu``
+(``superinfer calibrate --engine sglang --steps``): :func:`sglang_iteration_steps` first adds to
+each batch the scheduler's own time before it.
 """
 
 from __future__ import annotations
@@ -38,8 +41,14 @@ __all__ = [
     "calibrate_hf",
     "fit_steps",
     "fit_summary",
+    "sglang_iteration_steps",
     "write_hf_calibration",
 ]
+
+#: A gap longer than this (ms) between two SGLang batches held idle time (the server waited for
+#: requests), not only the scheduler's own work: in the step logs of
+#: results/engines-cpu/sglang-steps the busy gaps are 1-9 ms (p10-p99) and 0.25 % exceed 20 ms.
+BUSY_GAP_MS = 20.0
 
 
 #: Closed batches run by :func:`calibrate_hf`: ``(requests, prompt tokens, output tokens)``. They
@@ -136,8 +145,9 @@ def calibrate_hf(
 
 def fit_steps(steps: pd.DataFrame) -> tuple[HFCPUStepTime, dict[str, Any]]:
     """Fit the ``sim:hf-cpu`` step-time model to recorded steps (:data:`STEP_COLUMNS`; only
-    ``num_tokens``, ``num_seqs``, ``num_samples``, ``kv_tokens``, ``kind`` and ``duration_ms``
-    are read), and set their ``predicted_ms`` column.
+    ``num_tokens``, ``num_seqs``, ``num_samples``, ``kv_tokens``, ``kind``, ``duration_ms`` and,
+    where the log has it (SGLang's), ``prefix_tokens`` are read), and set their ``predicted_ms``
+    column.
 
     Returns:
         The model and the JSON-able fit report (coefficients, fit error overall and per kind).
@@ -153,6 +163,7 @@ def fit_steps(steps: pd.DataFrame) -> tuple[HFCPUStepTime, dict[str, Any]]:
                     int(r["num_seqs"]),
                     int(r["num_samples"]),
                     int(r["kv_tokens"]),
+                    0 if pd.isna(held := r.get("prefix_tokens", 0)) else int(held),
                 ),
                 float(r["duration_ms"]) / 1e3,
             )
@@ -176,12 +187,36 @@ def fit_steps(steps: pd.DataFrame) -> tuple[HFCPUStepTime, dict[str, Any]]:
     return model, report
 
 
+def sglang_iteration_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """An SGLang step log with ``duration_ms`` made the whole scheduler iteration: the batch's
+    ``run_batch`` time plus its ``gap_ms`` (the previous batch's result processing and this one's
+    scheduling, our policy's call included) where the gap is at most :data:`BUSY_GAP_MS`, else
+    plus the median of those busy gaps (an idle wait is not a cost of the step). The step-time
+    model of ``sim:hf-cpu`` is one number per iteration, so this is what it must cover.
+    ``forward_ms`` keeps the ``run_batch`` time.
+
+    Raises:
+        UserError: no ``gap_ms`` or ``duration_ms`` column (not an SGLang step log).
+    """
+    missing = sorted({"gap_ms", "duration_ms"} - set(steps.columns))
+    if missing:
+        raise UserError(f"not an SGLang step log: no column {', '.join(missing)}")
+    gap = pd.to_numeric(steps["gap_ms"], errors="coerce")
+    busy = gap.notna() & (gap <= BUSY_GAP_MS)
+    fill = float(gap[busy].median()) if busy.any() else 0.0
+    out = steps.copy()
+    out["forward_ms"] = steps["duration_ms"]
+    out["duration_ms"] = steps["duration_ms"] + gap.where(busy, fill)
+    return out
+
+
 def write_hf_calibration(
     engine_options: Mapping[str, str],
     *,
     seed: int = 0,
     steps_file: str | None = None,
     out: str = "results/hf/step_time_fit.json",
+    server_log: bool = False,
 ) -> tuple[HFCPUStepTime, dict[str, Any], Path, Path]:
     """Measure (or refit from ``steps_file``) and write the ``sim:hf-cpu`` calibration.
 
@@ -196,14 +231,19 @@ def write_hf_calibration(
             ``steps.parquet``) instead of measuring; what the earlier measurement recorded in
             ``out`` is kept.
         out: the calibration file.
+        server_log: ``steps_file`` is a real SGLang server's step log, fitted per scheduler
+            iteration (:func:`sglang_iteration_steps`) for ``sim:sglang-cpu``.
 
     Returns:
         ``(model, report, calibration path, steps path)``.
 
     Raises:
-        UserError: unreadable steps, too few to fit, or the hf extra / model not installed.
+        UserError: unreadable steps, too few to fit, ``server_log`` without ``steps_file``, or
+            the hf extra / model not installed.
     """
     path = Path(out)
+    if server_log and steps_file is None:
+        raise UserError("calibrate --engine sglang refits a server's step log: give --steps")
     if steps_file is None:
         model, report, steps = calibrate_hf(engine_options, seed=seed)
     else:
@@ -212,7 +252,12 @@ def write_hf_calibration(
             steps = pd.read_parquet(source) if source.suffix == ".parquet" else pd.read_csv(source)
         except (OSError, ValueError) as exc:
             raise UserError(f"{source}: cannot read recorded steps ({exc})") from None
+        if server_log:
+            steps = sglang_iteration_steps(steps)
         model, report = fit_steps(steps)
+        if server_log:
+            report["engine"] = "sglang"
+            report["iteration"] = f"run_batch + the gap before it (<= {BUSY_GAP_MS:g} ms)"
         report["steps_from"] = str(source)
         try:
             previous = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
