@@ -245,6 +245,17 @@ def test_stream_outcomes_name_what_went_wrong() -> None:
         StreamAccount().feed('{"choices": 3}', 0.0)
     with pytest.raises(StreamError, match="stream_error: out of memory"):
         StreamAccount().feed('{"error": {"message": "out of memory"}}', 0.0)
+    # SGLang's error chunk for a request a scheduler aborted with 503 before any token: a
+    # refusal; after a token it is a failure like any other error in the stream
+    refusal = '{"error": {"message": "rejected by superinfer policy: late", "code": 503}}'
+    with pytest.raises(StreamError) as err:
+        StreamAccount().feed(refusal, 0.0)
+    assert (err.value.status, str(err.value)) == ("rejected", "rejected by superinfer policy: late")
+    started = StreamAccount()
+    started.feed(chunk("a"), 0.1)
+    with pytest.raises(StreamError) as err:
+        started.feed(refusal, 0.2)
+    assert err.value.status == "failed" and str(err.value).startswith("stream_error: rejected")
 
 
 # -- a deliberately faulty server ---------------------------------------------------------------
@@ -262,6 +273,7 @@ FAULTS = {
     "nodone": ("failed", "stream_cut: closed without [DONE] after 4 token events"),
     "malformed": ("failed", 'malformed_sse: not JSON: \'{"choices": [{"text": \''),
     "inerror": ("failed", "stream_error: engine died"),
+    "abort503": ("rejected", "rejected by superinfer policy: hopeless"),
     "notsse": (
         "failed",
         "not_event_stream: Expected response header Content-Type to contain "
@@ -399,6 +411,12 @@ class FaultyServer:
     async def _inerror(self, writer: asyncio.StreamWriter, _: int) -> None:
         await self._stream(writer, [_tok("a"), _sse({"error": {"message": "engine died"}})])
 
+    async def _abort503(self, writer: asyncio.StreamWriter, _: int) -> None:
+        # what SGLang 0.5.23 streams for a request its scheduler aborted with HTTPStatus 503
+        error = {"object": "error", "message": "rejected by superinfer policy: hopeless",
+                 "type": "SERVICE_UNAVAILABLE", "param": None, "code": 503}  # fmt: skip
+        await self._stream(writer, [_sse({"error": error}), _sse(b"[DONE]")])
+
     async def _notsse(self, writer: asyncio.StreamWriter, _: int) -> None:
         await self._error(writer, "200 OK", b'{"choices": [{"text": "abcd"}]}')
 
@@ -440,7 +458,7 @@ def test_every_request_against_a_faulty_server_is_accounted_for(faulty: FaultySe
     (row,) = [r for r in summarize(df, engine="http", policy="server", kv_peak_bytes={})
               if r["slo_class"] == "all"]  # fmt: skip
     assert (row["n_requests"], row["n_finished"], row["n_rejected"], row["n_failed"]) == (
-        len(FAULTS), 3, 1, len(FAULTS) - 4,
+        len(FAULTS), 3, 2, len(FAULTS) - 5,
     )  # fmt: skip
     ok = df[df["status"] == "finished"]
     assert (ok["generated_tokens"] == 4).all() and ok["ttft_ms"].notna().all()

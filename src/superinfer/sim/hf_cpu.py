@@ -31,8 +31,9 @@ step's prefill chunks already held (prefix-cache hits and a chunked prompt's ear
 real SGLang server's step log (``superinfer calibrate --engine sglang``), where a prefill on top of
 a prefix is far slower than one without (``torch_native`` attention's extend path): in
 ``results/engines-cpu/sglang-steps/steps.parquet`` a prefill of 64-128 new tokens took a median
-157 ms with no prefix and 381 ms on 256-512 held tokens, and ``prefix_tokens`` takes 0.36 ms per
-held token. The hf engine's step log records no prefix, so its fits leave ``c_pre`` at 0.
+160 ms with no prefix and 382 ms on 257-512 held tokens (``run_batch`` alone), and
+``prefix_tokens`` takes 0.37 ms per held token. The hf engine's step log records no prefix, so
+its fits leave ``c_pre`` at 0.
 Calibration files without ``multi_seq`` or ``prefix_tokens`` read them as 0.
 
 Coefficients are fitted by least squares on relative error (each row divided by its measured

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
 
 from sglang.srt.mem_cache.evict_policy import EvictionStrategy
@@ -28,6 +29,7 @@ __all__ = [
     "EVICTION_POLICY_NAME",
     "Band",
     "PlacementBook",
+    "SchedulerPort",
     "SuperinferEvictionStrategy",
     "eviction_priority",
     "order_waiting_queue",
@@ -252,3 +254,21 @@ def register_eviction_policy(book: Callable[[], Any]) -> None:
     cache_utils._EVICTION_POLICY_FACTORIES[EVICTION_POLICY_NAME] = lambda **_: (
         SuperinferEvictionStrategy(book)
     )
+
+
+class SchedulerPort:
+    """The plugin's ``EnginePort`` over an SGLang ``Scheduler`` (``_abort_on_queued_limit``'s
+    calls)."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    def abort(self, req: Any, message: str, status_code: int) -> None:
+        from sglang.srt.managers.scheduler import _make_abort_req
+
+        # an HTTPStatus, not an int: SGLang's streaming endpoints send the client an error chunk
+        # only for that (entrypoints/openai/serving_completions.py), else a silent empty finish
+        code = HTTPStatus(status_code)
+        reason = {"type": "abort", "status_code": code, "message": message}
+        self.scheduler._release_aborted_request(req)
+        self.scheduler.send_abort_output(_make_abort_req(req, finished_reason=reason), req)

@@ -98,20 +98,6 @@ class EnginePort(Protocol):
         ...
 
 
-class _SchedulerPort:
-    """:class:`EnginePort` over an SGLang ``Scheduler`` (``_abort_on_queued_limit``'s calls)."""
-
-    def __init__(self, scheduler: Any) -> None:
-        self.scheduler = scheduler
-
-    def abort(self, req: Any, message: str, status_code: int) -> None:
-        from sglang.srt.managers.scheduler import _make_abort_req
-
-        reason = {"type": "abort", "status_code": status_code, "message": message}
-        self.scheduler._release_aborted_request(req)
-        self.scheduler.send_abort_output(_make_abort_req(req, finished_reason=reason), req)
-
-
 @dataclass(slots=True)
 class AdapterStats:
     """Counters of what the adapter did in this scheduler process.
@@ -186,7 +172,9 @@ class SGLangAdapter:
         """AFTER ``Scheduler.__init__``: read the settings the views report; pick the clock
         (:func:`.view.clock_for`: wall when this scheduler decides alone, for ``auto``)."""
         self.clock = clock_for(self.config, scheduler)
-        self.engine = _SchedulerPort(scheduler)
+        from superinfer.adapters.sglang.apply import SchedulerPort
+
+        self.engine = SchedulerPort(scheduler)
         self.bind(
             scheduler.token_to_kv_pool_allocator,
             scheduler.tree_cache,

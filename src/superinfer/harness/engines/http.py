@@ -28,7 +28,9 @@ Every request ends in exactly one status:
 
 * ``finished``: the stream ended with ``data: [DONE]`` and carried the requested number of tokens;
 * ``rejected``: the server refused it with an OpenAI error whose ``type`` is ``"rejected"``
-  (``superinfer serve``: the policy or the engine's limits), with the server's code as reason;
+  (``superinfer serve``: the policy or the engine's limits), with the server's code as reason,
+  or ended its stream with an error of code 503 before any token (SGLang, when a scheduler
+  aborts a request with 503: our plugin's rejections), with the server's message as reason;
 * ``failed``, with a reason: ``http_<status>: <message>``, ``timeout: ...``, ``stream_cut: ...``
   (the connection closed before ``[DONE]``), ``malformed_sse: ...`` (a ``data:`` line that is
   not an OpenAI chunk), ``stream_error: ...`` (an ``error`` object in the stream),

@@ -31,7 +31,12 @@ __all__ = ["HTTPRun", "StreamAccount", "StreamError", "replay_http"]
 
 
 class StreamError(Exception):
-    """A stream that cannot be trusted; the message is the request's failure reason."""
+    """A stream that cannot be trusted, or that the server ended with a refusal; the message is
+    the request's reason and ``status`` its outcome (``failed``, or ``rejected``)."""
+
+    def __init__(self, message: str, status: str = "failed") -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -73,7 +78,10 @@ class StreamAccount:
 
         Raises:
             StreamError: the data is not an OpenAI chunk (``malformed_sse``) or is an error
-                object (``stream_error``).
+                object (``stream_error``); status ``rejected`` for an error of code 503 (or of
+                type ``rejected``) before any token: the server refused the request (SGLang ends
+                a stream so when a scheduler aborts a request with 503, as our plugin does for
+                the policy's rejections).
         """
         if self.done:
             return
@@ -89,6 +97,9 @@ class StreamAccount:
         if "error" in obj:
             err = obj["error"]
             message = err.get("message", err) if isinstance(err, dict) else err
+            if isinstance(err, dict) and not self.event_times_s:
+                if err.get("code") == 503 or err.get("type") == "rejected":
+                    raise StreamError(str(message)[:200], status="rejected")
             raise StreamError(f"stream_error: {str(message)[:200]}")
         usage = obj.get("usage")
         if isinstance(usage, dict):
@@ -234,7 +245,7 @@ async def _attempt(
             except SSEError as exc:
                 return "failed", f"not_event_stream: {exc}"[:200], 200
             except StreamError as exc:
-                return "failed", str(exc), 200
+                return exc.status, str(exc), 200
             return "", "", 200
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         return "failed", f"not_sent: connect_error: {exc or type(exc).__name__}"[:200], None
