@@ -60,9 +60,10 @@ ENGINE_NOTES = {
     "plugin",
     "sim:hf-cpu": "simulator with hf's mechanics and a step time fitted to this run's lone hf "
     "requests (hf_step_time.json; or the calibration file `suite.hf_step_time_file` names)",
-    "sim:sglang-cpu": "simulator with hf's mechanics at SGLang's limits (512-token steps, 8 "
-    "sequences, 4,096-token pool) and a step time fitted to this run's lone SGLang requests "
-    "(sglang_step_time.json)",
+    "sim:sglang-cpu": "simulator with SGLang's mechanics (prefill batches alone, PrefillAdder "
+    "admission of the whole prompt and output, radix cache) at the server's limits (512-token "
+    "steps, 8 sequences, 4,096 tokens in pages of 1) and a step time fitted to this run's SGLang "
+    "step logs, or its lone requests when they hold under 200 steps (sglang_step_time.json)",
 }
 
 
