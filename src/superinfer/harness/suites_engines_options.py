@@ -65,7 +65,8 @@ SGLANG_SUPERINFER_OPTS = {"min_prefill_tokens": "32", "max_preemptions_per_step"
 #: cache) at the CPU server's limits (``SGLANG_ARGS`` and the CPU recipe: a 512-token step,
 #: ``--chunked-prefill-size``; 8 running requests; ``--max-total-tokens 4096`` in pages of one
 #: token, ``page_size`` 1). Until 2026-12-04 it ran hf's mechanics (mixed steps, no reserve) in
-#: 16-token pages, which preempted 20-54 batch requests per run where the server retracted none.
+#: 16-token pages, which preempted a mean of 20-54 batch requests per run where the server
+#: retracted none.
 SIM_SGLANG_LIMITS = {
     "mechanics": "sglang",
     "page_size_tokens": "1",
