@@ -499,6 +499,7 @@ def test_the_suite_folder_gets_every_step_log_in_one_file(tmp_path) -> None:
 def test_sim_sglang_cpu_is_fitted_on_the_runs_step_logs_when_they_hold_enough_steps(
     tmp_path,
 ) -> None:
+    from superinfer.harness.suites_engines import collect_step_logs
     from superinfer.harness.suites_engines_knee import MIN_LOG_STEPS, step_log_fit
     from superinfer.sim.hf_cpu import HFCPUStepTime, shape_of_totals
 
@@ -524,12 +525,14 @@ def test_sim_sglang_cpu_is_fitted_on_the_runs_step_logs_when_they_hold_enough_st
         )
     steps = tmp_path / "steps"
     steps.mkdir()
+    pd.DataFrame(rows).to_parquet(steps / "hf_fcfs_1_0.parquet")  # another engine's: not read
     half = MIN_LOG_STEPS // 2
     pd.DataFrame(rows[:half]).to_parquet(steps / "sglang_native_1_0.parquet")
     lone = {"coefficients": {"intercept": 0.1}, "source": "lone"}
-    assert step_log_fit(steps, "sglang", lone) is None  # too few steps: the lone fit stays
+    # too few steps: the lone fit stays
+    assert step_log_fit(collect_step_logs(tmp_path), "sglang", lone) is None
     pd.DataFrame(rows[half:]).to_parquet(steps / "sglang_superinfer_1_0.parquet")
-    fit = step_log_fit(steps, "sglang", lone)
+    fit = step_log_fit(collect_step_logs(tmp_path), "sglang", lone)
     assert fit is not None and fit["lone"] == lone
     assert fit["fit"]["num_samples"] == MIN_LOG_STEPS
     assert fit["source"].startswith(f"the sglang runs' own step logs: {MIN_LOG_STEPS} steps of 2")

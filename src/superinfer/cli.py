@@ -198,8 +198,8 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
               "steps.parquet) instead of measuring; sglang: the server's step log (required).")
 @click.option("--out", default=None, type=click.Path(),
               help="gpu: directory for fit_error.csv, fit_error_by_range.csv, params.json, "
-              "report.md [results/calibration]; hf: calibration file, its steps go beside it "
-              "[results/hf/step_time_fit.json].")
+              "report.md [results/calibration]; hf, sglang: calibration file, its steps go "
+              "beside it [hf: results/hf/step_time_fit.json; sglang: sglang_step_time.json].")
 @click.option("--install/--no-install", default=True, show_default=True,
               help="gpu: also write the parameters into the package (sim/calibration.json), where "
               "the simulator reads them.")

@@ -497,7 +497,7 @@ def run_engines(
             continue
         fit = lone_step_fit(lones[-1], *FIT_CHUNK_AND_LABEL[engine], batched.get(engine))
         if engine == SGLANG:
-            fit = step_log_fit(work_dir / "steps", engine, fit) or fit
+            fit = step_log_fit(collect_step_logs(work_dir), engine, fit) or fit
         fit_files[sim] = work_dir / f"{engine}_step_time.json"
         fit_files[sim].write_text(json.dumps(fit, indent=2) + "\n")
         info["engines"][sim] = fit

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -233,26 +232,29 @@ def with_seq_cost(
 MIN_LOG_STEPS = 200
 
 
-def step_log_fit(steps_dir: Path, engine: str, lone: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The step time of ``sim:sglang-cpu`` fitted on the SGLang runs' own step logs in
-    ``steps_dir`` (``<engine>_*.parquet``; whole scheduler iterations: ``offline.calibrate_hf``'s
-    ``sglang_iteration_steps``), with the lone fit kept beside it (``lone``); ``None`` with fewer
-    than :data:`MIN_LOG_STEPS` steps."""
+def step_log_fit(
+    steps: pd.DataFrame, engine: str, lone: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """The step time of ``sim:sglang-cpu`` fitted on the SGLang runs' own step logs (``steps``:
+    ``suites_engines.collect_step_logs``' frame, its ``run`` column ``<engine>_...``; whole
+    scheduler iterations: ``offline.calibrate_hf``'s ``sglang_iteration_steps``), with the lone
+    fit kept beside it (``lone``); ``None`` with fewer than :data:`MIN_LOG_STEPS` steps of
+    ``engine``."""
     from superinfer.harness.offline.calibrate_hf import fit_steps, sglang_iteration_steps
 
-    files = sorted(steps_dir.glob(f"{engine}_*.parquet"))
-    if not files:
+    if steps.empty:
         return None
-    steps = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    steps = steps[steps["run"].str.startswith(f"{engine}_")]
     if len(steps) < MIN_LOG_STEPS:
         return None
     _, report = fit_steps(sglang_iteration_steps(steps))
+    runs = steps["run"].nunique()
     return {
         "coefficients": report["coefficients"],
         "fit": report["fit"],
         "fit_by_kind": report["fit_by_kind"],
         "source": (
-            f"the {engine} runs' own step logs: {len(steps)} steps of {len(files)} runs, each "
+            f"the {engine} runs' own step logs: {len(steps)} steps of {runs} runs, each "
             "run_batch plus the scheduler's gap before it (calibrate --engine sglang)"
         ),
         "lone": dict(lone),

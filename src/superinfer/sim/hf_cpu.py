@@ -33,8 +33,8 @@ a prefix is far slower than one without (``torch_native`` attention's extend pat
 ``results/engines-cpu/sglang-steps/steps.parquet`` a prefill of 64-128 new tokens took a median
 160 ms with no prefix and 382 ms on 257-512 held tokens (``run_batch`` alone), and
 ``prefix_tokens`` takes 0.37 ms per held token. The hf engine's step log records no prefix, so
-its fits leave ``c_pre`` at 0.
-Calibration files without ``multi_seq`` or ``prefix_tokens`` read them as 0.
+its fits leave ``c_pre`` at 0. Calibration files without ``multi_seq`` or ``prefix_tokens`` read
+them as 0.
 
 Coefficients are fitted by least squares on relative error (each row divided by its measured
 time), with negative coefficients removed and the rest refitted, so every term stays a cost.
@@ -184,9 +184,9 @@ def hf_cpu_sim_config(
         # every request reaches the server with ignore_eos (harness/engines/http_client.py), and
         # SGLang 0.5.23 then holds a running request's whole remaining output, not
         # new_token_ratio of it (managers/schedule_policy.py
-        # PrefillAdder._get_running_request_total_token_offset: ratio 1.0 for ignore_eos)
-        # (ratio 1.0 for ignore_eos); and its admission charges a request's whole remaining
-        # prompt (PrefillAdder.add_one_req: extend_input_len + max_new_tokens)
+        # PrefillAdder._get_running_request_total_token_offset: ratio 1.0 for ignore_eos); and
+        # its admission charges a request's whole remaining prompt (PrefillAdder.add_one_req:
+        # extend_input_len + max_new_tokens)
         profile = replace(
             profile,
             reserve_ratio_init=1.0,

@@ -151,11 +151,11 @@ class Replica:
         never waits for KV that a later admission took)."""
         if self.profile.admission is not AdmissionRule.RESERVE_RATIO:
             return 0
+        whole = self.profile.reserve_whole_prompt
         out = rest = 0
         for r in self.running.values():
             out += min(r.spec.max_output_tokens - r.generated_tokens, SGLANG_CLIP_MAX_NEW_TOKENS)
-            pending = r.pending_tokens
-            if pending > 1 and self.profile.reserve_whole_prompt:
+            if whole and (pending := r.pending_tokens) > 1:
                 rest += pending
         return blocks_for_tokens(rest + int(out * self.reserve_ratio), self.block_size_tokens)
 

@@ -10,9 +10,9 @@ an AROUND of ``ScheduleBatch.retract_decode`` (sglang 0.5.23, ``managers/schedul
 ``managers/schedule_batch.py``), counting the requests a KV shortage sent back to the queue.
 
 Each batch that runs tokens appends one CSV line to ``PATH`` (header first when the file is new;
-flushed per line, so a reader sees every finished step; a line is ~100 bytes, a CPU step tens of
+flushed per line, so a reader sees every finished step; a line is ~70 bytes, a CPU step tens of
 ms). Columns (:data:`COLUMNS`), named like the hf engine's ``steps.parquet`` where they mean the
-same thing, so one fit reads both (``superinfer calibrate --engine hf --steps``):
+same thing, so one model fits both (``superinfer calibrate --engine sglang --steps`` for this log):
 
 - ``pid``: the scheduler process (one per tensor-parallel rank).
 - ``step_index``: batches logged by this process, from 0.
@@ -87,15 +87,13 @@ def step_row(batch: Any) -> dict[str, Any] | None:
     Reads ``forward_mode``, ``reqs``, ``extend_num_tokens``, ``extend_lens``, ``prefix_lens`` and
     ``seq_lens_cpu`` or ``seq_lens_sum`` (sglang 0.5.23 ``ScheduleBatch``)."""
     mode = batch.forward_mode
-    reqs = list(batch.reqs)
-    n = len(reqs)
+    n = len(batch.reqs)
     if mode.is_decode():
         kind, tokens, prefill, decode, prefix = "decode", n, 0, n, 0
     elif mode.is_extend():
         kind = "mixed" if mode.is_mixed() else "prefill"
         tokens = int(batch.extend_num_tokens or 0)
-        lens = [int(x) for x in (batch.extend_lens or [])]
-        decode = sum(1 for x in lens if x == 1) if kind == "mixed" else 0
+        decode = sum(1 for x in batch.extend_lens or () if x == 1) if kind == "mixed" else 0
         prefill = tokens - decode
         prefix = sum(int(x) for x in (batch.prefix_lens or []))
     else:

@@ -97,9 +97,11 @@ class StreamAccount:
         if "error" in obj:
             err = obj["error"]
             message = err.get("message", err) if isinstance(err, dict) else err
-            if isinstance(err, dict) and not self.event_times_s:
-                if err.get("code") == 503 or err.get("type") == "rejected":
-                    raise StreamError(str(message)[:200], status="rejected")
+            refusal = isinstance(err, dict) and (
+                err.get("code") == 503 or err.get("type") == "rejected"
+            )
+            if refusal and not self.event_times_s:
+                raise StreamError(str(message)[:200], status="rejected")
             raise StreamError(f"stream_error: {str(message)[:200]}")
         usage = obj.get("usage")
         if isinstance(usage, dict):
