@@ -270,6 +270,16 @@ def test_summary_columns_on_the_simulator() -> None:
         n = len(mix_workload(opts, 0.2, rep).requests)
         assert (every[every["repeat"] == rep]["n_requests"] == n).all()
     assert len(mix_workload(opts, 0.2, 0).requests) != len(mix_workload(opts, 0.2, 1).requests)
+    # every run's requests are kept, keyed like its summary rows, one row per request
+    r = res.requests
+    assert list(r.columns[:5]) == ["engine", "policy", "repeat", "load", "request_id"]
+    counts = r.groupby(["policy", "repeat"]).size()
+    for rep in (0, 1):
+        n = len(mix_workload(opts, 0.2, rep).requests)
+        assert [counts[(p, rep)] for p in ("fcfs", "priority", "superinfer")] == [n, n, n]
+    done = r[r["status"] == "finished"].groupby(["policy", "repeat", "slo_class"]).size()
+    fin = s[s["slo_class"] != "all"].set_index(["policy", "repeat", "slo_class"])["n_finished"]
+    assert done.sort_index().tolist() == fin.sort_index().tolist()
 
 
 def _summary() -> pd.DataFrame:
@@ -490,10 +500,15 @@ def test_the_suite_folder_gets_every_step_log_in_one_file(tmp_path) -> None:
         tmp_path / "sim-work",
     ).summary  # fmt: skip
     out = tmp_path / "out"
-    files = write_engines(out, summary, pd.DataFrame(), {}, {}, ["test"], steps=steps)
-    assert "steps.parquet" in files.split(", ")
+    requests = pd.DataFrame({"engine": ["hf"], "policy": ["fcfs"], "request_id": ["r0"]})
+    files = write_engines(
+        out, summary, pd.DataFrame(), {}, {}, ["test"], steps=steps, requests=requests
+    )
+    assert {"steps.parquet", "requests.parquet"} <= set(files.split(", "))
     pd.testing.assert_frame_equal(pd.read_parquet(out / "steps.parquet"), steps)
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "requests.parquet"), requests)
     assert "| `steps.parquet` | `test` |" in (out / "MANIFEST.md").read_text()
+    assert "| `requests.parquet` | `test` |" in (out / "MANIFEST.md").read_text()
 
 
 def test_sim_sglang_cpu_is_fitted_on_the_runs_step_logs_when_they_hold_enough_steps(

@@ -4,20 +4,21 @@ SmolLM2-135M-Instruct on the transformers engine (``hf``), on the real SGLang CP
 (``sglang``, the bf16 weights of ``make install-smollm2-sglang``) and on llama.cpp's server
 (``llamacpp``, the Q4_1 GGUF, replayed through the ``http`` engine), each under its own policy
 and, where our policy plugs in (``hf``, ``sglang``), under ``priority`` and ``superinfer``; beside
-them the simulated rows ``sim:hf-cpu`` and ``sim:sglang-cpu`` (the hf-cpu simulator, at SGLang's
-limits for the latter), each with a step time fitted to this run's lone requests on its real engine.
+them the simulated rows ``sim:hf-cpu`` and ``sim:sglang-cpu`` (the CPU simulator with hf's
+mechanics, and with SGLang's at the server's limits), each with a step time fitted on its real
+engine in this run (hf's lone requests; SGLang's step logs when they hold enough steps).
 
-One workload design for every engine (:func:`mix_workload`): Poisson chat (short prompts) and
-batch (long prompts, up to SGLang's 1,024-token context with their output) streams, the same
-absolute SLOs on every engine; repeat ``r`` draws its arrivals with seed ``seed + r``, the same
-for every policy and engine (the simulated rows replay each repeat's arrivals too), so a
-repeat's policies are compared on one sample and the spread covers the arrivals as well as the
-machine. Each real engine first serves lone requests
-(:func:`lone_workload`: one at a time, far apart) so that the report states its unloaded TTFT and
-TPOT; then a knee pilot; then 3 loads around its knee (total req/s) x repeats, the
+One workload design for every engine (``suites_engines_workload.mix_workload``): Poisson chat
+(short prompts) and batch (long prompts, up to SGLang's 1,024-token context with their output)
+streams, the same absolute SLOs on every engine; repeat ``r`` draws its arrivals with seed
+``seed + r``, the same for every policy and engine (the simulated rows replay each repeat's
+arrivals too), so a repeat's policies are compared on one sample and the spread covers the
+arrivals as well as the machine. Each real engine first serves lone requests (``lone_workload``:
+one at a time, far apart) so that the report states its unloaded TTFT and TPOT; then a knee pilot; then 3 loads around its knee (total req/s) x repeats, the
 repeats interleaved (repeat 0 of every load and policy, then repeat 1, ...). Servers are started
 once per engine and policy and reused across loads and repeats (SGLang's radix cache is flushed
-before every run, so a repeat does not reuse the last one's prompts).
+before every run, so a repeat does not reuse the last one's prompts). Every run's requests are
+kept (``requests.parquet``) beside the real runs' step logs (``steps.parquet``).
 
 Suite options are ``--engine-option suite.KEY=VALUE`` (``suites_engines_options.SuiteOptions``);
 the files are written by :mod:`superinfer.harness.suites_engines_report`.
@@ -35,7 +36,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, run_bench
@@ -47,15 +47,10 @@ from superinfer.harness.suites_engines_knee import (
     step_log_fit,
 )
 from superinfer.harness.suites_engines_options import (
-    BATCH_OUTPUT,
-    BATCH_PROMPT,
-    CHAT_OUTPUT,
-    CHAT_PROMPT,
     DEFAULT_LOADS,
     ENGINE_POLICIES,
     HF,
     LLAMACPP,
-    MIN_EXPECTED,
     NATIVE,
     REAL_ENGINES,
     SGLANG,
@@ -69,10 +64,15 @@ from superinfer.harness.suites_engines_options import (
     engine_loads,
     suite_options,
 )
-from superinfer.harness.workload.workload import Source, Workload
-from superinfer.policy_core.types import SLO
+from superinfer.harness.suites_engines_workload import (
+    batched_concurrency,
+    batched_sizes,
+    batched_workload,
+    lone_workload,
+    mix_workload,
+)
+from superinfer.harness.workload.workload import Workload
 from superinfer.sim.hf_cpu import SIM_HF_CPU
-from superinfer.sim.request import RequestSpec
 
 __all__ = [
     "EnginesResult",
@@ -86,118 +86,6 @@ __all__ = [
     "run_engines",
     "run_engines_suite",
 ]
-
-
-def _spec(i: int, slo: SLO, t: float, prompt: int, out: int) -> RequestSpec:
-    return RequestSpec(
-        request_id=f"{slo.name}-{i}",
-        arrival_s=round(t, 3),
-        prompt_tokens=prompt,
-        output_tokens=out,
-        max_output_tokens=out,
-        slo=slo,
-        source=slo.name,
-    )
-
-
-def _workload(name: str, specs: list[RequestSpec], opts: SuiteOptions, **details: Any) -> Workload:
-    chat, batch = opts.slos()
-    specs.sort(key=lambda s: (s.arrival_s, s.request_id))
-    sources = (
-        Source("chat", "synthetic", chat, CHAT_OUTPUT[1]),
-        Source("batch", "synthetic", batch, BATCH_OUTPUT[1]),
-    )
-    duration = max((s.arrival_s for s in specs), default=0.0)
-    details = {
-        "generator": f"harness/suites_engines.py::{name}",
-        "chat_prompt": CHAT_PROMPT,
-        "chat_output": CHAT_OUTPUT,
-        "batch_prompt": BATCH_PROMPT,
-        "batch_output": BATCH_OUTPUT,
-        **details,
-    }
-    return Workload(name, tuple(specs), sources, 1.0, duration, details=details)
-
-
-def mix_workload(opts: SuiteOptions, load: float, seed: int) -> Workload:
-    """The suite's requests at ``load`` total req/s: two Poisson streams on one clock over
-    ``opts.duration_s`` (or ``MIN_EXPECTED / load`` if longer): chat at ``(1 - batch_share) *
-    load``, batch at ``batch_share * load``, lengths uniform in the class ranges; ids
-    ``chat-I`` / ``batch-I``, in arrival order.
-
-    Raises:
-        UserError: no request falls in the window.
-    """
-    specs: list[RequestSpec] = []
-    window = max(opts.duration_s, MIN_EXPECTED / load)
-    for k, (slo, share, prompt, output) in enumerate(
-        zip(
-            opts.slos(),
-            (1 - opts.batch_share, opts.batch_share),
-            (CHAT_PROMPT, BATCH_PROMPT),
-            (CHAT_OUTPUT, BATCH_OUTPUT),
-            strict=True,
-        )
-    ):
-        rng = np.random.default_rng([seed, k])
-        t, i = 0.0, 0
-        while True:
-            t += float(rng.exponential(1.0 / (share * load)))
-            if t >= window:
-                break
-            out = int(rng.integers(output[0], output[1] + 1))
-            specs.append(_spec(i, slo, t, int(rng.integers(prompt[0], prompt[1] + 1)), out))
-            i += 1
-    if not specs:
-        raise UserError(f"load {load:g} req/s over {window:g} s draws no request")
-    return _workload(
-        "engines-mix", specs, opts, load_rps=load, seed=seed, batch_share=opts.batch_share
-    )
-
-
-def lone_workload(opts: SuiteOptions, gap_s: float) -> Workload:
-    """``opts.lone`` chat then ``opts.lone`` batch requests, ``gap_s`` apart, each of the longest
-    prompt of its class (the worst unloaded case) and the middle output length."""
-    specs = []
-    for n in range(opts.lone):
-        specs.append(
-            _spec(n, opts.slos()[0], 1.0 + n * gap_s, CHAT_PROMPT[1], sum(CHAT_OUTPUT) // 2)
-        )
-    for n in range(opts.lone):
-        t = 1.0 + (opts.lone + n) * gap_s
-        specs.append(_spec(n, opts.slos()[1], t, BATCH_PROMPT[1], sum(BATCH_OUTPUT) // 2))
-    return _workload("engines-lone", specs, opts, gap_s=gap_s)
-
-
-#: Prompt and output tokens of every request of the batched pass.
-BATCHED_PROMPT, BATCHED_OUTPUT = 64, 32
-
-
-def batched_sizes(opts: SuiteOptions) -> tuple[int, ...]:
-    """Group sizes of the batched pass: 2, 4, 8, ... up to ``opts.batched_max``."""
-    sizes, k = [], 2
-    while k <= opts.batched_max:
-        sizes.append(k)
-        k *= 2
-    return tuple(sizes)
-
-
-def batched_workload(opts: SuiteOptions, gap_s: float) -> Workload:
-    """Per size ``k`` of :func:`batched_sizes`: ``k`` chat requests arriving at once
-    (``BATCHED_PROMPT`` prompt, ``BATCHED_OUTPUT`` output tokens, ids ``chat-b{k}-{j}``), the
-    groups ``gap_s`` apart, so that each group decodes ``k`` sequences per step."""
-    chat = opts.slos()[0]
-    specs = []
-    for g, k in enumerate(batched_sizes(opts)):
-        for j in range(k):
-            spec = _spec(0, chat, 1.0 + g * gap_s, BATCHED_PROMPT, BATCHED_OUTPUT)
-            specs.append(replace(spec, request_id=f"chat-b{k}-{j}"))
-    return _workload("engines-batched", specs, opts, gap_s=gap_s, sizes=batched_sizes(opts))
-
-
-def batched_concurrency(request_ids: pd.Series) -> pd.Series:
-    """The group size ``k`` of each :func:`batched_workload` id ``chat-b{k}-{j}``."""
-    return request_ids.str.extract(r"^chat-b(\d+)-")[0].astype(int)
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -218,11 +106,17 @@ class EnginesResult:
         lone: the lone requests of every real engine (``requests`` rows, ``engine`` column;
             ``concurrency`` 1), then its batched pass's (``concurrency`` = the group size).
         info: manifest facts per run (``<engine>/<policy>/<load>/<repeat>``) and per engine.
+        requests: every run's requests (real and simulated; ``BenchResult.requests`` columns
+            after ``engine, policy, repeat, load``): one row per request with its outcome
+            (``status``, ``reason``), times (``arrival_s``, ``first_token_s``, ``finish_s``, s
+            from the run's start) and SLO verdict, so a run can be traced request by request
+            beside its step log.
     """
 
     summary: pd.DataFrame
     lone: pd.DataFrame
     info: dict[str, Any]
+    requests: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
 
 
 def _base(config: BenchConfig, engine: str, policy: str, **kw: Any) -> BenchConfig:
@@ -353,10 +247,12 @@ def _sim_cells(
     progress: Callable[[str], None],
     found: Mapping[str, tuple[float, ...]],
     extra: Mapping[str, str] | None = None,
+    req_frames: list[pd.DataFrame] | None = None,
 ) -> list[pd.DataFrame]:
     """The simulated rows of ``engine`` (``sim:hf-cpu`` or ``sim:sglang-cpu``) at the loads
     ``found`` for its real engine, one frame per (repeat, load), with step time ``fit_file``;
-    ``extra``: more engine options of the simulator (``benchmarks/fidelity_resim.py``).
+    ``extra``: more engine options of the simulator (``benchmarks/fidelity_resim.py``);
+    ``req_frames``: where each run's requests go (keyed like its summary), if given.
     ``sim:sglang-cpu``'s ``superinfer`` runs with the options the real server's plugin has
     (:data:`SGLANG_SUPERINFER_OPTS`)."""
     limits = SIM_SGLANG_LIMITS if engine == SIM_SGLANG else {}
@@ -373,9 +269,14 @@ def _sim_cells(
         for load in engine_loads(opts, engine, found):
             progress(f"{engine} at {load:g} req/s, repeat {rep}")
             wl = mix_workload(opts, load, config.seed + rep)
-            summary = run_bench(cfg, workload=wl).summary.copy()
+            result = run_bench(cfg, workload=wl)
+            summary = result.summary.copy()
             summary["engine"] = engine
             frames.append(_keyed(summary, rep, load))
+            if req_frames is not None:
+                req = result.requests.copy()
+                req["engine"] = engine
+                req_frames.append(_keyed(_engine_first(req), rep, load))
     return frames
 
 
@@ -406,6 +307,12 @@ def _knee(
     return knee["loads"]
 
 
+def _engine_first(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its ``engine`` and ``policy`` columns first (as the summary's)."""
+    first = ["engine", "policy"]
+    return frame[first + [c for c in frame.columns if c not in first]]
+
+
 def _keyed(summary: pd.DataFrame, repeat: int, load: float) -> pd.DataFrame:
     summary.insert(2, "repeat", repeat)
     summary.insert(3, "load", load)
@@ -423,9 +330,10 @@ def _real_engine(
     info: dict[str, Any],
     tell: Callable[[str], None],
     frames: list[pd.DataFrame],
+    req_frames: list[pd.DataFrame],
 ) -> None:
     """One real engine's lone and batched passes, knee pilot and runs (repeats outermost) into
-    ``frames``."""
+    ``frames`` (summaries) and ``req_frames`` (their requests)."""
     begin = time.monotonic()
     with _servers(engine, opts, work_dir) as handles:
         info["engines"][engine] = {"startup_s": round(time.monotonic() - begin, 1)}
@@ -449,12 +357,13 @@ def _real_engine(
                     tell(f"{engine}/{policy} at {load:g} req/s, repeat {rep}")
                     t0 = time.monotonic()
                     log = work_dir / "steps" / f"{engine}_{policy}_{load:g}_{rep}.parquet"
-                    summary, _, run = _run_cell(
+                    summary, req, run = _run_cell(
                         config, engine, policy, wl, handles[policy], opts, steps_to=log
                     )
                     run["wall_s"] = round(time.monotonic() - t0, 1)
                     info["runs"][f"{engine}/{policy}/{load:g}/{rep}"] = run
                     frames.append(_keyed(summary, rep, load))
+                    req_frames.append(_keyed(_engine_first(req), rep, load))
                     pd.concat(frames).to_csv(work_dir / "summary.partial.csv", index=False)
 
 
@@ -476,6 +385,7 @@ def run_engines(
     """
     tell = progress or (lambda _msg: None)
     frames: list[pd.DataFrame] = []
+    req_frames: list[pd.DataFrame] = []
     lones: list[pd.DataFrame] = []
     batched: dict[str, pd.DataFrame] = {}
     info: dict[str, Any] = {"suite": "engines", "runs": {}, "engines": {}}
@@ -487,7 +397,19 @@ def run_engines(
     work_dir.mkdir(parents=True, exist_ok=True)
     for engine in (e for e in REAL_ENGINES if e in opts.engines):
         try:
-            _real_engine(config, engine, opts, work_dir, lones, batched, found, info, tell, frames)
+            _real_engine(
+                config,
+                engine,
+                opts,
+                work_dir,
+                lones,
+                batched,
+                found,
+                info,
+                tell,
+                frames,
+                req_frames,
+            )
         except UserError as exc:  # an engine that cannot run does not lose the others' runs
             info.setdefault("failed", {})[engine] = str(exc)
             tell(f"{engine} failed: {exc}")
@@ -505,11 +427,14 @@ def run_engines(
         if engine not in fit_files:
             real = SIM_OF[engine]
             raise UserError(f"{engine} is fitted on the lone {real} requests: run {real} too")
-        frames += _sim_cells(config, engine, opts, fit_files[engine], tell, found)
+        frames += _sim_cells(
+            config, engine, opts, fit_files[engine], tell, found, req_frames=req_frames
+        )
     summary = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     probes = [*lones, *batched.values()]
     lone = pd.concat(probes, ignore_index=True) if probes else pd.DataFrame()
-    return EnginesResult(summary, lone, info)
+    requests = pd.concat(req_frames, ignore_index=True) if req_frames else pd.DataFrame()
+    return EnginesResult(summary, lone, info, requests)
 
 
 def resimulate(
@@ -590,6 +515,6 @@ def run_engines_suite(
     result.info["logs"] = str(work)
     files = write_engines(
         out_dir, result.summary, result.lone, result.info, NATIVE, command or [],
-        steps=collect_step_logs(work),
+        steps=collect_step_logs(work), requests=result.requests,
     )  # fmt: skip
     return policy_checks(aggregate(result.summary), NATIVE), files

@@ -480,6 +480,7 @@ OWNED = (
     "hf_step_time.json",
     "attainment_vs_load.png",
     "steps.parquet",
+    "requests.parquet",
     "report.md",
     "manifest.json",
 )
@@ -494,10 +495,12 @@ def write_engines(
     command: list[str],
     machine: str = "",
     steps: pd.DataFrame | None = None,
+    requests: pd.DataFrame | None = None,
 ) -> str:
     """Write every file of :data:`OWNED` (staged) and ``MANIFEST.md``; the files, as text.
     ``steps``: the real runs' step logs (``suites_engines.collect_step_logs``), written as
-    ``steps.parquet`` when there are any."""
+    ``steps.parquet`` when there are any; ``requests``: every run's requests
+    (``EnginesResult.requests``), written as ``requests.parquet`` when there are any."""
     meta = manifest(info, command=command)
     agg = aggregate(summary)
     checks, fid = policy_checks(agg, natives), fidelity(agg)
@@ -517,13 +520,14 @@ def write_engines(
 
             write_atomic(stage / name, to_csv)
             written.append(name)
-        if steps is not None and not steps.empty:
+        for name, table in (("steps.parquet", steps), ("requests.parquet", requests)):
+            if table is not None and not table.empty:
 
-            def to_parquet(p: Path, f: pd.DataFrame = steps) -> None:
-                f.to_parquet(p, index=False)
+                def to_parquet(p: Path, f: pd.DataFrame = table) -> None:
+                    f.to_parquet(p, index=False)
 
-            write_atomic(stage / "steps.parquet", to_parquet)
-            written.append("steps.parquet")
+                write_atomic(stage / name, to_parquet)
+                written.append(name)
         for sim, real in SIM_OF.items():  # the fits run_engines wrote as <real>_step_time.json
             fit = info.get("engines", {}).get(sim)
             if fit:
