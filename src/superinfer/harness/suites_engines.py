@@ -14,8 +14,8 @@ streams, the same absolute SLOs on every engine; repeat ``r`` draws its arrivals
 ``seed + r``, the same for every policy and engine (the simulated rows replay each repeat's
 arrivals too), so a repeat's policies are compared on one sample and the spread covers the
 arrivals as well as the machine. Each real engine first serves lone requests (``lone_workload``:
-one at a time, far apart) so that the report states its unloaded TTFT and TPOT; then a knee pilot; then 3 loads around its knee (total req/s) x repeats, the
-repeats interleaved (repeat 0 of every load and policy, then repeat 1, ...). Servers are started
+one at a time, far apart) so that the report states its unloaded TTFT and TPOT; then a knee
+pilot; then 3 loads around its knee (total req/s) x repeats, the repeats interleaved (repeat 0 of every load and policy, then repeat 1, ...). Servers are started
 once per engine and policy and reused across loads and repeats (SGLang's radix cache is flushed
 before every run, so a repeat does not reuse the last one's prompts). Every run's requests are
 kept (``requests.parquet``) beside the real runs' step logs (``steps.parquet``).
