@@ -8,17 +8,17 @@ them the simulated rows ``sim:hf-cpu`` and ``sim:sglang-cpu`` (the CPU simulator
 mechanics, and with SGLang's at the server's limits), each with a step time fitted on its real
 engine in this run (hf's lone requests; SGLang's step logs when they hold enough steps).
 
-One workload design for every engine (``suites_engines_workload.mix_workload``): Poisson chat
-(short prompts) and batch (long prompts, up to SGLang's 1,024-token context with their output)
-streams, the same absolute SLOs on every engine; repeat ``r`` draws its arrivals with seed
-``seed + r``, the same for every policy and engine (the simulated rows replay each repeat's
-arrivals too), so a repeat's policies are compared on one sample and the spread covers the
-arrivals as well as the machine. Each real engine first serves lone requests (``lone_workload``:
-one at a time, far apart) so that the report states its unloaded TTFT and TPOT; then a knee
-pilot; then 3 loads around its knee (total req/s) x repeats, the repeats interleaved (repeat 0 of every load and policy, then repeat 1, ...). Servers are started
-once per engine and policy and reused across loads and repeats (SGLang's radix cache is flushed
-before every run, so a repeat does not reuse the last one's prompts). Every run's requests are
-kept (``requests.parquet``) beside the real runs' step logs (``steps.parquet``).
+One workload design for every engine (``suites_engines_workload.mix_workload``): Poisson chat (short
+prompts) and batch (long prompts, up to SGLang's 1,024-token context with their output) streams, the
+same absolute SLOs on every engine; repeat ``r`` draws its arrivals with seed ``seed + r``, the same
+for every policy and engine (the simulated rows replay each repeat's arrivals too), so a repeat's
+policies are compared on one sample and the spread covers the arrivals as well as the machine. Each
+real engine first serves lone requests (``lone_workload``: one at a time, far apart) so that the
+report states its unloaded TTFT and TPOT; then a knee pilot; then 3 loads around its knee (total
+req/s) x repeats, the repeats interleaved (repeat 0 of every load and policy, then repeat 1, ...).
+Servers are started once per engine and policy and reused across loads and repeats (SGLang's radix
+cache is flushed before every run, so a repeat does not reuse the last one's prompts). Every run's
+requests are kept (``requests.parquet``) beside the real runs' step logs (``steps.parquet``).
 
 Suite options are ``--engine-option suite.KEY=VALUE`` (``suites_engines_options.SuiteOptions``);
 the files are written by :mod:`superinfer.harness.suites_engines_report`.
