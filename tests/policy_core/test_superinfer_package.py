@@ -119,6 +119,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "step_time_forgetting",
         "ttft_boost_whole",
         "min_prefill_budget_share",
+        "ttft_kv_reserve_requests",
     ]
     assert list(policy_options(SuperInferPolicy)) == expected
     assert list(policy_options(OraclePolicy)) == [*expected, "output_tokens"]

@@ -4,7 +4,7 @@ important waiting requests."""
 
 from __future__ import annotations
 
-from superinfer.policy_core.batching import step_blocks
+from superinfer.policy_core.batching import blocks_for_tokens, step_blocks
 from superinfer.policy_core.policies.superinfer.preemption import _Preemption
 from superinfer.policy_core.policies.superinfer.records import (
     _RUNNING,
@@ -69,6 +69,11 @@ class _Admission(_Preemption):
         floor = state.reserved_hbm_blocks if admitting or step.admit else 0
         if queued:
             floor += int(self.kv_watermark * state.total_hbm_blocks)
+            if e.ttft_s is None and state.running and self.max_preemptions_per_step == 0:
+                # its whole prompt counts: later chunks, charged as running, would eat the reserve
+                reserve = floor + self._ttft_kv_reserve(state.block_size_tokens)
+                if step.free - step_blocks(v, v.pending_tokens, state, admit=True) < reserve:
+                    return 0
         if step.seats <= 0 and queued or step.free - extra < floor:
             if not room or not self._make_room(rep, step, e, extra + floor, rank_below):
                 return 0
@@ -94,6 +99,16 @@ class _Admission(_Preemption):
         step.free -= extra
         step.budget -= n
         return n
+
+    def _ttft_kv_reserve(self, block_size_tokens: int) -> int:
+        """KV blocks an admission without a TTFT target leaves free where the policy cannot
+        preempt to make room later: ``ttft_kv_reserve_requests`` TTFT-class requests of the
+        ``ttft_reserve_quantile`` of recent ones' prompt plus output cap (the whole footprint
+        SGLang's ``PrefillAdder`` charges an ``ignore_eos`` request), each rounded up to whole
+        blocks; 0 before any TTFT-class request arrived."""
+        n = self.ttft_kv_reserve_requests
+        tokens = self.ttft_footprints.value() if n else None
+        return 0 if tokens is None else n * blocks_for_tokens(int(tokens), block_size_tokens)
 
     def _reject(self, rep: _Replica, e: _Entry, step: _Step, reason: str) -> None:
         self._counters["rejected"] += 1

@@ -162,6 +162,19 @@ class SuperInferConfig(BasePolicy):
         "with mixed batches, the prefill floor (min_prefill_tokens) is at most this share of "
         "the step's token budget",
     )
+    ttft_kv_reserve_requests: int = _opt(
+        # 4 (issue 18, 2026-12-04): on the real SGLang CPU server (no preemption), batch
+        # admissions took the pool's last KV just before chats arrived, which then waited past
+        # their TTFT and were rejected (2 of 6 repeats at 0.5 req/s, results/engines-cpu/
+        # sglang-knee3); sim:sglang-cpu replays of the SGLang runs at 0.5-1.4 req/s: chat
+        # attainment rises with 0-4 (1.4 req/s: 0.667 -> 0.788) at unchanged output tok/s, and
+        # 6-8 cost up to 2% of it at 0.5 (docs/policies.md); with preemption a chat makes room
+        4,
+        "where the policy may not preempt (max_preemptions_per_step=0), an admission without a "
+        "TTFT target leaves, while any request runs, KV free for this many TTFT-class "
+        "requests (each the ttft_reserve_quantile of recent ones' prompt plus output cap; "
+        "0: none)",
+    )
     name: str = "superinfer"
 
     def __post_init__(self) -> None:
@@ -201,6 +214,8 @@ class SuperInferConfig(BasePolicy):
         )
         #: prompt tokens still to prefill at arrival, of TTFT-class requests (ttft_reserve_quantile)
         self.ttft_prompts = WindowQuantile(self.ttft_reserve_quantile)
+        #: prompt plus output cap at arrival, tokens, of TTFT-class requests (ttft_kv_reserve_*)
+        self.ttft_footprints = WindowQuantile(self.ttft_reserve_quantile, min_samples=1)
 
     def _validate(self) -> None:
         n = self.name
@@ -247,8 +262,9 @@ class SuperInferConfig(BasePolicy):
         for key in ("promotion_margin_s", "estimate_lookahead", "prior_decode_seq_s"):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"{n}: {key} must be >= 0, got {getattr(self, key)}")
-        if self.max_preemptions_per_step < 0:
-            raise ValueError(f"{n}: max_preemptions_per_step must be >= 0")
+        for key in ("max_preemptions_per_step", "ttft_kv_reserve_requests"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{n}: {key} must be >= 0, got {getattr(self, key)}")
         if self.best_effort_tier not in ("keep", "last"):
             raise ValueError(
                 f"{n}: best_effort_tier must be 'keep' or 'last', got {self.best_effort_tier!r}"
