@@ -401,6 +401,15 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path) -> None:
     other = resimulate(tmp_path, "sim:hf-cpu", {"mechanics": "sglang"})
     assert (other["engine"] == "hf").sum() == len(real)
     assert not other[other["engine"] == "sim:hf-cpu"]["ttft_p50_ms"].equals(sim["ttft_p50_ms"])
+    # superinfer's options reach its rows only (a bad one is an error naming it)
+    from superinfer.adapters.manager import UnknownPolicyError
+
+    with pytest.raises(UnknownPolicyError, match="num_tiers must be >= 1, got 0"):
+        resimulate(tmp_path, "sim:hf-cpu", superinfer_options={"num_tiers": "0"})
+    one = resimulate(tmp_path, "sim:hf-cpu", superinfer_options={"num_tiers": "3"})
+    one = one[one["engine"] == "sim:hf-cpu"].reset_index(drop=True)
+    mine = one["policy"] == "superinfer"
+    pd.testing.assert_frame_equal(one[~mine], sim.reset_index(drop=True)[~mine], check_dtype=False)
     with pytest.raises(UserError, match="not a simulated CPU engine"):
         resimulate(tmp_path, "hf")
     with pytest.raises(UserError, match="sglang_step_time.json: no such file"):

@@ -248,18 +248,20 @@ def _sim_cells(
     found: Mapping[str, tuple[float, ...]],
     extra: Mapping[str, str] | None = None,
     req_frames: list[pd.DataFrame] | None = None,
+    superinfer_options: Mapping[str, str] | None = None,
 ) -> list[pd.DataFrame]:
     """The simulated rows of ``engine`` (``sim:hf-cpu`` or ``sim:sglang-cpu``) at the loads
     ``found`` for its real engine, one frame per (repeat, load), with step time ``fit_file``;
-    ``extra``: more engine options of the simulator (``benchmarks/fidelity_resim.py``);
+    ``extra``: more engine options of the simulator (``benchmarks/fidelity_cpu.py --resim``);
     ``req_frames``: where each run's requests go (keyed like its summary), if given.
     ``sim:sglang-cpu``'s ``superinfer`` runs with the options the real server's plugin has
-    (:data:`SGLANG_SUPERINFER_OPTS`)."""
+    (:data:`SGLANG_SUPERINFER_OPTS`), then ``superinfer_options`` over them."""
     limits = SIM_SGLANG_LIMITS if engine == SIM_SGLANG else {}
     eopts = {**limits, "step_time_file": str(fit_file), **(extra or {})}
     frames = []
     # the policy options the real server's plugin runs with (SGLANG_SUPERINFER_OPTS)
-    popts = {"superinfer": dict(SGLANG_SUPERINFER_OPTS)} if engine == SIM_SGLANG else {}
+    sup = {**(SGLANG_SUPERINFER_OPTS if engine == SIM_SGLANG else {}), **(superinfer_options or {})}
+    popts = {"superinfer": sup} if sup else {}
     cfg = replace(
         _base(config, "sim:hf-cpu", "fcfs", engine_options=eopts),
         policies=ENGINE_POLICIES[engine],
@@ -438,13 +440,18 @@ def run_engines(
 
 
 def resimulate(
-    src: Path, engine: str, extra: Mapping[str, str] | None = None, fit: Path | None = None
+    src: Path,
+    engine: str,
+    extra: Mapping[str, str] | None = None,
+    fit: Path | None = None,
+    superinfer_options: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
     """Replay the simulated rows of ``engine`` (``sim:hf-cpu`` or ``sim:sglang-cpu``) against
     the real rows of a finished suite run in ``src`` (its ``summary.csv``, ``manifest.json`` and
     ``<real engine>_step_time.json``), with more simulator options ``extra`` (e.g.
     ``mechanics=sglang``): the same arrivals per repeat, loads, SLOs and step-time fit (or the
-    fit in ``fit``, e.g. one from a later run's lone and batched passes).
+    fit in ``fit``, e.g. one from a later run's lone and batched passes), and ``superinfer``
+    with ``superinfer_options`` over the suite's (e.g. ``ttft_kv_reserve_requests``).
 
     Returns:
         ``src``'s summary rows of the real engine followed by the new simulated rows (the
@@ -475,7 +482,10 @@ def resimulate(
     ran = summary[summary["engine"] == real]
     found = {real: tuple(sorted(float(x) for x in ran["load"].unique()))}
     config = BenchConfig(seed=int(manifest.get("seed", 0)))
-    frames = _sim_cells(config, engine, opts, paths[2], lambda _m: None, found, extra)
+    frames = _sim_cells(
+        config, engine, opts, paths[2], lambda _m: None, found, extra,
+        superinfer_options=superinfer_options,
+    )  # fmt: skip
     return pd.concat([ran, *frames], ignore_index=True)
 
 
