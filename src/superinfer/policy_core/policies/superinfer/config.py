@@ -168,7 +168,7 @@ class SuperInferConfig(BasePolicy):
         # their TTFT and were rejected (2 of 6 repeats at 0.5 req/s, results/engines-cpu/
         # sglang-knee3); sim:sglang-cpu replays of the SGLang runs at 0.5-1.4 req/s: chat
         # attainment rises with 0-4 (1.4 req/s: 0.667 -> 0.788) at unchanged output tok/s, and
-        # 6-8 cost up to 2% of it at 0.5 (docs/policies.md); with preemption a chat makes room
+        # 6-8 cost up to 2.1% of it at 0.5 (docs/policies.md); with preemption a chat makes room
         4,
         "where the policy may not preempt (max_preemptions_per_step=0), an admission without a "
         "TTFT target leaves, while any request runs, KV free for this many TTFT-class "
