@@ -172,11 +172,11 @@ def _servers(engine: str, opts: SuiteOptions, log_dir: Path) -> Iterator[dict[st
                 log_path=log_dir / f"sglang-{policy}.log",
                 step_log_path=log_dir / f"sglang-{policy}.steps.csv",
             )
+            stack.callback(server.stop)  # before start: an interrupted start is stopped too
             try:
                 server.start()
             except ServerStartError as exc:
                 raise UserError(str(exc)) from None
-            stack.callback(server.stop)
             out[policy] = {"url": server.url, "server": server}
         yield out
 

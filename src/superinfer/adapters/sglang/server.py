@@ -203,7 +203,8 @@ class SGLangServer:
 
         Raises:
             ServerStartError: it exited, or did not answer within ``start_timeout_s``; one line
-                with the cause and the log's last line (the server is stopped first).
+                with the cause and the log's last line (the server is stopped first, as it is
+                when anything else, e.g. ``SystemExit`` from SIGTERM, interrupts the wait).
             ServeError: sglang is missing, or the CPU fixture cannot be built.
         """
         self.argv, self.env, self.recipe_line = server_command(self.argv, self.env, cpu=self._cpu)
@@ -224,7 +225,7 @@ class SGLangServer:
             )
         try:
             self._wait_ready(begin)
-        except ServerStartError:
+        except BaseException:  # a failed start, or the bench interrupted (SIGTERM, Ctrl-C)
             self.stop()
             raise
         self.startup_s = time.monotonic() - begin
