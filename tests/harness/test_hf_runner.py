@@ -181,26 +181,31 @@ def _true_steps() -> tuple[Any, list[dict[str, Any]]]:
     return true, rows
 
 
-def test_calibrate_refits_recorded_steps_without_the_engine(tmp_path: Path) -> None:
+def _calibrate_recovers(true: Any, engine: str, steps: Path, out: Path) -> dict[str, Any]:
+    """Run ``calibrate --engine ENGINE --steps STEPS --out OUT``; assert it exits 0 and fits
+    ``true``'s coefficients exactly; the written calibration."""
     from superinfer.sim.hf_cpu import HFCPUStepTime
 
+    proc = _cli("calibrate", "--engine", engine, "--steps", str(steps), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, Any] = json.loads(out.read_text())
+    fitted = HFCPUStepTime.from_dict(doc["coefficients"])
+    for got, want in zip(fitted.coefficients, true.coefficients, strict=True):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
+    return doc
+
+
+def test_calibrate_refits_recorded_steps_without_the_engine(tmp_path: Path) -> None:
     true, rows = _true_steps()
     steps = tmp_path / "recorded.csv"
     pd.DataFrame(rows).to_csv(steps, index=False)
     out = tmp_path / "fit.json"
-    proc = _cli("calibrate", "--engine", "hf", "--steps", str(steps), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads(out.read_text())
-    fitted = HFCPUStepTime.from_dict(doc["coefficients"])
-    for got, want in zip(fitted.coefficients, true.coefficients, strict=True):
-        assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
+    doc = _calibrate_recovers(true, "hf", steps, out)
     assert doc["steps_from"] == str(steps) and doc["fit"]["num_samples"] == 12
     assert (tmp_path / "fit_steps.csv").is_file()
 
 
 def test_calibrate_sglang_fits_whole_iterations_of_a_step_log(tmp_path: Path) -> None:
-    from superinfer.sim.hf_cpu import HFCPUStepTime
-
     true, rows = _true_steps()
     # run_batch took the step minus 2 ms of scheduling before it; the first batch has no gap and
     # the fifth waited 0.8 s for a request: both are charged the median busy gap (2 ms)
@@ -212,12 +217,7 @@ def test_calibrate_sglang_fits_whole_iterations_of_a_step_log(tmp_path: Path) ->
     steps = tmp_path / "sglang.steps.csv"
     pd.DataFrame(rows).to_csv(steps, index=False)
     out = tmp_path / "sglang_fit.json"
-    proc = _cli("calibrate", "--engine", "sglang", "--steps", str(steps), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads(out.read_text())
-    fitted = HFCPUStepTime.from_dict(doc["coefficients"])
-    for got, want in zip(fitted.coefficients, true.coefficients, strict=True):
-        assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
+    doc = _calibrate_recovers(true, "sglang", steps, out)
     assert doc["engine"] == "sglang" and doc["fit"]["num_samples"] == 12
     written = pd.read_csv(tmp_path / "sglang_fit_steps.csv")
     got_ms = written["forward_ms"].tolist()  # written to 6 significant digits

@@ -25,15 +25,15 @@ from superinfer.harness.suites_engines_options import SIM_SGLANG_LIMITS
 from superinfer.sim.hf_cpu import FEATURES
 
 __all__ = [
-    "MIN_LOG_STEPS",
-    "step_log_fit",
     "KNEE_BAND",
+    "MIN_LOG_STEPS",
     "find_knee",
     "knee_loads",
-    "pilot_knee",
     "lone_step_fit",
+    "pilot_knee",
     "serial_capacity",
     "sglang_step_fit",
+    "step_log_fit",
     "with_seq_cost",
 ]
 

@@ -69,7 +69,7 @@ class _Admission(_Preemption):
         floor = state.reserved_hbm_blocks if admitting or step.admit else 0
         if queued:
             floor += int(self.kv_watermark * state.total_hbm_blocks)
-            if e.ttft_s is None and state.running and self.max_preemptions_per_step == 0:
+            if e.ttft_s is None and state.running and self._kv_reserve_on:
                 # its whole prompt counts: later chunks, charged as running, would eat the reserve
                 reserve = floor + self._ttft_kv_reserve(state.block_size_tokens)
                 if step.free - step_blocks(v, v.pending_tokens, state, admit=True) < reserve:
@@ -106,9 +106,10 @@ class _Admission(_Preemption):
         ``ttft_reserve_quantile`` of recent ones' prompt plus output cap (the whole footprint
         SGLang's ``PrefillAdder`` charges an ``ignore_eos`` request), each rounded up to whole
         blocks; 0 before any TTFT-class request arrived."""
-        n = self.ttft_kv_reserve_requests
-        tokens = self.ttft_footprints.value() if n else None
-        return 0 if tokens is None else n * blocks_for_tokens(int(tokens), block_size_tokens)
+        tokens = self.ttft_footprints.value()
+        if tokens is None:
+            return 0
+        return self.ttft_kv_reserve_requests * blocks_for_tokens(int(tokens), block_size_tokens)
 
     def _reject(self, rep: _Replica, e: _Entry, step: _Step, reason: str) -> None:
         self._counters["rejected"] += 1

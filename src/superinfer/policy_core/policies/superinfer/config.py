@@ -216,6 +216,10 @@ class SuperInferConfig(BasePolicy):
         self.ttft_prompts = WindowQuantile(self.ttft_reserve_quantile)
         #: prompt plus output cap at arrival, tokens, of TTFT-class requests (ttft_kv_reserve_*)
         self.ttft_footprints = WindowQuantile(self.ttft_reserve_quantile, min_samples=1)
+        #: whether the reserve can apply (it needs no preemption); elsewhere nothing is observed
+        self._kv_reserve_on = (
+            self.ttft_kv_reserve_requests > 0 and self.max_preemptions_per_step == 0
+        )
 
     def _validate(self) -> None:
         n = self.name
