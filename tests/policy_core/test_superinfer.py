@@ -314,6 +314,23 @@ class TestTPOTProtection:
         expected = int((allowance * 0.9 - (A + 0.0 * 1)) / B)
         assert dict(d.num_tokens) == {"dec": 1, "new": expected}
 
+    def test_the_allowance_is_planned_to_a_share_of_the_tpot_target(self) -> None:
+        # tpot_plan_share 0.8: the allowance is 0.08 * 3 - (10.0 - 9.85) = 0.09 s, not
+        # 0.1 * 3 - 0.15 = 0.15 s; the step's prefill fits 0.9 of it after the decode
+        p = policy(ttft_boost=False, tpot_plan_share=0.8)
+        dec = decoding("dec", 32, 3, first_token_s=9.85)
+        new = make_view("new", prompt=2000, arrival_s=10.0)
+        arrive(p, make_view("dec", prompt=32), new)
+        d = decide(p, make_state(running=[dec], waiting=[new]))
+        allowance = 0.1 * 0.8 * 3 - (10.0 - 9.85)
+        expected = int((allowance * 0.9 - A) / B)
+        assert dict(d.num_tokens) == {"dec": 1, "new": expected}
+        full = policy(ttft_boost=False)
+        arrive(full, make_view("dec", prompt=32), new)
+        d_full = decide(full, make_state(running=[dec], waiting=[new]))
+        assert d_full.num_tokens["new"] == int(((0.1 * 3 - (10.0 - 9.85)) * 0.9 - A) / B)
+        assert d_full.num_tokens["new"] > expected
+
     def test_without_latency_decodes_the_whole_budget_is_used(self) -> None:
         p = policy()
         batch = decoding("batch", 32, 2, slo=BATCH, first_token_s=9.9)
@@ -781,6 +798,8 @@ class TestBooks:
             ("num_tiers", 0),
             ("quantum_growth", 0.5),
             ("tpot_safety", 0.0),
+            ("tpot_plan_share", 0.0),
+            ("tpot_plan_share", 1.5),
             ("deadline_class_tier", 4),
             ("aging_s", 0.0),
             ("kv_watermark", 1.0),

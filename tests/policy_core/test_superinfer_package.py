@@ -120,6 +120,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "ttft_boost_whole",
         "min_prefill_budget_share",
         "ttft_kv_reserve_requests",
+        "tpot_plan_share",
     ]
     assert list(policy_options(SuperInferPolicy)) == expected
     assert list(policy_options(OraclePolicy)) == [*expected, "output_tokens"]

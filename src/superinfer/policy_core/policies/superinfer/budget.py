@@ -82,6 +82,7 @@ class _StepBudget(_Running):
 
     def _tpot_cap(self, books: _RunBooks, state: StepState, now: float) -> float:
         """The decodes' smallest TPOT allowance, s: ``tpot * generated - (now - first_token_s)``
+        with ``tpot`` the planned TPOT (the target times ``tpot_plan_share``)
         among the decodes with a TPOT target (not best effort), computed for the few keys at the
         bottom of each of the running books' TPOT heaps (``running.py``); ``inf`` if none. Read
         right after the running pass, before a preemption changes the books."""
@@ -244,6 +245,7 @@ class _StepBudget(_Running):
             tpot = e.tpot_s
             if tpot is None or e.best_effort or v.first_token_s is None:
                 continue
+            tpot *= self.tpot_plan_share
             later = self.credit_tokens(v)
             c = tpot * v.generated_tokens - (now - v.first_token_s)
             c += max(tpot - typical, 0.0) * (later - 1)

@@ -175,6 +175,18 @@ class SuperInferConfig(BasePolicy):
         "requests (each the ttft_reserve_quantile of recent ones' prompt plus output cap; "
         "0: none)",
     )
+    tpot_plan_share: float = _opt(
+        # 1.0 keeps every decision of the results made before it (GPU engines simulated with a
+        # deterministic step time). On the real hf engine (results/hf/knee, 0.4 req/s, repeat
+        # 1) 6 chats missed a 500 ms TPOT by 0.1-2.7 ms: allowances are planned to the target
+        # itself, so steps converge to the target and the margin banked over a request is
+        # tpot * (1 / tpot_safety - 1) (56 ms at 500 ms), less than one step's noise (real
+        # 420-630 ms steps planned to 500)
+        1.0,
+        "share of a request's TPOT target its decodes' allowances are planned to (TPOT "
+        "protection and the TTFT boost's credit); below 1 every token keeps the rest of the "
+        "target as a margin for step-time noise",
+    )
     name: str = "superinfer"
 
     def __post_init__(self) -> None:
@@ -246,6 +258,7 @@ class SuperInferConfig(BasePolicy):
             "swap_budget_fraction",
             "step_time_forgetting",
             "ttft_plan_fraction",
+            "tpot_plan_share",
         ):
             if not 0.0 < getattr(self, key) <= 1.0:
                 raise ValueError(f"{n}: {key} must be in (0, 1], got {getattr(self, key)}")

@@ -373,6 +373,7 @@ class _Running(_Promotion):
             self._file_decode(books, e, v, version, service)
             tpot, first = e.tpot_s, v.first_token_s
             if tpot is not None and first is not None and not e.best_effort:
+                tpot *= self.tpot_plan_share  # the planned TPOT: the heaps' and caps' unit
                 g = generated - books.clock
                 heap = books.tpot.get(tpot)
                 if heap is None:
