@@ -454,6 +454,7 @@ def test_a_real_runs_step_log_is_kept_with_its_engine_and_policy(tmp_path, monke
     assert got["duration_ms"].tolist() == [70.5, 131.25] and got["num_seqs"].tolist() == [1, 2]
     assert set(got["engine"]) == {"hf"} and set(got["policy"]) == {"superinfer"}
     assert [c.engines for c in seen] == [("hf",), ("hf",)]
+    assert [c.policy_options for c in seen] == [{"superinfer": {"tpot_plan_share": "0.9"}}] * 2
 
 
 def test_an_sglang_runs_step_log_is_the_lines_its_server_wrote_during_the_run(
@@ -562,3 +563,60 @@ def test_sim_sglang_cpu_is_fitted_on_the_runs_step_logs_when_they_hold_enough_st
     assert fit["source"].startswith(f"the sglang runs' own step logs: {MIN_LOG_STEPS} steps of 2")
     got = HFCPUStepTime.from_dict(fit["coefficients"]).coefficients
     assert got == pytest.approx(true.coefficients, rel=1e-6, abs=1e-12)
+
+
+def test_policy_opts_reach_superinfer_on_every_engine_of_the_suite(tmp_path, monkeypatch) -> None:
+    from superinfer.harness import suites_engines
+
+    seen: list[BenchConfig] = []
+
+    def fake_run_engines(config: BenchConfig, opts, work, progress=None):  # noqa: ANN001
+        seen.append(config)
+        raise UserError("stop here")
+
+    monkeypatch.setattr(suites_engines, "run_engines", fake_run_engines)
+    cfg = BenchConfig(policy_opts=("superinfer.tpot_plan_share=0.9",))
+    with pytest.raises(UserError, match="stop here"):
+        suites_engines.run_engines_suite(cfg, tmp_path)
+    assert seen[0].policy_opts == ()
+    assert seen[0].policy_options == {"superinfer": {"tpot_plan_share": "0.9"}}
+    with pytest.raises(UserError, match="has no option 'no_such'"):
+        suites_engines.run_engines_suite(
+            BenchConfig(policy_opts=("superinfer.no_such=1",)), tmp_path
+        )
+    # SGLang's superinfer server: the plugin's own options, then --policy-opt over them
+    assert suites_engines._plugin_opts("superinfer", {"min_prefill_tokens": "64"}) == {
+        "min_prefill_tokens": "64",
+        "max_preemptions_per_step": "0",
+    }
+    assert suites_engines._plugin_opts("native", {"min_prefill_tokens": "64"}) == {}
+
+
+def test_policy_options_reach_the_simulated_superinfer_rows(monkeypatch) -> None:
+    from superinfer.harness import suites_engines
+
+    seen: list[BenchConfig] = []
+    real_run_bench = suites_engines.run_bench
+
+    def spy(cfg: BenchConfig, workload: object):  # noqa: ANN202
+        seen.append(cfg)
+        return real_run_bench(cfg, workload=workload)
+
+    monkeypatch.setattr(suites_engines, "run_bench", spy)
+    opts = suite_options(
+        {
+            "suite.engines": "sim:hf-cpu",
+            "suite.loads.hf": "0.2",
+            "suite.duration_s": "15",
+            "suite.repeats": "1",
+            "suite.hf_step_time_file": "results/hf/step_time_fit.json",
+        }
+    )
+    run_engines(BenchConfig(seed=0), opts, __import__("pathlib").Path("/tmp"))
+    # superinfer's options on the real hf engine (HF_SUPERINFER_OPTS), then --policy-opt's
+    config = BenchConfig(seed=0, policy_options={"superinfer": {"tpot_plan_share": "0.8"}})
+    run_engines(config, opts, __import__("pathlib").Path("/tmp"))
+    assert [c.policy_options for c in seen] == [
+        {"superinfer": {"tpot_plan_share": "0.9"}},
+        {"superinfer": {"tpot_plan_share": "0.8"}},
+    ]

@@ -40,6 +40,7 @@ import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, run_bench
 from superinfer.harness.errors import UserError
+from superinfer.harness.policies import resolve_policy_opts
 from superinfer.harness.suites_engines_knee import (
     SGLANG_CHUNK_TOKENS,
     lone_step_fit,
@@ -50,6 +51,7 @@ from superinfer.harness.suites_engines_options import (
     DEFAULT_LOADS,
     ENGINE_POLICIES,
     HF,
+    HF_SUPERINFER_OPTS,
     LLAMACPP,
     NATIVE,
     REAL_ENGINES,
@@ -141,9 +143,18 @@ def _flush(url: str) -> None:
         ).read()
 
 
+def _plugin_opts(policy: str, superinfer: Mapping[str, str] | None) -> dict[str, str]:
+    """The plugin options of SGLang's ``policy`` server: for ``superinfer``,
+    :data:`SGLANG_SUPERINFER_OPTS` with ``superinfer`` (``--policy-opt``) over them; else none."""
+    return {**SGLANG_SUPERINFER_OPTS, **(superinfer or {})} if policy == "superinfer" else {}
+
+
 @contextlib.contextmanager
-def _servers(engine: str, opts: SuiteOptions, log_dir: Path) -> Iterator[dict[str, Any]]:
-    """Per policy of ``engine``: ``{"url", "server"}`` (``hf``: nothing to start)."""
+def _servers(
+    engine: str, opts: SuiteOptions, log_dir: Path, superinfer: Mapping[str, str] | None = None
+) -> Iterator[dict[str, Any]]:
+    """Per policy of ``engine``: ``{"url", "server"}`` (``hf``: nothing to start); SGLang's
+    ``superinfer`` server runs :data:`SGLANG_SUPERINFER_OPTS` with ``superinfer`` over them."""
     if engine == HF:
         yield {p: {} for p in ENGINE_POLICIES["hf"]}
         return
@@ -164,7 +175,7 @@ def _servers(engine: str, opts: SuiteOptions, log_dir: Path) -> Iterator[dict[st
             )
         out: dict[str, Any] = {}
         for policy in ENGINE_POLICIES["sglang"]:
-            plugin_opts = SGLANG_SUPERINFER_OPTS if policy == "superinfer" else {}
+            plugin_opts = _plugin_opts(policy, superinfer)
             server = SGLangServer(
                 policy,
                 ["--model-path", str(model), *SGLANG_ARGS.split()],
@@ -195,7 +206,9 @@ def _run_cell(
     (``steps.parquet``'s columns), or the lines the SGLang server's scheduler appended to its step
     log during the run (``adapters/sglang/steplog.py``); llama.cpp keeps none."""
     if engine == HF:
-        cfg = _base(config, "hf", policy, engine_options={})
+        sup = {**HF_SUPERINFER_OPTS, **config.policy_options.get("superinfer", {})}
+        popts = {**config.policy_options, "superinfer": sup}
+        cfg = _base(config, "hf", policy, engine_options={}, policy_options=popts)
     else:
         _flush(handle["url"]) if engine == SGLANG else None
         label = "server" if engine == LLAMACPP else policy
@@ -254,13 +267,15 @@ def _sim_cells(
     ``found`` for its real engine, one frame per (repeat, load), with step time ``fit_file``;
     ``extra``: more engine options of the simulator (``benchmarks/fidelity_cpu.py --resim``);
     ``req_frames``: where each run's requests go (keyed like its summary), if given.
-    ``sim:sglang-cpu``'s ``superinfer`` runs with the options the real server's plugin has
-    (:data:`SGLANG_SUPERINFER_OPTS`), then ``superinfer_options`` over them."""
+    ``superinfer`` runs with the options it has on the real engine (:data:`SGLANG_SUPERINFER_OPTS`
+    through the SGLang plugin, :data:`HF_SUPERINFER_OPTS` on hf), then ``superinfer_options``
+    over them."""
     limits = SIM_SGLANG_LIMITS if engine == SIM_SGLANG else {}
     eopts = {**limits, "step_time_file": str(fit_file), **(extra or {})}
     frames = []
-    # the policy options the real server's plugin runs with (SGLANG_SUPERINFER_OPTS)
-    sup = {**(SGLANG_SUPERINFER_OPTS if engine == SIM_SGLANG else {}), **(superinfer_options or {})}
+    # the policy options superinfer runs with on the real engine
+    real_opts = SGLANG_SUPERINFER_OPTS if engine == SIM_SGLANG else HF_SUPERINFER_OPTS
+    sup = {**real_opts, **(superinfer_options or {})}
     popts = {"superinfer": sup} if sup else {}
     cfg = replace(
         _base(config, "sim:hf-cpu", "fcfs", engine_options=eopts),
@@ -337,7 +352,7 @@ def _real_engine(
     """One real engine's lone and batched passes, knee pilot and runs (repeats outermost) into
     ``frames`` (summaries) and ``req_frames`` (their requests)."""
     begin = time.monotonic()
-    with _servers(engine, opts, work_dir) as handles:
+    with _servers(engine, opts, work_dir, config.policy_options.get("superinfer")) as handles:
         info["engines"][engine] = {"startup_s": round(time.monotonic() - begin, 1)}
         native = NATIVE[engine]
         if opts.lone:
@@ -430,7 +445,14 @@ def run_engines(
             real = SIM_OF[engine]
             raise UserError(f"{engine} is fitted on the lone {real} requests: run {real} too")
         frames += _sim_cells(
-            config, engine, opts, fit_files[engine], tell, found, req_frames=req_frames
+            config,
+            engine,
+            opts,
+            fit_files[engine],
+            tell,
+            found,
+            req_frames=req_frames,
+            superinfer_options=config.policy_options.get("superinfer"),
         )
     summary = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     probes = [*lones, *batched.values()]
@@ -520,6 +542,9 @@ def run_engines_suite(
     from superinfer.harness.suites_engines_report import aggregate, policy_checks, write_engines
 
     opts = suite_options(config.engine_options)
+    if config.policy_opts:  # `--policy-opt`: superinfer's, on every engine it runs on
+        sup = resolve_policy_opts(("superinfer",), config.policy_opts)["superinfer"]
+        config = replace(config, policy_opts=(), policy_options={"superinfer": sup})
     work = Path(tempfile.mkdtemp(prefix="engines-cpu-logs-"))
     result = run_engines(replace(config, engine_options={}), opts, work, progress=progress)
     result.info["logs"] = str(work)

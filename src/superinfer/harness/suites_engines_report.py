@@ -49,7 +49,7 @@ ENGINE_NOTES = {
     "hf": "transformers continuous batching; GGUF dequantized to float32 weights and compute "
     "(`dtype` in manifest.json); KV pages of 32 tokens, 256 pages; 256-token steps (prefill "
     "chunked to fit the step); up to 32 sequences; admission by our policy hook (fcfs = the "
-    "engine's own order)",
+    "engine's own order; superinfer with tpot_plan_share=0.9)",
     "sglang": "SGLang 0.5.23 server, CPU recipe (torch_native attention); GGUF dequantized to "
     "bfloat16 safetensors (`--dtype bfloat16`); page size 1 token, 4,096-token KV pool; chunked "
     "prefill 512 tokens; 8 running requests; native = `--schedule-policy fcfs`, priority = "
