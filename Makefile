@@ -24,7 +24,7 @@ FLEET_POLICIES ?= native,superinfer
 
 .PHONY: bench test test-all lint clean \
 	install install-sglang install-smollm2-sglang install-hf install-serve install-llamacpp \
-	cache-eval fleet kv-accuracy bench-kernels bench-hf calibrate-hf fidelity-hf bench-http \
+	cache-eval fleet kv-accuracy bench-kernels bench-hf bench-hf-knee calibrate-hf fidelity-hf bench-http \
 	bench-engines-cpu
 
 # ==== 2. Install stamps =============================================================================
@@ -173,6 +173,14 @@ bench-kernels: $(VENV)/.installed-kvquant
 # results/hf/
 bench-hf: $(VENV)/.installed-hf
 	$(BIN)/superinfer bench --engine hf --policies fcfs,priority
+
+# results/hf/knee/: issue 18's real-engine benchmark on hf (the engines suite's chat + batch mix,
+# hf only, 4 loads around its knee, 5 repeats each, with the sim:hf-cpu rows; about an hour on
+# 2 quiet cores; results/hf/README.md: the committed folders ran these loads as two runs).
+bench-hf-knee: $(VENV)/.installed-hf
+	$(BIN)/superinfer bench --suite engines --engine-option suite.engines=hf,sim:hf-cpu \
+		--engine-option suite.loads.hf=0.214,0.267,0.334,0.4 --engine-option suite.repeats=5 \
+		--out results/hf/knee
 
 # results/hf/step_time_fit.json
 calibrate-hf: $(VENV)/.installed-hf
