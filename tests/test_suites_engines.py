@@ -390,12 +390,27 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path) -> None:
     # options and seed, the hf fit
     real = sim.assign(engine="hf")
     real.to_csv(tmp_path / "summary.csv", index=False)
-    manifest = {"seed": 3, "options": dataclasses.asdict(opts)}
+    manifest = {
+        "seed": 3,
+        "options": dataclasses.asdict(opts),
+        "superinfer_options": {"hf": {"tpot_plan_share": "0.9"}},  # what run_engines records
+    }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     shutil.copy(calibration, tmp_path / "hf_step_time.json")
     got = resimulate(tmp_path, "sim:hf-cpu")
     replayed = got[got["engine"] == "sim:hf-cpu"].reset_index(drop=True)
     pd.testing.assert_frame_equal(replayed, sim.reset_index(drop=True), check_dtype=False)
+    # a run from before the manifest recorded it ran superinfer on hf with tpot_plan_share 1.0
+    old = run_engines(
+        BenchConfig(seed=3, policy_options={"superinfer": {"tpot_plan_share": "1.0"}}),
+        opts,
+        tmp_path / "work",
+    ).summary
+    del manifest["superinfer_options"]
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    got_old = resimulate(tmp_path, "sim:hf-cpu")
+    replayed_old = got_old[got_old["engine"] == "sim:hf-cpu"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(replayed_old, old.reset_index(drop=True), check_dtype=False)
     assert (got["engine"] == "hf").sum() == len(real)
     # other mechanics change the simulated rows, not the real ones
     other = resimulate(tmp_path, "sim:hf-cpu", {"mechanics": "sglang"})

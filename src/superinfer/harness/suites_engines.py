@@ -354,6 +354,10 @@ def _real_engine(
     begin = time.monotonic()
     with _servers(engine, opts, work_dir, config.policy_options.get("superinfer")) as handles:
         info["engines"][engine] = {"startup_s": round(time.monotonic() - begin, 1)}
+        if engine in (HF, SGLANG):  # what superinfer ran with there (resimulate replays it)
+            base = HF_SUPERINFER_OPTS if engine == HF else SGLANG_SUPERINFER_OPTS
+            sup = {**base, **config.policy_options.get("superinfer", {})}
+            info.setdefault("superinfer_options", {})[engine] = sup
         native = NATIVE[engine]
         if opts.lone:
             tell(f"{engine}: lone requests")
@@ -473,7 +477,9 @@ def resimulate(
     ``<real engine>_step_time.json``), with more simulator options ``extra`` (e.g.
     ``mechanics=sglang``): the same arrivals per repeat, loads, SLOs and step-time fit (or the
     fit in ``fit``, e.g. one from a later run's lone and batched passes), and ``superinfer``
-    with ``superinfer_options`` over the suite's (e.g. ``ttft_kv_reserve_requests``).
+    with ``superinfer_options`` over the suite's (e.g. ``ttft_kv_reserve_requests``) and over
+    what ``superinfer`` ran with on the real engine (the manifest's ``superinfer_options``; hf
+    runs made before it was recorded ran ``tpot_plan_share=1.0``).
 
     Returns:
         ``src``'s summary rows of the real engine followed by the new simulated rows (the
@@ -504,9 +510,12 @@ def resimulate(
     ran = summary[summary["engine"] == real]
     found = {real: tuple(sorted(float(x) for x in ran["load"].unique()))}
     config = BenchConfig(seed=int(manifest.get("seed", 0)))
+    ran_with = manifest.get("superinfer_options", {}).get(real)
+    if ran_with is None and engine == SIM_HF:  # a run from before HF_SUPERINFER_OPTS
+        ran_with = {"tpot_plan_share": "1.0"}
     frames = _sim_cells(
         config, engine, opts, paths[2], lambda _m: None, found, extra,
-        superinfer_options=superinfer_options,
+        superinfer_options={**(ran_with or {}), **(superinfer_options or {})},
     )  # fmt: skip
     return pd.concat([ran, *frames], ignore_index=True)
 

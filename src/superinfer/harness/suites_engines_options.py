@@ -62,8 +62,8 @@ SGLANG_ARGS = "--context-length 1024 --chunked-prefill-size 512 --max-running-re
 SGLANG_SUPERINFER_OPTS = {"min_prefill_tokens": "32", "max_preemptions_per_step": "0"}
 #: Policy options of ``superinfer`` on the real hf engine (and ``sim:hf-cpu`` beside it): decode
 #: allowances planned to 0.9 of the TPOT target. With 1.0, hf's mixed steps converge to the
-#: target and its step-time noise pushed chats over it by 0.1-2.7 ms (results/hf/knee-hi, 0.4
-#: req/s: 6 chats of one repeat); with 0.9 chat attainment there 0.758 -> 0.928 (results/hf/
+#: target and its step-time noise pushed chats over it by 0.35-2.67 ms (results/hf/knee-hi, 0.4
+#: req/s: 6 chats in 5 repeats); with 0.9 chat attainment there 0.758 -> 0.928 (results/hf/
 #: tpot-plan-0.9, 5 repeats each). SGLang (prefill steps alone) showed no such miss.
 HF_SUPERINFER_OPTS = {"tpot_plan_share": "0.9"}
 #: The ``sim:sglang-cpu`` profile: SGLang's mechanics (``sim.hf_cpu.hf_cpu_sim_config``:

@@ -177,11 +177,11 @@ class SuperInferConfig(BasePolicy):
     )
     tpot_plan_share: float = _opt(
         # 1.0 keeps every decision of the results made before it (GPU engines simulated with a
-        # deterministic step time). On the real hf engine (results/hf/knee, 0.4 req/s, repeat
-        # 1) 6 chats missed a 500 ms TPOT by 0.1-2.7 ms: allowances are planned to the target
-        # itself, so steps converge to the target and the margin banked over a request is
-        # tpot * (1 / tpot_safety - 1) (56 ms at 500 ms), less than one step's noise (real
-        # 420-630 ms steps planned to 500)
+        # deterministic step time). On the real hf engine (results/hf/knee-hi, 0.4 req/s, 5
+        # repeats) 6 chats missed a 500 ms TPOT by 0.35-2.67 ms: allowances planned to the
+        # target itself make steps converge to it (steps beside decodes a median 506 ms, p10-p90
+        # 354-716), and what a request banks over its life is tpot * (1 / tpot_safety - 1), 56
+        # ms at 500 ms, less than one step's noise; the suite runs hf with 0.9 (median 454 ms)
         1.0,
         "share of a request's TPOT target its decodes' allowances are planned to (TPOT "
         "protection and the TTFT boost's credit); below 1 every token keeps the rest of the "
