@@ -17,9 +17,10 @@ Usage: ``python benchmarks/fidelity_cpu.py [--src DIR ...] [--out results/fideli
 ``--src results/engines-cpu``; ``--src results/engines-cpu --src
 results/engines-cpu/sglang-knee`` adds the SGLang knee run's loads).
 
-``--resim ENGINE [--sim-option KEY=VALUE ...]`` replays that simulated engine's rows against the
-same real rows first (``suites_engines.resimulate``: the run's arrivals, loads, SLOs and
-step-time fit, or ``--fit FILE``'s, plus the options, e.g. ``mechanics=sglang``), so a change to
+``--resim ENGINE [--sim-option KEY=VALUE ...] [--superinfer-opt KEY=VALUE ...]`` replays that
+simulated engine's rows against the same real rows first (``suites_engines.resimulate``: the
+run's arrivals, loads, SLOs and step-time fit, or ``--fit FILE``'s, plus the options, e.g.
+``mechanics=sglang``, and superinfer's as the run recorded them), so a change to
 the simulator is scored on real runs already made.
 """
 
@@ -81,7 +82,8 @@ def _replay(
         derived = with_seq_cost(mine, theirs, str(donors[0]))
         fit.write_text(json.dumps(derived, indent=2) + "\n")
     kept = summary[~summary["engine"].isin((engine, real))]
-    return pd.concat([kept, resimulate(src, engine, extra, fit)], ignore_index=True)
+    replayed = resimulate(src, engine, extra, fit, superinfer_options=args.superinfer_options)
+    return pd.concat([kept, replayed], ignore_index=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,14 +107,23 @@ def main(argv: list[str] | None = None) -> int:
                     "fit of the first DIR that has one for that engine (a run with the batched "
                     "pass), scaled by the ratio of the two fits' intercepts; written to --out; "
                     "repeatable")  # fmt: skip
+    ap.add_argument("--superinfer-opt", action="append", default=[], metavar="KEY=VALUE",
+                    help="--resim: a superinfer option over what the run recorded, repeatable "
+                    "(e.g. tpot_plan_share=0.9 for a run that ran with it before the suite's "
+                    "manifest recorded it)")  # fmt: skip
     args = ap.parse_args(argv)
-    extra = {}
-    for item in args.sim_option:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            print(f"error: --sim-option {item!r}: expected KEY=VALUE", file=sys.stderr)
-            return 2
-        extra[key] = value
+    extra: dict[str, str] = {}
+    args.superinfer_options = {}
+    for flag, items, into in (
+        ("--sim-option", args.sim_option, extra),
+        ("--superinfer-opt", args.superinfer_opt, args.superinfer_options),
+    ):
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                print(f"error: {flag} {item!r}: expected KEY=VALUE", file=sys.stderr)
+                return 2
+            into[key] = value
     frames = []
     args.out.mkdir(parents=True, exist_ok=True)
     for src in args.src or [Path("results/engines-cpu")]:

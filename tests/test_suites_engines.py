@@ -411,6 +411,12 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path) -> None:
     got_old = resimulate(tmp_path, "sim:hf-cpu")
     replayed_old = got_old[got_old["engine"] == "sim:hf-cpu"].reset_index(drop=True)
     pd.testing.assert_frame_equal(replayed_old, old.reset_index(drop=True), check_dtype=False)
+    # ... unless its --policy-opt said otherwise (the manifest's config)
+    manifest["config"] = {"policy_options": {"superinfer": {"tpot_plan_share": "0.9"}}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    got_given = resimulate(tmp_path, "sim:hf-cpu")
+    replayed_given = got_given[got_given["engine"] == "sim:hf-cpu"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(replayed_given, sim.reset_index(drop=True), check_dtype=False)
     assert (got["engine"] == "hf").sum() == len(real)
     # other mechanics change the simulated rows, not the real ones
     other = resimulate(tmp_path, "sim:hf-cpu", {"mechanics": "sglang"})

@@ -478,8 +478,8 @@ def resimulate(
     ``mechanics=sglang``): the same arrivals per repeat, loads, SLOs and step-time fit (or the
     fit in ``fit``, e.g. one from a later run's lone and batched passes), and ``superinfer``
     with ``superinfer_options`` over the suite's (e.g. ``ttft_kv_reserve_requests``) and over
-    what ``superinfer`` ran with on the real engine (the manifest's ``superinfer_options``; hf
-    runs made before it was recorded ran ``tpot_plan_share=1.0``).
+    what ``superinfer`` ran with on the real engine (the manifest's ``superinfer_options``; for
+    runs made before it was recorded, their ``--policy-opt`` over ``tpot_plan_share=1.0`` on hf).
 
     Returns:
         ``src``'s summary rows of the real engine followed by the new simulated rows (the
@@ -511,8 +511,9 @@ def resimulate(
     found = {real: tuple(sorted(float(x) for x in ran["load"].unique()))}
     config = BenchConfig(seed=int(manifest.get("seed", 0)))
     ran_with = manifest.get("superinfer_options", {}).get(real)
-    if ran_with is None and engine == SIM_HF:  # a run from before HF_SUPERINFER_OPTS
-        ran_with = {"tpot_plan_share": "1.0"}
+    if ran_with is None:  # a run from before the record: its --policy-opt, on 1.0 for hf
+        given = manifest.get("config", {}).get("policy_options", {}).get("superinfer", {})
+        ran_with = {**({"tpot_plan_share": "1.0"} if engine == SIM_HF else {}), **given}
     frames = _sim_cells(
         config, engine, opts, paths[2], lambda _m: None, found, extra,
         superinfer_options={**(ran_with or {}), **(superinfer_options or {})},
