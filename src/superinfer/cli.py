@@ -126,7 +126,7 @@ def cli() -> None:
               "azure-conv, --replicas 1, --duration-s 600) -> results/rotation/. seed: native vs "
               "superinfer --stack full on the 3 sim engines -> results/seed/. engines: SmolLM2 on "
               "hf, sglang and llama.cpp (+ sim rows), options --engine-option suite.KEY=VALUE "
-              "-> results/engines-cpu/.")
+              "(--policy-opt: superinfer's, on every engine) -> results/engines-cpu/.")
 @click.option("--rate-scales", default=None,
               help="--suite headline: comma-separated loads of the sweep [default: "
               "0.3,0.6,0.8,1.0,1.3,1.6].")
