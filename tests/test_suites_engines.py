@@ -385,7 +385,8 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path) -> None:
             "suite.hf_step_time_file": calibration,
         }
     )
-    sim = run_engines(BenchConfig(seed=3), opts, tmp_path / "work").summary
+    share_08 = BenchConfig(seed=3, policy_options={"superinfer": {"tpot_plan_share": "0.8"}})
+    sim = run_engines(share_08, opts, tmp_path / "work").summary
     # a run folder as the suite writes it: the real hf rows (hand-made here), the manifest's
     # options and seed, the hf fit
     real = sim.assign(engine="hf")
@@ -393,7 +394,7 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path) -> None:
     manifest = {
         "seed": 3,
         "options": dataclasses.asdict(opts),
-        "superinfer_options": {"hf": {"tpot_plan_share": "0.9"}},  # what run_engines records
+        "superinfer_options": {"hf": {"tpot_plan_share": "0.8"}},  # what run_engines records
     }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     shutil.copy(calibration, tmp_path / "hf_step_time.json")
@@ -411,8 +412,9 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path) -> None:
     got_old = resimulate(tmp_path, "sim:hf-cpu")
     replayed_old = got_old[got_old["engine"] == "sim:hf-cpu"].reset_index(drop=True)
     pd.testing.assert_frame_equal(replayed_old, old.reset_index(drop=True), check_dtype=False)
-    # ... unless its --policy-opt said otherwise (the manifest's config)
-    manifest["config"] = {"policy_options": {"superinfer": {"tpot_plan_share": "0.9"}}}
+    assert not old.equals(sim)  # the plan share changes these rows: the checks can fail
+    # ... unless its config said otherwise
+    manifest["config"] = {"policy_options": {"superinfer": {"tpot_plan_share": "0.8"}}}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     got_given = resimulate(tmp_path, "sim:hf-cpu")
     replayed_given = got_given[got_given["engine"] == "sim:hf-cpu"].reset_index(drop=True)
@@ -605,6 +607,23 @@ def test_policy_opts_reach_superinfer_on_every_engine_of_the_suite(tmp_path, mon
         suites_engines.run_engines_suite(
             BenchConfig(policy_opts=("superinfer.no_such=1",)), tmp_path
         )
+    # a bad value is refused before anything runs, as one line naming the option
+    with pytest.raises(UserError, match="tpot_plan_share must be in"):
+        suites_engines.run_engines_suite(
+            BenchConfig(policy_opts=("superinfer.tpot_plan_share=1.5",)), tmp_path
+        )
+    assert len(seen) == 1
+    # options the caller set already are kept under --policy-opt's
+    both = BenchConfig(
+        policy_opts=("superinfer.tpot_plan_share=0.8",),
+        policy_options={"superinfer": {"num_tiers": "3"}, "fcfs": {}},
+    )
+    with pytest.raises(UserError, match="stop here"):
+        suites_engines.run_engines_suite(both, tmp_path)
+    assert seen[1].policy_options == {
+        "superinfer": {"num_tiers": "3", "tpot_plan_share": "0.8"},
+        "fcfs": {},
+    }
     # SGLang's superinfer server: the plugin's own options, then --policy-opt over them
     assert suites_engines._plugin_opts("superinfer", {"min_prefill_tokens": "64"}) == {
         "min_prefill_tokens": "64",

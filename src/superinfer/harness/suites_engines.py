@@ -40,7 +40,7 @@ import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, run_bench
 from superinfer.harness.errors import UserError
-from superinfer.harness.policies import resolve_policy_opts
+from superinfer.harness.policies import policy_manager, resolve_policy_opts
 from superinfer.harness.suites_engines_knee import (
     SGLANG_CHUNK_TOKENS,
     lone_step_fit,
@@ -51,6 +51,7 @@ from superinfer.harness.suites_engines_options import (
     DEFAULT_LOADS,
     ENGINE_POLICIES,
     HF,
+    HF_BEFORE_RECORD,
     HF_SUPERINFER_OPTS,
     LLAMACPP,
     NATIVE,
@@ -143,10 +144,18 @@ def _flush(url: str) -> None:
         ).read()
 
 
+def superinfer_opts(engine: str, given: Mapping[str, str] | None) -> dict[str, str]:
+    """The options ``superinfer`` runs with on ``engine`` (a real engine or its simulated twin):
+    the suite's own for it (:data:`HF_SUPERINFER_OPTS`, :data:`SGLANG_SUPERINFER_OPTS`), then
+    ``given`` (``--policy-opt``) over them."""
+    base = SGLANG_SUPERINFER_OPTS if engine in (SGLANG, SIM_SGLANG) else HF_SUPERINFER_OPTS
+    return {**base, **(given or {})}
+
+
 def _plugin_opts(policy: str, superinfer: Mapping[str, str] | None) -> dict[str, str]:
-    """The plugin options of SGLang's ``policy`` server: for ``superinfer``,
-    :data:`SGLANG_SUPERINFER_OPTS` with ``superinfer`` (``--policy-opt``) over them; else none."""
-    return {**SGLANG_SUPERINFER_OPTS, **(superinfer or {})} if policy == "superinfer" else {}
+    """The plugin options of SGLang's ``policy`` server: ``superinfer``'s
+    (:func:`superinfer_opts`), none for SGLang's own policies."""
+    return superinfer_opts(SGLANG, superinfer) if policy == "superinfer" else {}
 
 
 @contextlib.contextmanager
@@ -206,7 +215,7 @@ def _run_cell(
     (``steps.parquet``'s columns), or the lines the SGLang server's scheduler appended to its step
     log during the run (``adapters/sglang/steplog.py``); llama.cpp keeps none."""
     if engine == HF:
-        sup = {**HF_SUPERINFER_OPTS, **config.policy_options.get("superinfer", {})}
+        sup = superinfer_opts(HF, config.policy_options.get("superinfer"))
         popts = {**config.policy_options, "superinfer": sup}
         cfg = _base(config, "hf", policy, engine_options={}, policy_options=popts)
     else:
@@ -273,9 +282,7 @@ def _sim_cells(
     limits = SIM_SGLANG_LIMITS if engine == SIM_SGLANG else {}
     eopts = {**limits, "step_time_file": str(fit_file), **(extra or {})}
     frames = []
-    # the policy options superinfer runs with on the real engine
-    real_opts = SGLANG_SUPERINFER_OPTS if engine == SIM_SGLANG else HF_SUPERINFER_OPTS
-    sup = {**real_opts, **(superinfer_options or {})}
+    sup = superinfer_opts(engine, superinfer_options)  # as on the real engine
     popts = {"superinfer": sup} if sup else {}
     cfg = replace(
         _base(config, "sim:hf-cpu", "fcfs", engine_options=eopts),
@@ -355,8 +362,7 @@ def _real_engine(
     with _servers(engine, opts, work_dir, config.policy_options.get("superinfer")) as handles:
         info["engines"][engine] = {"startup_s": round(time.monotonic() - begin, 1)}
         if engine in (HF, SGLANG):  # what superinfer ran with there (resimulate replays it)
-            base = HF_SUPERINFER_OPTS if engine == HF else SGLANG_SUPERINFER_OPTS
-            sup = {**base, **config.policy_options.get("superinfer", {})}
+            sup = superinfer_opts(engine, config.policy_options.get("superinfer"))
             info.setdefault("superinfer_options", {})[engine] = sup
         native = NATIVE[engine]
         if opts.lone:
@@ -478,8 +484,10 @@ def resimulate(
     ``mechanics=sglang``): the same arrivals per repeat, loads, SLOs and step-time fit (or the
     fit in ``fit``, e.g. one from a later run's lone and batched passes), and ``superinfer``
     with ``superinfer_options`` over the suite's (e.g. ``ttft_kv_reserve_requests``) and over
-    what ``superinfer`` ran with on the real engine (the manifest's ``superinfer_options``; for
-    runs made before it was recorded, their ``--policy-opt`` over ``tpot_plan_share=1.0`` on hf).
+    what ``superinfer`` ran with on the real engine (the manifest's ``superinfer_options``; an hf
+    run made before it was recorded: the options its config carried, over
+    :data:`HF_BEFORE_RECORD`; runs between 9816ae6 and 7fd49b0 ran 0.9 unrecorded, so replay
+    them with ``superinfer_options={"tpot_plan_share": "0.9"}``).
 
     Returns:
         ``src``'s summary rows of the real engine followed by the new simulated rows (the
@@ -511,9 +519,9 @@ def resimulate(
     found = {real: tuple(sorted(float(x) for x in ran["load"].unique()))}
     config = BenchConfig(seed=int(manifest.get("seed", 0)))
     ran_with = manifest.get("superinfer_options", {}).get(real)
-    if ran_with is None:  # a run from before the record: its --policy-opt, on 1.0 for hf
+    if ran_with is None and engine == SIM_HF:  # an hf run from before the record
         given = manifest.get("config", {}).get("policy_options", {}).get("superinfer", {})
-        ran_with = {**({"tpot_plan_share": "1.0"} if engine == SIM_HF else {}), **given}
+        ran_with = {**HF_BEFORE_RECORD, **given}
     frames = _sim_cells(
         config, engine, opts, paths[2], lambda _m: None, found, extra,
         superinfer_options={**(ran_with or {}), **(superinfer_options or {})},
@@ -554,7 +562,17 @@ def run_engines_suite(
     opts = suite_options(config.engine_options)
     if config.policy_opts:  # `--policy-opt`: superinfer's, on every engine it runs on
         sup = resolve_policy_opts(("superinfer",), config.policy_opts)["superinfer"]
-        config = replace(config, policy_opts=(), policy_options={"superinfer": sup})
+        merged = {**config.policy_options.get("superinfer", {}), **sup}
+        config = replace(
+            config, policy_opts=(), policy_options={**config.policy_options, "superinfer": merged}
+        )
+    for engine in (HF, SGLANG):  # a bad value fails here, not after an hour of runs
+        try:
+            policy_manager(
+                "superinfer", superinfer_opts(engine, config.policy_options.get("superinfer"))
+            )
+        except ValueError as exc:
+            raise UserError(f"--policy-opt: {exc}") from None
     work = Path(tempfile.mkdtemp(prefix="engines-cpu-logs-"))
     result = run_engines(replace(config, engine_options={}), opts, work, progress=progress)
     result.info["logs"] = str(work)

@@ -66,6 +66,9 @@ SGLANG_SUPERINFER_OPTS = {"min_prefill_tokens": "32", "max_preemptions_per_step"
 #: req/s: 6 chats in 5 repeats); with 0.9 chat attainment there 0.758 -> 0.928 (results/hf/
 #: tpot-plan-0.9, 5 repeats each). SGLang (prefill steps alone) showed no such miss.
 HF_SUPERINFER_OPTS = {"tpot_plan_share": "0.9"}
+#: What ``superinfer`` ran with on hf in suite runs whose manifest does not record it (before
+#: 9816ae6: the policy's default plan share).
+HF_BEFORE_RECORD = {"tpot_plan_share": "1.0"}
 #: The ``sim:sglang-cpu`` profile: SGLang's mechanics (``sim.hf_cpu.hf_cpu_sim_config``:
 #: prefill batches without decodes, PrefillAdder admission of the whole prompt and output, radix
 #: cache) at the CPU server's limits (``SGLANG_ARGS`` and the CPU recipe: a 512-token step,

@@ -49,12 +49,14 @@ ENGINE_NOTES = {
     "hf": "transformers continuous batching; GGUF dequantized to float32 weights and compute "
     "(`dtype` in manifest.json); KV pages of 32 tokens, 256 pages; 256-token steps (prefill "
     "chunked to fit the step); up to 32 sequences; admission by our policy hook (fcfs = the "
-    "engine's own order; superinfer with tpot_plan_share=0.9)",
+    "engine's own order; superinfer with tpot_plan_share=0.9 unless --policy-opt says otherwise: "
+    "manifest.json superinfer_options)",
     "sglang": "SGLang 0.5.23 server, CPU recipe (torch_native attention); GGUF dequantized to "
     "bfloat16 safetensors (`--dtype bfloat16`); page size 1 token, 4,096-token KV pool; chunked "
     "prefill 512 tokens; 8 running requests; native = `--schedule-policy fcfs`, priority = "
     "`--enable-priority-scheduling`, superinfer = our plugin (min_prefill_tokens=32, "
-    "max_preemptions_per_step=0)",
+    "max_preemptions_per_step=0 unless --policy-opt says otherwise: manifest.json "
+    "superinfer_options)",
     "llamacpp": "llama.cpp server (llama-cpp-python 0.3.36), the Q4_1 GGUF itself (4-bit weights, "
     "f16 KV cache); n_ctx 2048; one request at a time, the rest queue (FIFO): no batching, no "
     "plugin",

@@ -24,7 +24,8 @@ the most urgent request goes first (earliest TTFT deadline, or least slack for a
   the last tier, so it stops taking service from requests that still can.
 * **TPOT protection**: while requests of a class with a TPOT target decode, each step's prefill
   tokens are sized so the step ends within the smallest TPOT allowance among them
-  (``tpot * generated - time since first token``, i.e. what keeps its mean TPOT on target),
+  (``tpot * generated - time since first token``, i.e. what keeps its mean TPOT on target;
+  ``tpot`` is the target times ``tpot_plan_share``, 1.0 by default, below 1 a margin),
   the Sarathi-Serve idea (Agrawal et al., OSDI 2024) driven by SLO slack instead of a constant.
   A TTFT-urgent prefill may grow the step further, against the decodes' TPOT credit. On an
   engine whose prefill steps run alone (``StepState.mixed_batches`` false: SGLang's default),

@@ -215,9 +215,9 @@ class _StepBudget(_Running):
         The chunk it needs is ``ceil(pending / steps)`` with ``steps`` the whole steps that fit
         in its slack after its prefill compute (all of ``pending`` with ``ttft_boost_whole``
         when the credit covers it). A decode's credit is its banked allowance plus
-        ``(tpot - typical step) * r`` for the ``r`` tokens it will still produce with
-        probability ``1 - credit_quantile`` (the estimator's conditional quantile): a longer step
-        now is repaid by the faster steps it still has to come.
+        ``(tpot - typical step) * r``, ``tpot`` the planned TPOT, for the ``r`` tokens it will
+        still produce with probability ``1 - credit_quantile`` (the estimator's conditional
+        quantile): a longer step now is repaid by the faster steps it still has to come.
         """
         urgent = self._urgent_prefill(step, ttft_lanes)
         for e in self._waiting_ttft_heads(rep, step):

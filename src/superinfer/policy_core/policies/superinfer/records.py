@@ -203,7 +203,7 @@ class _RunBooks:
         self.buckets: dict[int, list[tuple[str, int]]] = {}  # clock -> (id, version) to look at
         # decodes needing a KV block at their last look (also in their next bucket): (id, version)
         self.hot: list[tuple[str, int]] = []
-        self.tpot: dict[float, _TpotHeap] = {}  # TPOT target (s) -> its decodes' keys
+        self.tpot: dict[float, _TpotHeap] = {}  # planned TPOT (s) -> its decodes' keys
         self.tkey: dict[str, set[str]] = {}  # id -> the members set of its TPOT heap key
         self.last_out: tuple[str, ...] = ()  # ids the last decision preempted
         self.gone: list[str] = []  # ids in ``order`` whose entry a hook forgot since
@@ -223,8 +223,9 @@ class _RunBooks:
 
 
 class _TpotHeap:
-    """Decodes of one TPOT target keyed by ``(first_token_s + tpot * g, first_token_s, g)``
-    with ``g = generated_tokens - clock``; ids with one key share one heap item."""
+    """Decodes of one planned TPOT (the target times ``tpot_plan_share``) keyed by
+    ``(first_token_s + tpot * g, first_token_s, g)`` with ``g = generated_tokens - clock``; ids
+    with one key share one heap item."""
 
     __slots__ = ("heap", "members")
 

@@ -6,8 +6,9 @@ the others went (``min_advance``, ``max_advance``). When every decode advanced b
 tokens (*lockstep*), the books advance one clock by ``D`` and visit only arrivals, irregular
 changes (a prefill that ran), due checks (``_Replica.run_due``) and decodes whose KV block fills
 or quantum runs out at this clock (buckets keyed by that clock value): a decode is looked at once
-per KV block. The smallest TPOT allowance reads a heap per TPOT target of ``first_token_s +
-tpot * (generated_tokens - clock)``, constant in lockstep (``budget._StepBudget._tpot_cap``).
+per KV block. The smallest TPOT allowance reads a heap per planned TPOT (target x
+``tpot_plan_share``) of ``first_token_s + tpot * (generated_tokens - clock)``, constant in
+lockstep (``budget._StepBudget._tpot_cap``).
 Any other state (no usable change set, a missed state, decodes out of step, arrivals not at the
 tail, a preemption not carried out) visits every running request and rebuilds the books; the
 decision is the full pass's either way (``tests/policy_core/test_changes.py`` compares the two).
