@@ -31,8 +31,10 @@ import json
 import sys
 from pathlib import Path
 
+import click
 import pandas as pd
 
+from superinfer.cli_options import key_values
 from superinfer.harness.errors import UserError
 from superinfer.harness.suites_engines import resimulate
 from superinfer.harness.suites_engines_fidelity import fidelity, within_count
@@ -65,10 +67,16 @@ def split(summary: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def _replay(
-    summary: pd.DataFrame, src: Path, engine: str, extra: dict[str, str], args: argparse.Namespace
+    summary: pd.DataFrame,
+    src: Path,
+    engine: str,
+    extra: dict[str, str],
+    superinfer: dict[str, str],
+    args: argparse.Namespace,
 ) -> pd.DataFrame:
-    """``summary`` with ``engine``'s simulated rows replayed (``--resim``), if ``src`` ran its
-    real engine."""
+    """``summary`` with ``engine``'s simulated rows replayed (``--resim``; ``extra``: its
+    ``--sim-option``s, ``superinfer``: the ``--superinfer-opt``s), if ``src`` ran its real
+    engine."""
     real = SIM_OF[engine]
     if not (summary["engine"] == real).any():
         return summary
@@ -82,7 +90,7 @@ def _replay(
         derived = with_seq_cost(mine, theirs, str(donors[0]))
         fit.write_text(json.dumps(derived, indent=2) + "\n")
     kept = summary[~summary["engine"].isin((engine, real))]
-    replayed = resimulate(src, engine, extra, fit, superinfer_options=args.superinfer_options)
+    replayed = resimulate(src, engine, extra, fit, superinfer_options=superinfer)
     return pd.concat([kept, replayed], ignore_index=True)
 
 
@@ -112,18 +120,12 @@ def main(argv: list[str] | None = None) -> int:
                     "(e.g. tpot_plan_share=0.9 for a run that ran with it before the suite's "
                     "manifest recorded it)")  # fmt: skip
     args = ap.parse_args(argv)
-    extra: dict[str, str] = {}
-    args.superinfer_options = {}
-    for flag, items, into in (
-        ("--sim-option", args.sim_option, extra),
-        ("--superinfer-opt", args.superinfer_opt, args.superinfer_options),
-    ):
-        for item in items:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                print(f"error: {flag} {item!r}: expected KEY=VALUE", file=sys.stderr)
-                return 2
-            into[key] = value
+    try:
+        extra = key_values(tuple(args.sim_option), "--sim-option")
+        superinfer = key_values(tuple(args.superinfer_opt), "--superinfer-opt")
+    except click.BadParameter as exc:
+        print(f"error: {exc.format_message()}", file=sys.stderr)
+        return 2
     frames = []
     args.out.mkdir(parents=True, exist_ok=True)
     for src in args.src or [Path("results/engines-cpu")]:
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             summary = pd.read_csv(path)
             for engine in args.resim:
-                summary = _replay(summary, src, engine, extra, args)
+                summary = _replay(summary, src, engine, extra, superinfer, args)
             frames.append(summary)
         except (OSError, ValueError, KeyError, UserError) as exc:
             print(f"error: {path}: {exc}", file=sys.stderr)

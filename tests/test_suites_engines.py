@@ -632,7 +632,7 @@ def test_policy_opts_reach_superinfer_on_every_engine_of_the_suite(tmp_path, mon
     assert suites_engines._plugin_opts("native", {"min_prefill_tokens": "64"}) == {}
 
 
-def test_policy_options_reach_the_simulated_superinfer_rows(monkeypatch) -> None:
+def test_policy_options_reach_the_simulated_superinfer_rows(tmp_path, monkeypatch) -> None:
     from superinfer.harness import suites_engines
 
     seen: list[BenchConfig] = []
@@ -652,10 +652,10 @@ def test_policy_options_reach_the_simulated_superinfer_rows(monkeypatch) -> None
             "suite.hf_step_time_file": "results/hf/step_time_fit.json",
         }
     )
-    run_engines(BenchConfig(seed=0), opts, __import__("pathlib").Path("/tmp"))
+    run_engines(BenchConfig(seed=0), opts, tmp_path)
     # superinfer's options on the real hf engine (HF_SUPERINFER_OPTS), then --policy-opt's
     config = BenchConfig(seed=0, policy_options={"superinfer": {"tpot_plan_share": "0.8"}})
-    run_engines(config, opts, __import__("pathlib").Path("/tmp"))
+    run_engines(config, opts, tmp_path)
     assert [c.policy_options for c in seen] == [
         {"superinfer": {"tpot_plan_share": "0.9"}},
         {"superinfer": {"tpot_plan_share": "0.8"}},

@@ -282,12 +282,10 @@ def _sim_cells(
     limits = SIM_SGLANG_LIMITS if engine == SIM_SGLANG else {}
     eopts = {**limits, "step_time_file": str(fit_file), **(extra or {})}
     frames = []
-    sup = superinfer_opts(engine, superinfer_options)  # as on the real engine
-    popts = {"superinfer": sup} if sup else {}
     cfg = replace(
         _base(config, "sim:hf-cpu", "fcfs", engine_options=eopts),
         policies=ENGINE_POLICIES[engine],
-        policy_options=popts,
+        policy_options={"superinfer": superinfer_opts(engine, superinfer_options)},
     )
     for rep in range(opts.repeats):
         for load in engine_loads(opts, engine, found):
