@@ -98,7 +98,8 @@ def cli() -> None:
 @click.option("--max-output-tokens", default=None, type=int,
               help=f"Cap output lengths after scaling [default: none; 64 {_HF}].")
 @engine_option("Engine setting, repeatable (hf, sim:hf-cpu: num_blocks, max_batch_tokens, "
-                "max_num_seqs, page_size_tokens, num_threads, drain_s, stall_s, step_time_file; "
+                "max_num_seqs, page_size_tokens, num_threads, drain_s, stall_s, step_time_file, "
+                "mechanics, step_spread, step_spread_seed; "
                 "http: endpoint, model, prompt, timeout_s, connect_timeout_s, retries, "
                 "retry_backoff_s, max_connections, send_slo, send_priority, eos_token_ids, "
                 "exact_output, include_usage).")

@@ -34,6 +34,9 @@ def test_engine_options_parse_and_reject_unknown_keys() -> None:
     assert hf_options({"mechanics": "sglang"}).mechanics == "sglang"
     with pytest.raises(UserError, match="mechanics='vllm': one of hf, sglang"):
         hf_options({"mechanics": "vllm"})
+    assert hf_options({"step_spread_seed": "3"}).step_spread_seed == 3
+    with pytest.raises(UserError, match="step_spread='on': one of calibrated, none"):
+        hf_options({"step_spread": "on"})
 
 
 def test_cpu_engines_get_the_small_workload_by_default() -> None:
@@ -127,6 +130,44 @@ def test_sim_hf_cpu_accounts_for_every_request_and_is_deterministic() -> None:
     assert cell["kv_capacity_gb"] == pytest.approx(256 * 32 * 46080 / 1e9)
 
 
+def test_sim_hf_cpu_draws_the_calibrations_spread_per_seed(tmp_path: Path) -> None:
+    """With ``step_spread=calibrated`` a calibration's spread slows every step by its draw; the
+    default (``none``) and a file without one keep the fitted times; a bad spread is a one-line
+    error naming the file."""
+    from superinfer.sim.hf_cpu import HFCPUStepTime
+
+    fit = {"coefficients": HFCPUStepTime().to_dict()}
+    plain, spread = tmp_path / "plain.json", tmp_path / "spread.json"
+    plain.write_text(json.dumps(fit))
+    table = {"ratio_measured_over_predicted": {"decode": [1.5, 2.5]}}
+    spread.write_text(json.dumps({**fit, "spread": table}))
+
+    def e2e(path: Path, **extra: str) -> pd.Series:
+        opts = {"step_time_file": str(path), "step_spread": "calibrated", **extra}
+        config = BenchConfig(
+            engines=("sim:hf-cpu",), policies=("fcfs",), engine_options=opts, **HF_WORKLOAD
+        )
+        return run_bench(config).requests.set_index("request_id")["e2e_ms"]
+
+    base = e2e(plain)
+    pd.testing.assert_series_equal(e2e(spread, step_spread="none"), base)
+    config = BenchConfig(
+        engines=("sim:hf-cpu",),
+        policies=("fcfs",),
+        engine_options={"step_time_file": str(spread)},
+        **HF_WORKLOAD,
+    )
+    default = run_bench(config).requests.set_index("request_id")["e2e_ms"]
+    pd.testing.assert_series_equal(default, base)  # off unless asked for
+    one = e2e(spread, step_spread_seed="1")
+    pd.testing.assert_series_equal(e2e(spread, step_spread_seed="1"), one)
+    assert (one > base).all()  # every step 1.5-2.5x its fitted time
+    assert not one.equals(e2e(spread, step_spread_seed="2"))
+    spread.write_text(json.dumps({**fit, "spread": {"decode": [1.5, 2.5]}}))
+    with pytest.raises(UserError, match=f"{spread}: bad step-time spread"):
+        e2e(spread)
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "superinfer", *args], capture_output=True, text=True, timeout=300
@@ -202,6 +243,10 @@ def test_calibrate_refits_recorded_steps_without_the_engine(tmp_path: Path) -> N
     out = tmp_path / "fit.json"
     doc = _calibrate_recovers(true, "hf", steps, out)
     assert doc["steps_from"] == str(steps) and doc["fit"]["num_samples"] == 12
+    assert doc["kv_spill"] == {}  # exact data: no spill regime
+    ratios = doc["spread"]["ratio_measured_over_predicted"]  # fitted exactly: every ratio 1
+    assert sorted(ratios) == ["decode", "prefill"]
+    assert all(v == pytest.approx(1.0) for q in ratios.values() for v in q)
     assert (tmp_path / "fit_steps.csv").is_file()
 
 

@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from superinfer.adapters.manager import build_plugin_manager
@@ -22,6 +23,7 @@ from superinfer.sim.hf_cpu import (
     HFCPUStepTime,
     StepSample,
     features,
+    find_spill,
     hf_cpu_sim_config,
     shape_of,
     shape_of_totals,
@@ -175,3 +177,80 @@ def test_sglang_mechanics_admit_a_long_prompt_only_with_room_for_all_of_it() -> 
     assert preemptions(config) == [0, 0, 0, 0]
     chunk_only = replace(config, profile=replace(config.profile, reserve_whole_prompt=False))
     assert sum(preemptions(chunk_only)) > 0
+
+
+# -- the spill regime ---------------------------------------------------------------------------
+
+SPILLING = replace(TRUE, spill_tokens=3072.0, spill_s_per_token=5e-5)
+
+
+def test_the_spill_term_adds_its_cost_per_key_token_only_past_the_threshold() -> None:
+    below = shape_of([(1535, 1, True), (1535, 1, True)])  # 3,072 key tokens: not past it
+    above = shape_of([(1536, 1, True), (1535, 1, True)])  # 3,073
+    assert SPILLING.step_time_s(below) == TRUE.step_time_s(below)
+    assert SPILLING.step_time_s(above) == pytest.approx(TRUE.step_time_s(above) + 5e-5 * 3073)
+    assert TRUE.repeatable and not SPILLING.repeatable
+    assert TRUE.spill_dict() == {}
+    assert SPILLING.spill_dict() == {"threshold_tokens": 3072.0, "s_per_token": 5e-5}
+    with pytest.raises(ValueError, match="spill threshold must be > 0"):
+        replace(TRUE, spill_tokens=0.0)
+    with pytest.raises(ValueError, match="spill cost must be finite and >= 0"):
+        replace(TRUE, spill_s_per_token=-1e-6)
+
+
+def test_find_spill_splits_the_ratio_where_its_level_changes() -> None:
+    kv = np.arange(100.0, 8000.0, 50.0)  # 158 steps
+    ratio = np.where(kv > 4992, 2.0, 1.0)  # 60 steps above 4,992 run twice as slow
+    assert find_spill(kv, ratio) == 4992.0
+    assert find_spill(kv, np.where(kv > 4992, 1.15, 1.0)) is None  # under SPILL_MIN_JUMP
+    # 9 slow steps: a split that keeps SPILL_MIN_STEPS above it leaves them a minority there
+    assert find_spill(kv, np.where(kv > 7500, 2.0, 1.0)) is None
+    assert find_spill(kv, np.ones_like(kv)) is None
+
+
+def _spill_samples(model: HFCPUStepTime) -> list[StepSample]:
+    """The 14 steps of :func:`_samples`, 208 decode batches of 1-16 requests up to 2,256 key
+    tokens and, past a gap, 40 steps of 6,000-7,950 (the spill regime is rare, as on the real
+    engine): any threshold in the gap splits them the same way."""
+    small = [shape_of([(c, 1, True)] * b) for b in range(1, 17) for c in range(20, 150, 10)]
+    big = [shape_of([(c, 1, True)] * 10) for c in range(599, 799, 5)]
+    return _samples(model) + [StepSample(s, model.step_time_s(s)) for s in small + big]
+
+
+def test_fit_finds_a_spill_and_recovers_its_cost() -> None:
+    model, report = HFCPUStepTime.fit(_spill_samples(SPILLING))
+    assert model.spill_tokens == 2304.0  # the first multiple of 128 past 16 x 141 = 2,256
+    assert model.spill_s_per_token == pytest.approx(5e-5, rel=1e-6)
+    for got, want in zip(model.coefficients, TRUE.coefficients, strict=True):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert report.mean_abs_rel_err < 1e-9 and report.num_outliers == 0
+    no_spill, _ = HFCPUStepTime.fit(_spill_samples(TRUE))
+    assert no_spill.spill_s_per_token == 0.0 and no_spill.spill_tokens == math.inf
+
+
+def test_a_calibration_file_carries_the_spill(tmp_path: Path) -> None:
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps({"coefficients": TRUE.to_dict(), "kv_spill": SPILLING.spill_dict()}))
+    assert HFCPUStepTime.from_file(path) == SPILLING
+    path.write_text(json.dumps({"coefficients": TRUE.to_dict(), "kv_spill": {"s_per_token": 1}}))
+    with pytest.raises(ValueError, match="not a step-time calibration.*threshold_tokens"):
+        HFCPUStepTime.from_file(path)
+
+
+def test_the_simulator_times_each_step_of_a_spilling_model_on_its_own() -> None:
+    """With a spill term a decode run is not linear in its KV: the policy's max_repeat_steps no
+    longer changes the token times."""
+    slo = SLO("chat")
+    reqs = [RequestSpec(f"r{i}", 0.05 * i, 600 + 7 * i, 12, 12, slo) for i in range(8)]
+    config = SimConfig(SIM_HF_CPU, SMOLLM2_135M, HOST_CPU, num_gpu_blocks_override=256)
+    model = replace(TRUE, spill_tokens=1000.0, spill_s_per_token=5e-5)
+
+    def run(repeat: int) -> list[tuple[float | None, float | None]]:
+        pm = build_plugin_manager("fcfs", {"max_repeat_steps": str(repeat)})
+        result = Simulator(config, pm.hook, step_time=model).run(reqs)
+        return [(r.first_token_s, r.finish_s) for r in result.requests]
+
+    assert run(64) == run(1)
+    pm = build_plugin_manager("fcfs", {})
+    plain = Simulator(config, pm.hook, step_time=TRUE).run(reqs)
+    assert max(r.finish_s or 0 for r in plain.requests) < max(e or 0 for _, e in run(1))

@@ -280,14 +280,20 @@ def _sim_cells(
     through the SGLang plugin, :data:`HF_SUPERINFER_OPTS` on hf), then ``superinfer_options``
     over them."""
     limits = SIM_SGLANG_LIMITS if engine == SIM_SGLANG else {}
-    eopts = {**limits, "step_time_file": str(fit_file), **(extra or {})}
     frames = []
     cfg = replace(
-        _base(config, "sim:hf-cpu", "fcfs", engine_options=eopts),
+        _base(config, "sim:hf-cpu", "fcfs"),
         policies=ENGINE_POLICIES[engine],
         policy_options={"superinfer": superinfer_opts(engine, superinfer_options)},
     )
     for rep in range(opts.repeats):
+        # with step_spread=calibrated, repeat r draws its step-time spread with seed + r
+        eopts = {
+            **limits,
+            "step_time_file": str(fit_file),
+            "step_spread_seed": str(config.seed + rep),
+        }
+        cfg = replace(cfg, engine_options={**eopts, **(extra or {})})
         for load in engine_loads(opts, engine, found):
             progress(f"{engine} at {load:g} req/s, repeat {rep}")
             wl = mix_workload(opts, load, config.seed + rep)

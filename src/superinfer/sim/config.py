@@ -30,7 +30,11 @@ def dtype_bytes(dtype: str) -> float:
 
 
 class StepTimeModel(Protocol):
-    """What the engine needs from a step-time model."""
+    """What the engine needs from a step-time model.
+
+    A model may also set ``repeatable = False`` (``sim.hf_cpu.HFCPUStepTime`` with a spill term,
+    ``sim.step_spread.SpreadStepTime``): :meth:`decode_coefficients` then does not time a run of
+    decode steps exactly, and the simulator runs every step on its own."""
 
     def step_time_s(self, shape: BatchShape) -> float:
         """Duration of one step running ``shape``, s."""

@@ -36,6 +36,22 @@ a prefix is far slower than one without (``torch_native`` attention's extend pat
 its fits leave ``c_pre`` at 0. Calibration files without ``multi_seq`` or ``prefix_tokens`` read
 them as 0.
 
+Past a KV size the per-token cost jumps (the *spill*): each layer gathers the step's keys and values
+from the paged cache (transformers 5.24, ``generation/continuous_batching/cache.py`` ``update``:
+``read_index``) and repeats the 3 KV heads to the 9 query heads before SDPA
+(``integrations/sdpa_attention.py``: ``repeat_kv``, as a masked SDPA gets no ``enable_gqa``), about
+2 x (3 + 9) x 64 x 4 = 6,144 bytes per key token per layer in fp32, so past ~5,400 key tokens a
+layer's working set outgrows the host's 32 MiB L3 cache (AMD EPYC, ``lscpu``) and streams from DRAM.
+In the engines suite's step logs of the hf knee runs
+(``results/hf/{knee,knee-hi,tpot-plan-0.9,tpot-plan-0.9-knee}/steps.parquet``, 0.214-0.4 req/s)
+decode steps of 10-12 requests took a median 277 ms at 4,000-4,999 key tokens and 589 ms at
+6,000-6,999; in ``knee-hi`` its own linear fit predicted the 113 decode steps at 6,000-6,999 key
+tokens 1.78x too fast (median), those below 4,000 within 2 % (medians per 1,000-token range). The
+model adds ``c_spill K`` when ``K`` exceeds a threshold (:attr:`HFCPUStepTime.spill_tokens`): all of
+the step's KV traffic then comes from memory. The fit finds the threshold where the
+measured/predicted ratio changes level (:func:`find_spill`) and keeps it only if steps above it are
+typically at least :data:`SPILL_MIN_JUMP` slower.
+
 Coefficients are fitted by least squares on relative error (each row divided by its measured
 time), with negative coefficients removed and the rest refitted, so every term stays a cost.
 Steps slowed by something outside the engine (another process taking the core) would pull the
@@ -72,6 +88,7 @@ __all__ = [
     "FitReport",
     "HFCPUStepTime",
     "StepSample",
+    "find_spill",
     "hf_cpu_sim_config",
     "shape_of",
     "shape_of_totals",
@@ -205,6 +222,13 @@ OUTLIER_MADS = 3.0
 #: ... and at least this much slower, relatively (so exact data never loses a point).
 OUTLIER_FLOOR = 0.05
 
+#: A spill regime needs this many steps above its threshold ...
+SPILL_MIN_STEPS = 30
+#: ... whose median measured/predicted ratio is this much (relatively) above the median below it.
+SPILL_MIN_JUMP = 0.2
+#: Thresholds tried, in key tokens: multiples of this (a KV page of 32 tokens, x 4).
+SPILL_GRID_TOKENS = 128
+
 #: Names of the step-time features, in coefficient order.
 FEATURES = (
     "intercept",
@@ -233,6 +257,61 @@ DEFAULT_COEFFICIENTS: tuple[float, ...] = (
     0.0,
     0.0,
 )
+
+
+def _robust_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list[int], np.ndarray]:
+    """:func:`_nonnegative_fit` with slow outliers set aside until the fitted set is stable
+    (module docstring). Returns ``(c, active features, mask of the steps fitted)``."""
+    keep = np.ones(len(y), dtype=bool)
+    coef, active = _nonnegative_fit(x, y)
+    for _ in range(10):
+        rel = (x @ coef - y) / y  # > 0: predicted slower than measured
+        med = float(np.median(rel[keep]))
+        mad = 1.4826 * float(np.median(np.abs(rel[keep] - med)))
+        inlier = rel >= med - max(OUTLIER_MADS * mad, OUTLIER_FLOOR)
+        if (inlier == keep).all() or inlier.sum() < len(FEATURES):
+            break
+        keep = inlier
+        coef, active = _nonnegative_fit(x[keep], y[keep])
+    return coef, active, keep
+
+
+def find_spill(kv_tokens: np.ndarray, ratio: np.ndarray) -> float | None:
+    """The KV size past which steps run slower than a model fitted across all of them predicts.
+
+    Sorts the steps by key tokens and splits ``log(ratio)`` into two levels at each multiple of
+    :data:`SPILL_GRID_TOKENS`, keeping the split with the least total absolute deviation from
+    each side's median (a least-absolute-deviation change point in level, robust to the slow
+    outliers a shared host adds).
+
+    Args:
+        kv_tokens: key tokens of each step, shape ``(n,)``.
+        ratio: measured / predicted step time of each step, shape ``(n,)``, all > 0.
+
+    Returns:
+        The threshold in key tokens (steps with more are in the spill regime), or ``None`` when
+        no split leaves :data:`SPILL_MIN_STEPS` steps above it and ``len(FEATURES)`` below, or the
+        median ratio above the best split is less than ``1 +`` :data:`SPILL_MIN_JUMP` times the
+        median below it.
+    """
+    order = np.argsort(kv_tokens, kind="stable")
+    kv, level = kv_tokens[order], np.log(ratio[order])
+    best: tuple[float, float, float] | None = None  # (deviation, threshold, jump)
+    first = int(math.ceil(float(kv[0]) / SPILL_GRID_TOKENS))
+    for k in range(first * SPILL_GRID_TOKENS, int(kv[-1]), SPILL_GRID_TOKENS):
+        n_below = int(np.searchsorted(kv, k, side="right"))
+        if len(kv) - n_below < SPILL_MIN_STEPS:
+            break
+        if n_below < len(FEATURES):
+            continue
+        lo, hi = level[:n_below], level[n_below:]
+        m_lo, m_hi = float(np.median(lo)), float(np.median(hi))
+        dev = float(np.abs(lo - m_lo).sum() + np.abs(hi - m_hi).sum())
+        if best is None or dev < best[0]:
+            best = (dev, float(k), m_hi - m_lo)
+    if best is None or best[2] < math.log1p(SPILL_MIN_JUMP):
+        return None
+    return best[1]
 
 
 def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list[int]]:
@@ -335,12 +414,18 @@ class HFCPUStepTime:
 
     Attributes:
         coefficients: s per unit of each feature, in :data:`FEATURES` order (all >= 0).
+        spill_tokens: key tokens past which a step is in the spill regime (module docstring;
+            ``inf``: none).
+        spill_s_per_token: the spill regime's extra cost, s per key token of the step (>= 0).
 
     Raises:
-        ValueError: wrong number of coefficients, or a negative or non-finite one.
+        ValueError: wrong number of coefficients, or a negative or non-finite one; a spill
+            threshold that is not > 0.
     """
 
     coefficients: tuple[float, ...] = DEFAULT_COEFFICIENTS
+    spill_tokens: float = math.inf
+    spill_s_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.coefficients) != len(FEATURES):
@@ -348,15 +433,30 @@ class HFCPUStepTime:
         for name, c in zip(FEATURES, self.coefficients, strict=True):
             if not (math.isfinite(c) and c >= 0):
                 raise ValueError(f"coefficient {name} must be finite and >= 0, got {c}")
+        if not self.spill_tokens > 0:
+            raise ValueError(f"spill threshold must be > 0 key tokens, got {self.spill_tokens}")
+        if not (math.isfinite(self.spill_s_per_token) and self.spill_s_per_token >= 0):
+            raise ValueError(f"spill cost must be finite and >= 0, got {self.spill_s_per_token}")
+
+    @property
+    def repeatable(self) -> bool:
+        """Whether a run of decode steps is timed exactly by :meth:`decode_coefficients` (no
+        spill term); the simulator runs steps one at a time otherwise."""
+        return self.spill_s_per_token == 0.0
 
     def step_time_s(self, shape: BatchShape) -> float:
         """Duration of one step running ``shape``, s (0 for an empty step)."""
         if shape.num_tokens == 0:
             return 0.0
-        return float(sum(c * x for c, x in zip(self.coefficients, features(shape), strict=True)))
+        x = features(shape)
+        t = sum(c * v for c, v in zip(self.coefficients, x, strict=True))
+        if x[4] > self.spill_tokens:
+            t += self.spill_s_per_token * x[4]
+        return float(t)
 
     def decode_coefficients(self, num_seqs: int) -> tuple[float, float]:
-        """Step time of a pure-decode batch of ``num_seqs`` as ``a + b * decode_kv_tokens``.
+        """Step time of a pure-decode batch of ``num_seqs`` as ``a + b * decode_kv_tokens``
+        (below the spill threshold).
 
         With ``T = S = N = num_seqs = B`` and ``K = decode_kv_tokens``:
         ``a = c0 + (c_tok + c_seq + c_samp) B + c_multi [B > 1]``, ``b = c_kv + c_qk B``.
@@ -371,7 +471,10 @@ class HFCPUStepTime:
 
         Least squares on relative error with non-negative coefficients (a coefficient that comes
         out negative is fixed at 0 and the rest refitted); slow outliers are set aside and the
-        fit redone until the set of fitted steps is stable (module docstring).
+        fit redone until the set of fitted steps is stable (module docstring). If the steps show
+        a spill regime (:func:`find_spill`), the coefficients are refitted on the steps below its
+        threshold and the spill cost is the median of ``(measured - predicted) / K`` above it
+        (those steps are never set aside as outliers).
 
         Raises:
             ValueError: fewer samples than features, or a non-positive duration.
@@ -382,18 +485,21 @@ class HFCPUStepTime:
         y = np.array([s.duration_s for s in samples], dtype=float)
         if not (y > 0).all():
             raise ValueError("every measured step must have a positive duration")
-        keep = np.ones(len(y), dtype=bool)
-        for _ in range(10):
-            coef, active = _nonnegative_fit(x[keep], y[keep])
-            rel = (x @ coef - y) / y  # > 0: predicted slower than measured
-            med = float(np.median(rel[keep]))
-            mad = 1.4826 * float(np.median(np.abs(rel[keep] - med)))
-            inlier = rel >= med - max(OUTLIER_MADS * mad, OUTLIER_FLOOR)
-            if (inlier == keep).all() or inlier.sum() < len(FEATURES):
-                break
-            keep = inlier
-        model = cls(tuple(float(c) for c in coef))
-        err = np.abs(rel)
+        coef, active, keep = _robust_fit(x, y)
+        kv, spill_at, spill_cost = x[:, 4], math.inf, 0.0
+        pred = x @ coef
+        threshold = find_spill(kv, y / pred) if (pred > 0).all() else None
+        if threshold is not None:  # refit below it; the spill cost is the median excess above
+            below = kv <= threshold
+            coef_b, active_b, keep_b = _robust_fit(x[below], y[below])
+            excess = float(np.median((y[~below] - x[~below] @ coef_b) / kv[~below]))
+            if excess > 0:
+                coef, active, spill_at, spill_cost = coef_b, active_b, threshold, excess
+                keep = np.ones(len(y), dtype=bool)
+                keep[below] = keep_b
+        model = cls(tuple(float(c) for c in coef), spill_at, spill_cost)
+        pred = x @ coef + spill_cost * kv * (kv > spill_at)
+        err = np.abs((pred - y) / y)
         report = FitReport(
             num_samples=len(samples),
             mean_abs_rel_err=float(err.mean()),
@@ -422,16 +528,32 @@ class HFCPUStepTime:
             raise ValueError(f"step-time coefficients lack {', '.join(missing)}")
         return cls(tuple(float(data.get(f, 0.0)) for f in FEATURES))
 
+    def spill_dict(self) -> dict[str, float]:
+        """The spill term as a calibration file's ``kv_spill`` object (``threshold_tokens``,
+        ``s_per_token``); empty when there is none."""
+        if self.spill_s_per_token == 0.0:
+            return {}
+        return {"threshold_tokens": self.spill_tokens, "s_per_token": self.spill_s_per_token}
+
     @classmethod
     def from_file(cls, path: Path) -> HFCPUStepTime:
-        """Load the ``coefficients`` object of a calibration file (``superinfer calibrate``).
+        """Load the ``coefficients`` object of a calibration file (``superinfer calibrate``) and
+        its ``kv_spill`` object, if any (:meth:`spill_dict`).
 
         Raises:
-            ValueError: unreadable file, or no valid ``coefficients`` object in it; the message
-                names the file.
+            ValueError: unreadable file, or no valid ``coefficients`` object in it, or an invalid
+                ``kv_spill``; the message names the file.
         """
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            return cls.from_dict(data["coefficients"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            model = cls.from_dict(data["coefficients"])
+            spill = data.get("kv_spill") or {}
+            if spill:
+                model = replace(
+                    model,
+                    spill_tokens=float(spill["threshold_tokens"]),
+                    spill_s_per_token=float(spill["s_per_token"]),
+                )
+            return model
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{path}: not a step-time calibration ({exc})") from None

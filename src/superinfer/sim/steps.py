@@ -35,7 +35,10 @@ def build_run(rep: Replica, decision: ScheduleDecision, now_s: float, not_before
             pieces = prefill
     if not pieces:
         return None
-    steps = repeat_steps(rep, decision, pieces, now_s)
+    # a model whose decode time is not linear in the KV read (StepTimeModel) times each step
+    steps = (
+        repeat_steps(rep, decision, pieces, now_s) if getattr(step_time, "repeatable", True) else 1
+    )
     start = not_before
     kept = []
     pairs = full_pairs = decode_kv = growth = 0.0

@@ -18,6 +18,7 @@ CLI work without the ``hf`` extra.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -45,6 +46,7 @@ from superinfer.sim.hf_cpu import (
     shape_of,
 )
 from superinfer.sim.request import RequestSpec
+from superinfer.sim.step_spread import StepSpread
 
 if TYPE_CHECKING:
     from superinfer.adapters.hf.engine import EngineConfig, EngineSession, LoadedModel
@@ -54,11 +56,13 @@ __all__ = [
     "HF_ENGINE",
     "SIM_HF_CPU_ENGINE",
     "STEP_COLUMNS",
+    "STEP_SPREADS",
     "HFOptions",
     "RequestTrace",
     "hf_options",
     "replay",
     "run_hf_cell",
+    "sim_step_spread",
     "sim_step_time",
     "start_session",
     "step_profile",
@@ -74,6 +78,10 @@ SIM_HF_CPU_ENGINE = SIM_HF_CPU.name
 
 
 # -- options ----------------------------------------------------------------------------------
+
+
+#: ``--engine-option step_spread`` values (:class:`HFOptions`).
+STEP_SPREADS = ("calibrated", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +103,12 @@ class HFOptions:
             prefill/decode steps, chunk admission, hashed blocks) or ``sglang`` (``sim:sglang``'s:
             prefill batches that run without decodes, ``new_token_ratio`` admission with
             retraction, radix cache), at the limits above (``sim.hf_cpu.hf_cpu_sim_config``).
+        step_spread: ``none`` (default): the fitted time alone; ``calibrated``: ``sim:hf-cpu``
+            scales each step by a ratio drawn from the step-time file's measured spread, when it
+            has one (``sim.step_spread``). Off by default: replaying the five hf knee runs with
+            it put fewer rows within issue 19's bounds (240 of 288 against 255;
+            ``results/fidelity/README.md``).
+        step_spread_seed: seed of those draws.
     """
 
     page_size_tokens: int = 32
@@ -106,6 +120,8 @@ class HFOptions:
     stall_s: float = 60.0
     step_time_file: str | None = None
     mechanics: str = "hf"
+    step_spread: str = "none"
+    step_spread_seed: int = 0
 
 
 def hf_options(options: Mapping[str, str]) -> HFOptions:
@@ -133,6 +149,10 @@ def hf_options(options: Mapping[str, str]) -> HFOptions:
     if opts.mechanics not in MECHANICS:
         raise UserError(
             f"--engine-option mechanics={opts.mechanics!r}: one of {', '.join(MECHANICS)}"
+        )
+    if opts.step_spread not in STEP_SPREADS:
+        raise UserError(
+            f"--engine-option step_spread={opts.step_spread!r}: one of {', '.join(STEP_SPREADS)}"
         )
     for key in ("page_size_tokens", "num_blocks", "max_batch_tokens", "max_num_seqs"):
         if getattr(opts, key) < 1:
@@ -518,3 +538,22 @@ def sim_step_time(opts: HFOptions) -> HFCPUStepTime:
         return HFCPUStepTime.from_file(Path(opts.step_time_file))
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def sim_step_spread(opts: HFOptions) -> StepSpread | None:
+    """The measured spread ``sim:hf-cpu`` draws its steps from: the ``spread`` object of
+    ``opts.step_time_file`` when ``opts.step_spread`` is ``calibrated``; ``None`` without a file,
+    without that object, or with ``step_spread=none`` (the default).
+
+    Raises:
+        UserError: an unreadable file or an invalid ``spread`` object; the message names the
+            file.
+    """
+    if opts.step_time_file is None or opts.step_spread == "none":
+        return None
+    path = Path(opts.step_time_file)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")).get("spread")
+        return None if data is None else StepSpread.from_dict(data)
+    except (OSError, ValueError, AttributeError) as exc:
+        raise UserError(f"{path}: bad step-time spread ({exc})") from None

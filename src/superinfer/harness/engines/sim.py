@@ -17,7 +17,7 @@ from superinfer.harness.engines.base import (
     RequestOutcome,
     requests_frame,
 )
-from superinfer.harness.engines.hf import hf_options, sim_step_time
+from superinfer.harness.engines.hf import hf_options, sim_step_spread, sim_step_time
 from superinfer.harness.engines.registry import family_kinds
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import policy_manager
@@ -28,6 +28,7 @@ from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.hf_cpu import KV_BYTES_PER_TOKEN_FP32, hf_cpu_sim_config
 from superinfer.sim.profiles import get_profile
 from superinfer.sim.routers import ROUTERS
+from superinfer.sim.step_spread import SpreadStepTime
 
 __all__ = [
     "SIM_OPTION_KEYS",
@@ -204,7 +205,8 @@ def run_sim_hf_cpu_cell(
     *,
     plugins: Sequence[object] = (),
 ) -> CellResult:
-    """Simulate ``workload`` on ``sim:hf-cpu`` (the real engine's mechanics and fitted step time).
+    """Simulate ``workload`` on ``sim:hf-cpu`` (the real engine's mechanics and fitted step time,
+    with the calibration's measured spread if ``step_spread=calibrated``: ``sim.step_spread``).
 
     ``plugins``: extra pluggy plugins registered beside the policy (as :func:`run_sim_cell`).
 
@@ -213,6 +215,10 @@ def run_sim_hf_cpu_cell(
     """
     opts = hf_options(config.engine_options)
     step_time = sim_step_time(opts)
+    spread = sim_step_spread(opts)
+    model = (
+        step_time if spread is None else SpreadStepTime(step_time, spread, opts.step_spread_seed)
+    )
     sim_config = hf_cpu_sim_config(
         page_size_tokens=opts.page_size_tokens,
         num_blocks=opts.num_blocks,
@@ -222,7 +228,7 @@ def run_sim_hf_cpu_cell(
     )
     pm = policy_manager(policy, config.policy_options.get(policy), plugins=plugins)
     wall = time.perf_counter()
-    result = Simulator(sim_config, pm.hook, step_time=step_time).run(workload.requests)
+    result = Simulator(sim_config, pm.hook, step_time=model).run(workload.requests)
     wall = time.perf_counter() - wall
     df = sim_requests_frame(result, engine=engine, policy=policy)
     block_bytes = float(KV_BYTES_PER_TOKEN_FP32 * opts.page_size_tokens)
@@ -245,6 +251,8 @@ def run_sim_hf_cpu_cell(
         "kv_capacity_blocks": opts.num_blocks,
         "kv_capacity_gb": opts.num_blocks * block_bytes / 1e9,
         "step_time": step_time.to_dict(),
+        "kv_spill": step_time.spill_dict(),
+        "step_spread": None if spread is None else opts.step_spread_seed,
         "step_time_file": opts.step_time_file,
         "mechanics": opts.mechanics,
     }

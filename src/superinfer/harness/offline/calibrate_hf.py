@@ -32,6 +32,7 @@ from superinfer.harness.policies import policy_manager
 from superinfer.harness.report.results import manifest, write_atomic
 from superinfer.harness.workload.prompts import PromptBuilder, load_sharegpt_prompts
 from superinfer.sim.hf_cpu import HFCPUStepTime, StepSample, shape_of_totals
+from superinfer.sim.step_spread import StepSpread
 
 if TYPE_CHECKING:
     from superinfer.adapters.hf.plugin import StepRecord
@@ -150,7 +151,9 @@ def fit_steps(steps: pd.DataFrame) -> tuple[HFCPUStepTime, dict[str, Any]]:
     column.
 
     Returns:
-        The model and the JSON-able fit report (coefficients, fit error overall and per kind).
+        The model and the JSON-able fit report: coefficients, the spill term (``kv_spill``, empty
+        without one), the measured / predicted spread per step kind (``spread``,
+        ``sim.step_spread.StepSpread``), the fit error overall and per kind.
 
     Raises:
         UserError: too few steps or a missing column.
@@ -174,9 +177,17 @@ def fit_steps(steps: pd.DataFrame) -> tuple[HFCPUStepTime, dict[str, Any]]:
         raise UserError(f"cannot fit the step-time model to these steps: {exc}") from None
     steps["predicted_ms"] = [model.step_time_s(s.shape) * 1e3 for s in samples]
     rel = (steps["predicted_ms"] - steps["duration_ms"]).abs() / steps["duration_ms"]
+    try:
+        spread = StepSpread.fit(
+            list(steps["kind"]), list(steps["duration_ms"] / steps["predicted_ms"])
+        )
+    except ValueError as exc:
+        raise UserError(f"cannot measure the steps' spread: {exc}") from None
     report = {
         "coefficients": model.to_dict(),
         "units": "s per unit of each feature (sim/hf_cpu.py FEATURES)",
+        "kv_spill": model.spill_dict(),
+        "spread": spread.to_dict(),
         "fit": asdict(fit),
         "fit_by_kind": {
             kind: {"steps": int(m.sum()), "mean_abs_rel_err": round(float(rel[m].mean()), 4)}
