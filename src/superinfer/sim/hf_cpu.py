@@ -46,7 +46,7 @@ In the engines suite's step logs of the hf knee runs
 (``results/hf/{knee,knee-hi,tpot-plan-0.9,tpot-plan-0.9-knee}/steps.parquet``, 0.214-0.4 req/s)
 decode steps of 10-12 requests took a median 277 ms at 4,000-4,999 key tokens and 589 ms at
 6,000-6,999; in ``knee-hi`` its own linear fit predicted the 113 decode steps at 6,000-6,999 key
-tokens 1.78x too fast (median), those below 4,000 within 2 % (medians per 1,000-token range). The
+tokens 2.04x too fast (median), those below 4,000 within 3.3 % (medians per 1,000-token range). The
 model adds ``c_spill K`` when ``K`` exceeds a threshold (:attr:`HFCPUStepTime.spill_tokens`): all of
 the step's KV traffic then comes from memory. The fit finds the threshold where the
 measured/predicted ratio changes level (:func:`find_spill`) and keeps it only if steps above it are
