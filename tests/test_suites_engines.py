@@ -544,7 +544,7 @@ def test_the_suite_folder_gets_every_step_log_in_one_file(tmp_path) -> None:
     assert "| `requests.parquet` | `test` |" in (out / "MANIFEST.md").read_text()
 
 
-def test_sim_sglang_cpu_is_fitted_on_the_runs_step_logs_when_they_hold_enough_steps(
+def test_the_simulations_are_fitted_on_the_runs_step_logs_when_they_hold_enough_steps(
     tmp_path,
 ) -> None:
     from superinfer.harness.suites_engines import collect_step_logs
@@ -586,6 +586,20 @@ def test_sim_sglang_cpu_is_fitted_on_the_runs_step_logs_when_they_hold_enough_st
     assert fit["source"].startswith(f"the sglang runs' own step logs: {MIN_LOG_STEPS} steps of 2")
     got = HFCPUStepTime.from_dict(fit["coefficients"]).coefficients
     assert got == pytest.approx(true.coefficients, rel=1e-6, abs=1e-12)
+    # hf's steps are fitted as logged (no scheduler gap added): the intercept is 2 ms less
+    hf = step_log_fit(collect_step_logs(tmp_path), "hf", lone)
+    assert hf is not None and hf["fit"]["num_samples"] == MIN_LOG_STEPS
+    assert hf["source"] == (
+        f"the hf runs' own step logs: {MIN_LOG_STEPS} steps of 1 runs, each engine step as "
+        "logged (calibrate --engine hf --steps)"
+    )
+    want = (true.coefficients[0] - 0.002, *true.coefficients[1:])
+    got = HFCPUStepTime.from_dict(hf["coefficients"]).coefficients
+    assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
+    assert hf["kv_spill"] == {} and set(hf["spread"]["ratio_measured_over_predicted"]) == {
+        "decode",
+        "prefill",
+    }
 
 
 def test_policy_opts_reach_superinfer_on_every_engine_of_the_suite(tmp_path, monkeypatch) -> None:

@@ -6,7 +6,7 @@ SmolLM2-135M-Instruct on the transformers engine (``hf``), on the real SGLang CP
 and, where our policy plugs in (``hf``, ``sglang``), under ``priority`` and ``superinfer``; beside
 them the simulated rows ``sim:hf-cpu`` and ``sim:sglang-cpu`` (the CPU simulator with hf's
 mechanics, and with SGLang's at the server's limits), each with a step time fitted on its real
-engine in this run (hf's lone requests; SGLang's step logs when they hold enough steps).
+engine's step logs in this run (on its lone requests when the logs hold too few steps).
 
 One workload design for every engine (``suites_engines_workload.mix_workload``): Poisson chat (short
 prompts) and batch (long prompts, up to SGLang's 1,024-token context with their output) streams, the
@@ -449,8 +449,7 @@ def run_engines(
         if sim is None or sim in fit_files or not opts.lone or sim not in opts.engines:
             continue
         fit = lone_step_fit(lones[-1], *FIT_CHUNK_AND_LABEL[engine], batched.get(engine))
-        if engine == SGLANG:
-            fit = step_log_fit(collect_step_logs(work_dir), engine, fit) or fit
+        fit = step_log_fit(collect_step_logs(work_dir), engine, fit) or fit
         fit_files[sim] = work_dir / f"{engine}_step_time.json"
         fit_files[sim].write_text(json.dumps(fit, indent=2) + "\n")
         info["engines"][sim] = fit

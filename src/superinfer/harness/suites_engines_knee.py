@@ -235,11 +235,18 @@ MIN_LOG_STEPS = 200
 def step_log_fit(
     steps: pd.DataFrame, engine: str, lone: Mapping[str, Any]
 ) -> dict[str, Any] | None:
-    """The step time of ``sim:sglang-cpu`` fitted on the SGLang runs' own step logs (``steps``:
-    ``suites_engines.collect_step_logs``' frame, its ``run`` column ``<engine>_...``; whole
-    scheduler iterations: ``offline.calibrate_hf``'s ``sglang_iteration_steps``), with the lone
-    fit kept beside it (``lone``); ``None`` with fewer than :data:`MIN_LOG_STEPS` steps of
-    ``engine``."""
+    """The step time of ``engine``'s simulation fitted on its runs' own step logs (``steps``:
+    ``suites_engines.collect_step_logs``' frame, its ``run`` column ``<engine>_...``), with the
+    lone fit kept beside it (``lone``); ``None`` with fewer than :data:`MIN_LOG_STEPS` steps of
+    ``engine``.
+
+    ``sglang`` (``sim:sglang-cpu``): whole scheduler iterations (``offline.calibrate_hf``'s
+    ``sglang_iteration_steps``); ``hf`` (``sim:hf-cpu``): the engine's steps as logged. The fit is
+    ``calibrate --steps``'s (``offline.calibrate_hf.fit_steps``): coefficients, the spill term
+    where the steps show one (``kv_spill``) and the steps' spread (``spread``, used only with
+    ``step_spread=calibrated``). On the hf knee runs a fit on the runs' own steps put 255 of 288
+    replayed rows within issue 19's bounds; the lone fit's rows, 14 of 108 (``results/fidelity``).
+    """
     from superinfer.harness.offline.calibrate_hf import fit_steps, sglang_iteration_steps
 
     if steps.empty:
@@ -247,15 +254,20 @@ def step_log_fit(
     steps = steps[steps["run"].str.startswith(f"{engine}_")]
     if len(steps) < MIN_LOG_STEPS:
         return None
-    _, report = fit_steps(sglang_iteration_steps(steps))
+    server = engine == "sglang"
+    _, report = fit_steps(sglang_iteration_steps(steps) if server else steps.copy())
     runs = steps["run"].nunique()
+    what = (
+        "each run_batch plus the scheduler's gap before it (calibrate --engine sglang)"
+        if server
+        else "each engine step as logged (calibrate --engine hf --steps)"
+    )
     return {
         "coefficients": report["coefficients"],
+        "kv_spill": report["kv_spill"],
+        "spread": report["spread"],
         "fit": report["fit"],
         "fit_by_kind": report["fit_by_kind"],
-        "source": (
-            f"the {engine} runs' own step logs: {len(steps)} steps of {runs} runs, each "
-            "run_batch plus the scheduler's gap before it (calibrate --engine sglang)"
-        ),
+        "source": f"the {engine} runs' own step logs: {len(steps)} steps of {runs} runs, {what}",
         "lone": dict(lone),
     }

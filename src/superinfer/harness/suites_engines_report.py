@@ -60,8 +60,9 @@ ENGINE_NOTES = {
     "llamacpp": "llama.cpp server (llama-cpp-python 0.3.36), the Q4_1 GGUF itself (4-bit weights, "
     "f16 KV cache); n_ctx 2048; one request at a time, the rest queue (FIFO): no batching, no "
     "plugin",
-    "sim:hf-cpu": "simulator with hf's mechanics and a step time fitted to this run's lone hf "
-    "requests (hf_step_time.json; or the calibration file `suite.hf_step_time_file` names)",
+    "sim:hf-cpu": "simulator with hf's mechanics and a step time fitted to this run's hf step "
+    "logs, or its lone requests when they hold under 200 steps (hf_step_time.json; or the "
+    "calibration file `suite.hf_step_time_file` names)",
     "sim:sglang-cpu": "simulator with SGLang's mechanics (prefill batches alone, PrefillAdder "
     "admission of the whole prompt and output, radix cache) at the server's limits (512-token "
     "steps, 8 sequences, 4,096 tokens in pages of 1) and a step time fitted to this run's SGLang "
