@@ -578,16 +578,16 @@ def test_the_simulations_are_fitted_on_the_runs_step_logs_when_they_hold_enough_
     pd.DataFrame(rows[:half]).to_parquet(steps / "sglang_native_1_0.parquet")
     lone = {"coefficients": {"intercept": 0.1}, "source": "lone"}
     # too few steps: the lone fit stays
-    assert step_log_fit(collect_step_logs(tmp_path), "sglang", lone) is None
+    assert step_log_fit(collect_step_logs(tmp_path), "sglang", lone, iterations=True) is None
     pd.DataFrame(rows[half:]).to_parquet(steps / "sglang_superinfer_1_0.parquet")
-    fit = step_log_fit(collect_step_logs(tmp_path), "sglang", lone)
+    fit = step_log_fit(collect_step_logs(tmp_path), "sglang", lone, iterations=True)
     assert fit is not None and fit["lone"] == lone
     assert fit["fit"]["num_samples"] == MIN_LOG_STEPS
     assert fit["source"].startswith(f"the sglang runs' own step logs: {MIN_LOG_STEPS} steps of 2")
     got = HFCPUStepTime.from_dict(fit["coefficients"]).coefficients
     assert got == pytest.approx(true.coefficients, rel=1e-6, abs=1e-12)
     # hf's steps are fitted as logged (no scheduler gap added): the intercept is 2 ms less
-    hf = step_log_fit(collect_step_logs(tmp_path), "hf", lone)
+    hf = step_log_fit(collect_step_logs(tmp_path), "hf", lone, iterations=False)
     assert hf is not None and hf["fit"]["num_samples"] == MIN_LOG_STEPS
     assert hf["source"] == (
         f"the hf runs' own step logs: {MIN_LOG_STEPS} steps of 1 runs, each engine step as "
@@ -646,7 +646,8 @@ def test_policy_opts_reach_superinfer_on_every_engine_of_the_suite(tmp_path, mon
     assert suites_engines._plugin_opts("native", {"min_prefill_tokens": "64"}) == {}
 
 
-def test_policy_options_reach_the_simulated_superinfer_rows(tmp_path, monkeypatch) -> None:
+def _spy_on_run_bench(monkeypatch) -> list[BenchConfig]:  # noqa: ANN001
+    """The configs the suite's simulated rows run with (``run_bench`` still runs them)."""
     from superinfer.harness import suites_engines
 
     seen: list[BenchConfig] = []
@@ -657,6 +658,11 @@ def test_policy_options_reach_the_simulated_superinfer_rows(tmp_path, monkeypatc
         return real_run_bench(cfg, workload=workload)
 
     monkeypatch.setattr(suites_engines, "run_bench", spy)
+    return seen
+
+
+def test_policy_options_reach_the_simulated_superinfer_rows(tmp_path, monkeypatch) -> None:
+    seen = _spy_on_run_bench(monkeypatch)
     opts = suite_options(
         {
             "suite.engines": "sim:hf-cpu",
@@ -674,3 +680,21 @@ def test_policy_options_reach_the_simulated_superinfer_rows(tmp_path, monkeypatc
         {"superinfer": {"tpot_plan_share": "0.9"}},
         {"superinfer": {"tpot_plan_share": "0.8"}},
     ]
+
+
+def test_each_repeat_of_the_simulated_rows_draws_its_spread_with_seed_plus_repeat(
+    tmp_path, monkeypatch
+) -> None:
+    seen = _spy_on_run_bench(monkeypatch)
+    opts = suite_options(
+        {
+            "suite.engines": "sim:hf-cpu",
+            "suite.loads.hf": "0.2",
+            "suite.duration_s": "15",
+            "suite.repeats": "3",
+            "suite.hf_step_time_file": "results/hf/step_time_fit.json",
+        }
+    )
+    run_engines(BenchConfig(seed=5), opts, tmp_path)
+    assert [c.engine_options["step_spread_seed"] for c in seen] == ["5", "6", "7"]
+    assert {c.engine_options["step_time_file"] for c in seen} == {"results/hf/step_time_fit.json"}

@@ -132,8 +132,8 @@ def test_sim_hf_cpu_accounts_for_every_request_and_is_deterministic() -> None:
 
 def test_sim_hf_cpu_draws_the_calibrations_spread_per_seed(tmp_path: Path) -> None:
     """With ``step_spread=calibrated`` a calibration's spread slows every step by its draw; the
-    default (``none``) and a file without one keep the fitted times; a bad spread is a one-line
-    error naming the file."""
+    default (``none``) keeps the fitted times; no file, a file without a spread or a bad spread
+    is a one-line error naming the file."""
     from superinfer.sim.hf_cpu import HFCPUStepTime
 
     fit = {"coefficients": HFCPUStepTime().to_dict()}
@@ -149,7 +149,18 @@ def test_sim_hf_cpu_draws_the_calibrations_spread_per_seed(tmp_path: Path) -> No
         )
         return run_bench(config).requests.set_index("request_id")["e2e_ms"]
 
-    base = e2e(plain)
+    base = e2e(plain, step_spread="none")
+    with pytest.raises(UserError, match=f"{plain}: no spread object"):
+        e2e(plain)
+    with pytest.raises(UserError, match="step_spread=calibrated needs step_time_file=PATH"):
+        run_bench(
+            BenchConfig(
+                engines=("sim:hf-cpu",),
+                policies=("fcfs",),
+                engine_options={"step_spread": "calibrated"},
+                **HF_WORKLOAD,
+            )
+        )
     pd.testing.assert_series_equal(e2e(spread, step_spread="none"), base)
     config = BenchConfig(
         engines=("sim:hf-cpu",),
@@ -166,6 +177,16 @@ def test_sim_hf_cpu_draws_the_calibrations_spread_per_seed(tmp_path: Path) -> No
     spread.write_text(json.dumps({**fit, "spread": {"decode": [1.5, 2.5]}}))
     with pytest.raises(UserError, match=f"{spread}: bad step-time spread"):
         e2e(spread)
+    one_run = run_bench(
+        BenchConfig(
+            engines=("sim:hf-cpu",),
+            policies=("fcfs",),
+            engine_options={"step_time_file": str(plain)},
+            **HF_WORKLOAD,
+        )
+    )
+    cell = one_run.info["cells"]["sim:hf-cpu/fcfs"]
+    assert cell["kv_spill"] == {} and cell["step_spread_seed"] is None
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -272,3 +293,45 @@ def test_calibrate_sglang_fits_whole_iterations_of_a_step_log(tmp_path: Path) ->
     proc = _cli("calibrate", "--engine", "sglang", "--steps", str(bad), "--out", str(out))
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: not an SGLang step log: no column gap_ms"
+
+
+def test_a_fitted_spill_reaches_the_calibration_file_and_back(tmp_path: Path) -> None:
+    """Steps with a spill regime: ``calibrate --steps`` writes the fitted spill (``kv_spill``)
+    and the model read back from the file times steps as the fit does; the summary names it."""
+    from superinfer.harness.offline.calibrate_hf import fit_summary, write_hf_calibration
+    from superinfer.sim.hf_cpu import HFCPUStepTime, shape_of
+
+    true = HFCPUStepTime(
+        (0.02, 0.004, 0.001, 0.0005, 0.00002, 1e-7, 0.03, 0.0),
+        spill_tokens=3000.0,
+        spill_s_per_token=5e-5,
+    )
+    rows = []
+    grid = [(1, 0, 64), (1, 0, 256), (2, 40, 100), (3, 10, 30)]
+    grid += [(b, c, 1) for b in range(1, 17) for c in range(20, 150, 10)]
+    grid += [(10, c, 1) for c in range(599, 799, 5)]  # 40 steps of 6,000-7,950 key tokens
+    for b, c, n in grid:
+        shape = shape_of([(c, n, True)] * b)
+        kv = shape.prefill_kv_tokens + shape.decode_kv_tokens
+        rows.append(
+            {
+                "kind": "decode" if n == 1 else "prefill",
+                "num_tokens": shape.num_tokens,
+                "num_seqs": shape.num_seqs,
+                "num_samples": shape.num_samples,
+                "kv_tokens": kv,
+                "duration_ms": true.step_time_s(shape) * 1e3,
+            }
+        )
+    steps = tmp_path / "steps.csv"
+    pd.DataFrame(rows).to_csv(steps, index=False)
+    model, report, path, _ = write_hf_calibration(
+        {}, steps_file=str(steps), out=str(tmp_path / "f.json")
+    )
+    assert report["kv_spill"]["s_per_token"] == pytest.approx(5e-5, rel=1e-6)
+    assert report["kv_spill"]["threshold_tokens"] == 2304.0  # first multiple of 128 past 16 x 141
+    back = HFCPUStepTime.from_file(path)
+    assert back == model and not back.repeatable
+    probe = shape_of([(700, 1, True)] * 10)
+    assert back.step_time_s(probe) == pytest.approx(true.step_time_s(probe), rel=1e-6)
+    assert fit_summary(model, report)[-1].startswith("  spill        5e-05 s per key token past")

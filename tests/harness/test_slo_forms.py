@@ -240,3 +240,24 @@ def test_stack_parts_turn_on_only_the_parts_named() -> None:
         "reuse": "not asked for (--stack)",
         "quant": "needs per-request KV precision in the engine",
     }
+
+
+def test_isolated_latency_times_each_decode_step_of_a_spilling_model() -> None:
+    """A model that is not linear in the KV (a spill past 1,000 key tokens) is timed step by step:
+    a decode past the threshold pays the spill, and TPOT is the mean of the request's steps."""
+    from dataclasses import replace
+
+    from superinfer.sim.hf_cpu import HFCPUStepTime, shape_of
+
+    linear = HFCPUStepTime((0.02, 0.004, 0.001, 0.0005, 0.00002, 1e-7, 0.03, 0.0))
+    spilling = replace(linear, spill_tokens=1000.0, spill_s_per_token=1e-4)
+    lat, lin = IsolatedLatency(spilling, 256, "test"), IsolatedLatency(linear, 256, "test")
+    assert lat.decode_ms(998) == pytest.approx(lin.decode_ms(998))  # 999 key tokens: below
+    want = (linear.step_time_s(shape_of([(1200, 1, True)])) + 1e-4 * 1201) * 1e3
+    assert lat.decode_ms(1200) == pytest.approx(want)
+    # prompt 990, 21 output tokens: 20 decode steps reading 991..1010 key tokens, 10 past 1,000
+    steps = [lin.decode_ms(c) + (0.1 * (c + 1) if c + 1 > 1000 else 0.0) for c in range(990, 1010)]
+    assert lat.tpot_ms(990, 21) == pytest.approx(sum(steps) / 20)
+    assert lin.tpot_ms(990, 21) == pytest.approx(
+        sum(lin.decode_ms(c) for c in range(990, 1010)) / 20
+    )

@@ -196,6 +196,8 @@ def test_the_spill_term_adds_its_cost_per_key_token_only_past_the_threshold() ->
         replace(TRUE, spill_tokens=0.0)
     with pytest.raises(ValueError, match="spill cost must be finite and >= 0"):
         replace(TRUE, spill_s_per_token=-1e-6)
+    with pytest.raises(ValueError, match="a spill cost needs a finite spill threshold"):
+        replace(TRUE, spill_s_per_token=1e-6)
 
 
 def test_find_spill_splits_the_ratio_where_its_level_changes() -> None:
@@ -206,6 +208,9 @@ def test_find_spill_splits_the_ratio_where_its_level_changes() -> None:
     # 9 slow steps: a split that keeps SPILL_MIN_STEPS above it leaves them a minority there
     assert find_spill(kv, np.where(kv > 7500, 2.0, 1.0)) is None
     assert find_spill(kv, np.ones_like(kv)) is None
+    assert find_spill(np.array([]), np.array([])) is None
+    with pytest.raises(ValueError, match="158 KV sizes for 3 ratios"):
+        find_spill(kv, np.ones(3))
 
 
 def _spill_samples(model: HFCPUStepTime) -> list[StepSample]:

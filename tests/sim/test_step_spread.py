@@ -60,6 +60,12 @@ def test_bad_tables_are_rejected_with_the_reason() -> None:
         StepSpread({"extend": (1.0, 1.0)})
     with pytest.raises(ValueError, match="non-decreasing"):
         StepSpread({"decode": (2.0, 1.0)})
+    with pytest.raises(ValueError, match="must be finite"):
+        StepSpread({"decode": (1.0, float("inf"))})
+    with pytest.raises(ValueError, match="must map each step kind to a list of numbers"):
+        StepSpread.from_dict({"ratio_measured_over_predicted": {"decode": [1.0, "x"]}})
+    with pytest.raises(ValueError, match="must map each step kind to a list of numbers"):
+        StepSpread.from_dict({"ratio_measured_over_predicted": [1.0]})
     with pytest.raises(ValueError, match="spread lacks 'ratio_measured_over_predicted'"):
         StepSpread.from_dict({"quantiles_at": "(i + 0.5) / n"})
     assert StepSpread.from_dict(SPREAD.to_dict()) == SPREAD

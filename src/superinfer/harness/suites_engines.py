@@ -287,7 +287,8 @@ def _sim_cells(
         policy_options={"superinfer": superinfer_opts(engine, superinfer_options)},
     )
     for rep in range(opts.repeats):
-        # with step_spread=calibrated, repeat r draws its step-time spread with seed + r
+        # with step_spread=calibrated, repeat r draws its step-time spread with seed + r (a
+        # step_spread_seed in `extra` is taken as given, for every repeat)
         eopts = {
             **limits,
             "step_time_file": str(fit_file),
@@ -449,7 +450,12 @@ def run_engines(
         if sim is None or sim in fit_files or not opts.lone or sim not in opts.engines:
             continue
         fit = lone_step_fit(lones[-1], *FIT_CHUNK_AND_LABEL[engine], batched.get(engine))
-        fit = step_log_fit(collect_step_logs(work_dir), engine, fit) or fit
+        try:
+            logs = collect_step_logs(work_dir)
+            fit = step_log_fit(logs, engine, fit, iterations=engine == SGLANG) or fit
+        except UserError as exc:  # the real runs are kept; the simulation takes the lone fit
+            info.setdefault("step_log_fit_failed", {})[engine] = str(exc)
+            tell(f"{engine}: no fit on its step logs ({exc}); {sim} takes the lone fit")
         fit_files[sim] = work_dir / f"{engine}_step_time.json"
         fit_files[sim].write_text(json.dumps(fit, indent=2) + "\n")
         info["engines"][sim] = fit

@@ -233,15 +233,16 @@ MIN_LOG_STEPS = 200
 
 
 def step_log_fit(
-    steps: pd.DataFrame, engine: str, lone: Mapping[str, Any]
+    steps: pd.DataFrame, engine: str, lone: Mapping[str, Any], *, iterations: bool
 ) -> dict[str, Any] | None:
     """The step time of ``engine``'s simulation fitted on its runs' own step logs (``steps``:
     ``suites_engines.collect_step_logs``' frame, its ``run`` column ``<engine>_...``), with the
     lone fit kept beside it (``lone``); ``None`` with fewer than :data:`MIN_LOG_STEPS` steps of
     ``engine``.
 
-    ``sglang`` (``sim:sglang-cpu``): whole scheduler iterations (``offline.calibrate_hf``'s
-    ``sglang_iteration_steps``); ``hf`` (``sim:hf-cpu``): the engine's steps as logged. The fit is
+    ``iterations`` (an SGLang server's log, for ``sim:sglang-cpu``): whole scheduler iterations
+    (``offline.calibrate_hf``'s ``sglang_iteration_steps``); else (``hf``, for ``sim:hf-cpu``)
+    the engine's steps as logged. The fit is
     ``calibrate --steps``'s (``offline.calibrate_hf.fit_steps``): coefficients, the spill term
     where the steps show one (``kv_spill``) and the steps' spread (``spread``, used only with
     ``step_spread=calibrated``). On the hf knee runs a fit on the runs' own steps put 255 of 288
@@ -254,12 +255,11 @@ def step_log_fit(
     steps = steps[steps["run"].str.startswith(f"{engine}_")]
     if len(steps) < MIN_LOG_STEPS:
         return None
-    server = engine == "sglang"
-    _, report = fit_steps(sglang_iteration_steps(steps) if server else steps.copy())
+    _, report = fit_steps(sglang_iteration_steps(steps) if iterations else steps.copy())
     runs = steps["run"].nunique()
     what = (
         "each run_batch plus the scheduler's gap before it (calibrate --engine sglang)"
-        if server
+        if iterations
         else "each engine step as logged (calibrate --engine hf --steps)"
     )
     return {

@@ -413,11 +413,20 @@ def render_engines_report(
         if fit:
             coef = fit["coefficients"]
             per_seq = coef.get("num_seqs", 0.0)
+            per_kv = coef.get("kv_tokens", 0.0)
+            spill = fit.get("kv_spill") or {}
             lines += [
                 f"`{sim}` step time: {coef['intercept'] * 1e3:.2f} ms + "
                 f"{coef['num_tokens'] * 1e3:.3f} ms per token of the step"
                 + (f" + {per_seq * 1e3:.2f} ms per sequence" if per_seq else "")
-                + f", from the {fit['source']}.",
+                + (f" + {per_kv * 1e3:.4f} ms per key token" if per_kv else "")
+                + (
+                    f" + {spill['s_per_token'] * 1e3:.4f} ms per key token of a step past "
+                    f"{spill['threshold_tokens']:,.0f} (the spill)"
+                    if spill
+                    else ""
+                )
+                + f" (every term: {SIM_OF[sim]}_step_time.json), from the {fit['source']}.",
                 "",
             ]
     lines += [

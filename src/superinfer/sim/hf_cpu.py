@@ -288,12 +288,19 @@ def find_spill(kv_tokens: np.ndarray, ratio: np.ndarray) -> float | None:
         kv_tokens: key tokens of each step, shape ``(n,)``.
         ratio: measured / predicted step time of each step, shape ``(n,)``, all > 0.
 
+    Raises:
+        ValueError: the two arrays differ in length.
+
     Returns:
-        The threshold in key tokens (steps with more are in the spill regime), or ``None`` when
-        no split leaves :data:`SPILL_MIN_STEPS` steps above it and ``len(FEATURES)`` below, or the
-        median ratio above the best split is less than ``1 +`` :data:`SPILL_MIN_JUMP` times the
-        median below it.
+        The threshold in key tokens (steps with more are in the spill regime), or ``None`` with
+        no steps, or when no split leaves :data:`SPILL_MIN_STEPS` steps above it and
+        ``len(FEATURES)`` below, or the median ratio above the best split is less than
+        ``1 +`` :data:`SPILL_MIN_JUMP` times the median below it.
     """
+    if len(kv_tokens) != len(ratio):
+        raise ValueError(f"{len(kv_tokens)} KV sizes for {len(ratio)} ratios")
+    if not len(kv_tokens):
+        return None
     order = np.argsort(kv_tokens, kind="stable")
     kv, level = kv_tokens[order], np.log(ratio[order])
     best: tuple[float, float, float] | None = None  # (deviation, threshold, jump)
@@ -420,7 +427,8 @@ class HFCPUStepTime:
 
     Raises:
         ValueError: wrong number of coefficients, or a negative or non-finite one; a spill
-            threshold that is not > 0.
+            threshold that is not > 0; a spill cost that is negative or non-finite, or > 0 with
+            no finite threshold.
     """
 
     coefficients: tuple[float, ...] = DEFAULT_COEFFICIENTS
@@ -437,6 +445,8 @@ class HFCPUStepTime:
             raise ValueError(f"spill threshold must be > 0 key tokens, got {self.spill_tokens}")
         if not (math.isfinite(self.spill_s_per_token) and self.spill_s_per_token >= 0):
             raise ValueError(f"spill cost must be finite and >= 0, got {self.spill_s_per_token}")
+        if self.spill_s_per_token > 0 and not math.isfinite(self.spill_tokens):
+            raise ValueError("a spill cost needs a finite spill threshold")
 
     @property
     def repeatable(self) -> bool:

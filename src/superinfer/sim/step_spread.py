@@ -61,7 +61,7 @@ class StepSpread:
 
     Raises:
         ValueError: no kind, an unknown kind, tables of different lengths or empty, or ratios not
-            non-decreasing and > 0.
+            finite, non-decreasing and > 0.
     """
 
     ratios: Mapping[str, tuple[float, ...]]
@@ -75,8 +75,8 @@ class StepSpread:
         for kind, q in self.ratios.items():
             if kind not in KINDS:
                 raise ValueError(f"spread kind {kind!r}: one of {', '.join(KINDS)}")
-            if not (q[0] > 0 and all(np.diff(q) >= 0)):
-                raise ValueError(f"spread {kind}: ratios must be > 0 and non-decreasing")
+            if not (q[0] > 0 and np.isfinite(q[-1]) and all(np.diff(q) >= 0)):
+                raise ValueError(f"spread {kind}: ratios must be finite, > 0 and non-decreasing")
 
     @property
     def points(self) -> int:
@@ -145,11 +145,15 @@ class StepSpread:
         Raises:
             ValueError: a missing key or a bad table (the class's checks).
         """
+        if "ratio_measured_over_predicted" not in data:
+            raise ValueError("spread lacks 'ratio_measured_over_predicted'")
         try:
             raw = data["ratio_measured_over_predicted"]
             ratios = {str(k): tuple(float(v) for v in q) for k, q in raw.items()}
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"spread lacks {exc}") from None
+        except (TypeError, ValueError, AttributeError):
+            raise ValueError(
+                "spread: ratio_measured_over_predicted must map each step kind to a list of numbers"
+            ) from None
         return cls(ratios)
 
 

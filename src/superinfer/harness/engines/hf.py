@@ -104,10 +104,10 @@ class HFOptions:
             prefill batches that run without decodes, ``new_token_ratio`` admission with
             retraction, radix cache), at the limits above (``sim.hf_cpu.hf_cpu_sim_config``).
         step_spread: ``none`` (default): the fitted time alone; ``calibrated``: ``sim:hf-cpu``
-            scales each step by a ratio drawn from the step-time file's measured spread, when it
-            has one (``sim.step_spread``). Off by default: replaying the five hf knee runs with
-            it put fewer rows within issue 19's bounds (240 of 288 against 255;
-            ``results/fidelity/README.md``).
+            scales each step by a ratio drawn from the step-time file's measured spread
+            (``sim.step_spread``; the file must have one). Off by default: replaying the five
+            hf knee runs with it put fewer rows within issue 19's bounds (240 of 288 against
+            255; ``results/fidelity/README.md``).
         step_spread_seed: seed of those draws.
     """
 
@@ -542,18 +542,30 @@ def sim_step_time(opts: HFOptions) -> HFCPUStepTime:
 
 def sim_step_spread(opts: HFOptions) -> StepSpread | None:
     """The measured spread ``sim:hf-cpu`` draws its steps from: the ``spread`` object of
-    ``opts.step_time_file`` when ``opts.step_spread`` is ``calibrated``; ``None`` without a file,
-    without that object, or with ``step_spread=none`` (the default).
+    ``opts.step_time_file`` when ``opts.step_spread`` is ``calibrated``; ``None`` with
+    ``step_spread=none`` (the default).
 
     Raises:
-        UserError: an unreadable file or an invalid ``spread`` object; the message names the
-            file.
+        UserError: ``step_spread=calibrated`` without a step-time file or with one that has no
+            ``spread`` object (calibrations written before it), an unreadable file or an invalid
+            ``spread`` object; the message names the file.
     """
-    if opts.step_time_file is None or opts.step_spread == "none":
+    if opts.step_spread == "none":
         return None
+    if opts.step_time_file is None:
+        raise UserError(
+            "--engine-option step_spread=calibrated needs step_time_file=PATH (a calibration "
+            "with a measured spread: superinfer calibrate --engine hf --steps ...)"
+        )
     path = Path(opts.step_time_file)
     try:
         data = json.loads(path.read_text(encoding="utf-8")).get("spread")
-        return None if data is None else StepSpread.from_dict(data)
+        spread = None if data is None else StepSpread.from_dict(data)
     except (OSError, ValueError, AttributeError) as exc:
         raise UserError(f"{path}: bad step-time spread ({exc})") from None
+    if spread is None:
+        raise UserError(
+            f"{path}: no spread object (written before calibrations kept one); "
+            "step_spread=calibrated needs one: refit with superinfer calibrate --steps"
+        )
+    return spread

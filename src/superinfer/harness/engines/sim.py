@@ -252,7 +252,7 @@ def run_sim_hf_cpu_cell(
         "kv_capacity_gb": opts.num_blocks * block_bytes / 1e9,
         "step_time": step_time.to_dict(),
         "kv_spill": step_time.spill_dict(),
-        "step_spread": None if spread is None else opts.step_spread_seed,
+        "step_spread_seed": None if spread is None else opts.step_spread_seed,
         "step_time_file": opts.step_time_file,
         "mechanics": opts.mechanics,
     }

@@ -287,11 +287,17 @@ def write_hf_calibration(
 
 
 def fit_summary(model: HFCPUStepTime, report: Mapping[str, Any]) -> list[str]:
-    """Lines describing a fit: its error, then each coefficient (s per unit of its feature)."""
+    """Lines describing a fit: its error, then each coefficient (s per unit of its feature) and
+    the spill term, if any."""
     fit = report["fit"]
     lines = [
         f"fitted on {fit['num_samples']} steps: mean |rel err| {fit['mean_abs_rel_err']:.3f}, "
         f"p90 {fit['p90_abs_rel_err']:.3f}"
     ]
     lines += [f"  {name:12s} {value:.6g} s" for name, value in model.to_dict().items()]
+    if model.spill_s_per_token:
+        lines.append(
+            f"  spill        {model.spill_s_per_token:.6g} s per key token past "
+            f"{model.spill_tokens:,.0f} key tokens"
+        )
     return lines
