@@ -661,17 +661,22 @@ def _spy_on_run_bench(monkeypatch) -> list[BenchConfig]:  # noqa: ANN001
     return seen
 
 
-def test_policy_options_reach_the_simulated_superinfer_rows(tmp_path, monkeypatch) -> None:
-    seen = _spy_on_run_bench(monkeypatch)
-    opts = suite_options(
+def _sim_hf_only(repeats: int) -> SuiteOptions:
+    """The suite with ``sim:hf-cpu`` alone at 0.2 req/s, 15 s windows, on the committed fit."""
+    return suite_options(
         {
             "suite.engines": "sim:hf-cpu",
             "suite.loads.hf": "0.2",
             "suite.duration_s": "15",
-            "suite.repeats": "1",
+            "suite.repeats": str(repeats),
             "suite.hf_step_time_file": "results/hf/step_time_fit.json",
         }
     )
+
+
+def test_policy_options_reach_the_simulated_superinfer_rows(tmp_path, monkeypatch) -> None:
+    seen = _spy_on_run_bench(monkeypatch)
+    opts = _sim_hf_only(repeats=1)
     run_engines(BenchConfig(seed=0), opts, tmp_path)
     # superinfer's options on the real hf engine (HF_SUPERINFER_OPTS), then --policy-opt's
     config = BenchConfig(seed=0, policy_options={"superinfer": {"tpot_plan_share": "0.8"}})
@@ -686,15 +691,7 @@ def test_each_repeat_of_the_simulated_rows_draws_its_spread_with_seed_plus_repea
     tmp_path, monkeypatch
 ) -> None:
     seen = _spy_on_run_bench(monkeypatch)
-    opts = suite_options(
-        {
-            "suite.engines": "sim:hf-cpu",
-            "suite.loads.hf": "0.2",
-            "suite.duration_s": "15",
-            "suite.repeats": "3",
-            "suite.hf_step_time_file": "results/hf/step_time_fit.json",
-        }
-    )
+    opts = _sim_hf_only(repeats=3)
     run_engines(BenchConfig(seed=5), opts, tmp_path)
     assert [c.engine_options["step_spread_seed"] for c in seen] == ["5", "6", "7"]
     assert {c.engine_options["step_time_file"] for c in seen} == {"results/hf/step_time_fit.json"}

@@ -12,7 +12,7 @@ from superinfer.sim.request import SimRequest
 from superinfer.sim.step_time import BatchShape
 
 __all__ = ["DTYPE_BYTES", "SimConfig", "SimResult", "StepTimeModel", "dtype_bytes",
-           "kv_capacity_blocks"]  # fmt: skip
+           "kv_capacity_blocks", "repeatable"]  # fmt: skip
 
 #: Bytes per element of the weight and KV dtypes the simulator models.
 DTYPE_BYTES = {"fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
@@ -44,6 +44,12 @@ class StepTimeModel(Protocol):
         """Step time of a pure-decode batch of ``num_seqs`` as ``(a, b)``: ``a + b x`` s for
         ``x`` KV tokens read (FP16-equivalent)."""
         ...
+
+
+def repeatable(model: StepTimeModel) -> bool:
+    """Whether ``model`` times a run of decode steps exactly by :meth:`StepTimeModel.
+    decode_coefficients` (``a + b * KV``): true unless it sets ``repeatable = False``."""
+    return bool(getattr(model, "repeatable", True))
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ and credited to its requests (the timing formula is in ``sim.engine``'s docstrin
 from __future__ import annotations
 
 from superinfer.policy_core.types import ScheduleDecision
-from superinfer.sim.config import StepTimeModel
+from superinfer.sim.config import StepTimeModel, repeatable
 from superinfer.sim.kv_movement import KVMovement
 from superinfer.sim.replica import Replica, StepRun
 from superinfer.sim.request import SimRequest
@@ -35,10 +35,7 @@ def build_run(rep: Replica, decision: ScheduleDecision, now_s: float, not_before
             pieces = prefill
     if not pieces:
         return None
-    # a model whose decode time is not linear in the KV read (StepTimeModel) times each step
-    steps = (
-        repeat_steps(rep, decision, pieces, now_s) if getattr(step_time, "repeatable", True) else 1
-    )
+    steps = repeat_steps(rep, decision, pieces, now_s) if repeatable(step_time) else 1
     start = not_before
     kept = []
     pairs = full_pairs = decode_kv = growth = 0.0

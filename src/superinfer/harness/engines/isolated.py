@@ -26,7 +26,7 @@ from superinfer.policy_core.slo_forms import (
     has_forms,
     infeasible_reason,
 )
-from superinfer.sim.config import StepTimeModel
+from superinfer.sim.config import StepTimeModel, repeatable
 from superinfer.sim.request import RequestSpec
 from superinfer.sim.step_time import BatchShape
 
@@ -68,15 +68,9 @@ class IsolatedLatency:
             done += n
         return total * 1e3
 
-    @property
-    def _linear(self) -> bool:
-        """Whether a decode step is ``a + b * KV`` (``decode_coefficients``) exactly: not for a
-        model with ``repeatable = False`` (a spill term, ``sim.hf_cpu``), timed step by step."""
-        return bool(getattr(self.step_time, "repeatable", True))
-
     def decode_ms(self, context_tokens: int) -> float:
         """One decode step alone reading ``context_tokens + 1`` KV tokens (ms)."""
-        if not self._linear:
+        if not repeatable(self.step_time):  # not a + b * KV (a spill term): step by step
             kv = float(context_tokens + 1)
             shape = BatchShape(
                 num_tokens=1, num_samples=1, prefill_attn_pairs=0.0, prefill_kv_tokens=0,
@@ -90,7 +84,7 @@ class IsolatedLatency:
         """Its mean time per output token: decode steps ``k = 1 .. output_tokens - 1`` read
         ``prompt_tokens + k`` KV tokens, so the mean is ``a + b (prompt + output / 2)`` (ms); for
         a model that is not linear in the KV, the mean of those steps' :meth:`decode_ms`."""
-        if not self._linear:
+        if not repeatable(self.step_time):
             steps = range(prompt_tokens, prompt_tokens + max(output_tokens - 1, 1))
             return sum(self.decode_ms(c) for c in steps) / len(steps)
         a, b = self.step_time.decode_coefficients(1)
