@@ -41,16 +41,17 @@ from the paged cache (transformers 5.24, ``generation/continuous_batching/cache.
 ``read_index``) and repeats the 3 KV heads to the 9 query heads before SDPA
 (``integrations/sdpa_attention.py``: ``repeat_kv``, as a masked SDPA gets no ``enable_gqa``), about
 2 x (3 + 9) x 64 x 4 = 6,144 bytes per key token per layer in fp32, so past ~5,400 key tokens a
-layer's working set outgrows the host's 32 MiB L3 cache (AMD EPYC, ``lscpu``) and streams from DRAM.
-In the engines suite's step logs of the hf knee runs
+layer's working set would outgrow the host's 32 MiB L3 cache (AMD EPYC, ``lscpu``) and stream from
+DRAM: our reading of the jump below, from this arithmetic, not measured with cache counters. In the
+engines suite's step logs of the hf knee runs
 (``results/hf/{knee,knee-hi,tpot-plan-0.9,tpot-plan-0.9-knee}/steps.parquet``, 0.214-0.4 req/s)
 decode steps of 10-12 requests took a median 277 ms at 4,000-4,999 key tokens and 589 ms at
 6,000-6,999; in ``knee-hi`` its own linear fit predicted the 113 decode steps at 6,000-6,999 key
 tokens 2.04x too fast (median), those below 4,000 within 3.3 % (medians per 1,000-token range). The
 model adds ``c_spill K`` when ``K`` exceeds a threshold (:attr:`HFCPUStepTime.spill_tokens`): all of
-the step's KV traffic then comes from memory. The fit finds the threshold where the
-measured/predicted ratio changes level (:func:`find_spill`) and keeps it only if steps above it are
-typically at least :data:`SPILL_MIN_JUMP` slower.
+the step's KV traffic then costs more. The fit finds the threshold where the measured/predicted
+ratio changes level (:func:`find_spill`) and keeps it only if steps above it are typically at least
+:data:`SPILL_MIN_JUMP` slower.
 
 Coefficients are fitted by least squares on relative error (each row divided by its measured
 time), with negative coefficients removed and the rest refitted, so every term stays a cost.
