@@ -233,6 +233,22 @@ def test_fit_finds_a_spill_and_recovers_its_cost() -> None:
     assert no_spill.spill_s_per_token == 0.0 and no_spill.spill_tokens == math.inf
 
 
+def test_a_split_whose_steps_above_are_faster_keeps_the_model_without_spill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A change point whose steps above run faster than the refit below predicts (median excess
+    per key token <= 0) is dropped: the fit over all the steps stands, with no spill."""
+    monkeypatch.setattr("superinfer.sim.hf_cpu.find_spill", lambda kv, ratio: 2304.0)
+    samples = [
+        StepSample(s.shape, s.duration_s * (0.9 if features(s.shape)[4] > 2304 else 1.0))
+        for s in _spill_samples(TRUE)
+    ]
+    model, _ = HFCPUStepTime.fit(samples)
+    assert model.spill_tokens == math.inf and model.spill_s_per_token == 0.0
+    monkeypatch.setattr("superinfer.sim.hf_cpu.find_spill", lambda kv, ratio: None)
+    assert model == HFCPUStepTime.fit(samples)[0]  # the fit with no split at all
+
+
 def test_a_calibration_file_carries_the_spill(tmp_path: Path) -> None:
     path = tmp_path / "fit.json"
     path.write_text(json.dumps({"coefficients": TRUE.to_dict(), "kv_spill": SPILLING.spill_dict()}))
