@@ -326,6 +326,31 @@ def test_policy_checks_exact() -> None:
     assert not bool(over["met"])
 
 
+def test_policy_checks_judge_issue_18_targets_in_its_band() -> None:
+    """Issue 18's columns: ratios of the means over repeats, judged only where native's chat
+    attainment is 0.6-0.8 (empty elsewhere)."""
+    rows = []
+    for rep in range(2):
+        for load, nat, sup, p99s, toks in [
+            (1.0, 0.7, 0.9, (1000.0, 500.0), (20.0, 19.2)),  # +20, 0.5x, 0.96x: met
+            (1.5, 0.7, 0.9, (1000.0, 500.0), (20.0, 18.8)),  # tok/s 0.94x: missed
+            (2.0, 0.5, 0.9, (1000.0, 500.0), (20.0, 19.2)),  # below the band: not judged
+        ]:
+            for policy, att, p99, tok in (("fcfs", nat, p99s[0], toks[0]),
+                                          ("superinfer", sup, p99s[1] + rep, toks[1])):  # fmt: skip
+                rows.append(("hf", policy, rep, load, "chat", att, p99, math.nan))
+                rows.append(("hf", policy, rep, load, "all", att, p99, tok))
+    cols = ["engine", "policy", "repeat", "load", "slo_class", "slo_attainment", "ttft_p99_ms",
+            "output_tok_s"]  # fmt: skip
+    checks = policy_checks(aggregate(pd.DataFrame(rows, columns=cols)), {"hf": "fcfs"})
+    met, short, below = (checks[checks["load"] == x].iloc[0] for x in (1.0, 1.5, 2.0))
+    assert met["chat_ttft_p99_ratio"] == pytest.approx(500.5 / 1000.0)
+    assert met["output_tok_s_ratio"] == pytest.approx(0.96)
+    assert bool(met["in_issue18_band"]) and met["issue18_met"] is True
+    assert short["output_tok_s_ratio"] == pytest.approx(0.94) and short["issue18_met"] is False
+    assert not bool(below["in_issue18_band"]) and below["issue18_met"] is None
+
+
 def test_fidelity_exact() -> None:
     fid = fidelity(aggregate(_summary()))
     ttft = fid[fid["metric"] == "ttft_p50_ms"].iloc[0]

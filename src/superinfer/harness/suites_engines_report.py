@@ -44,6 +44,13 @@ KEYS = ("engine", "policy", "load", "slo_class")
 #: Native chat attainment band where superinfer must win by >= 10 points (issue 24).
 KNEE_BAND = (0.6, 0.85)
 WIN_POINTS = 10.0
+#: Issue 18's real-engine targets where native (FCFS) chat attainment is 0.6-0.8: chat
+#: attainment >= native + 15 points, chat TTFT p99 <= 0.6x native's, output tokens/s (all
+#: classes) >= 0.95x native's; each a ratio of means over repeats.
+ISSUE18_BAND = (0.6, 0.8)
+ISSUE18_POINTS = 15.0
+ISSUE18_TTFT_P99_RATIO = 0.6
+ISSUE18_TOK_S_RATIO = 0.95
 #: What differs between the engines, next to every number (checked on this machine).
 ENGINE_NOTES = {
     "hf": "transformers continuous batching; GGUF dequantized to float32 weights and compute "
@@ -101,7 +108,11 @@ def policy_checks(agg: pd.DataFrame, natives: dict[str, str]) -> pd.DataFrame:
     """Per engine with a ``superinfer`` row and load: native and superinfer chat attainment (mean
     over repeats), the difference in points, what issue 24 requires there (>= +10 points where
     native attains 0.6-0.85, >= 0 elsewhere) and whether it holds; also the share of native's
-    gap to 1.0 that superinfer closes."""
+    gap to 1.0 that superinfer closes. Added after those (columns only appended): superinfer's
+    chat TTFT p99 and all-class output tokens/s over native's (ratios of the means over
+    repeats), whether native's attainment is in issue 18's band (:data:`ISSUE18_BAND`) and,
+    there, whether issue 18's three targets hold at once (``issue18_met``; empty outside the
+    band)."""
     rows = []
     for engine in agg["engine"].unique():
         native = natives.get(engine)
@@ -115,6 +126,18 @@ def policy_checks(agg: pd.DataFrame, natives: dict[str, str]) -> pd.DataFrame:
             in_band = KNEE_BAND[0] <= nat <= KNEE_BAND[1]
             need = WIN_POINTS if in_band else 0.0
             gap = 1 - nat
+            ttft = mean_of(agg, engine, "superinfer", load, "chat", "ttft_p99_ms") / mean_of(
+                agg, engine, native, load, "chat", "ttft_p99_ms"
+            )
+            tok = mean_of(agg, engine, "superinfer", load, "all", "output_tok_s") / mean_of(
+                agg, engine, native, load, "all", "output_tok_s"
+            )
+            band18 = ISSUE18_BAND[0] <= nat <= ISSUE18_BAND[1]
+            met18 = (
+                points >= ISSUE18_POINTS - 1e-9
+                and ttft <= ISSUE18_TTFT_P99_RATIO
+                and tok >= ISSUE18_TOK_S_RATIO
+            )
             rows.append(
                 {
                     "engine": engine,
@@ -127,6 +150,10 @@ def policy_checks(agg: pd.DataFrame, natives: dict[str, str]) -> pd.DataFrame:
                     "required_points": need,
                     "met": bool(points >= need - 1e-9),
                     "gap_closed": (sup - nat) / gap if gap > 0 else math.nan,
+                    "chat_ttft_p99_ratio": ttft,
+                    "output_tok_s_ratio": tok,
+                    "in_issue18_band": band18,
+                    "issue18_met": met18 if band18 else None,
                 }
             )
     return pd.DataFrame(rows)
@@ -350,6 +377,9 @@ def render_engines_report(
                 f">= {r.required_points:+.0f}",
                 "met" if r.met else "**missed**",
                 _fmt(r.gap_closed * 100) + "%",
+                _fmt(r.chat_ttft_p99_ratio, 2) + "x",
+                _fmt(r.output_tok_s_ratio, 3) + "x",
+                "–" if r.issue18_met is None else ("met" if r.issue18_met else "**missed**"),
             ]
             for r in checks.itertuples()
         ]
@@ -364,6 +394,9 @@ def render_engines_report(
                 "required",
                 "",
                 "native's gap closed",
+                "chat TTFT p99 vs native",
+                "output tok/s vs native",
+                "issue 18 (0.6-0.8: +15, <= 0.6x, >= 0.95x)",
             ],
             rows,
         )
