@@ -32,6 +32,7 @@ __all__ = [
     "SGLANG_CLIP_MAX_NEW_TOKENS",
     "blocks_for_tokens",
     "fill_step",
+    "finish_aware_fits",
     "step_blocks",
     "view_blocks",
 ]
@@ -93,6 +94,48 @@ def step_blocks(view: RequestView, num_tokens: int, state: StepState, *, admit: 
     return need
 
 
+def finish_aware_fits(
+    candidate: RequestView, others: Iterable[RequestView], free_tokens: int
+) -> bool:
+    """SGLang 0.3's admission check for a request sent with ``ignore_eos`` while the radix cache
+    is disabled (``PrefillAdder.add_one_req_ignore_eos``,
+    ``python/sglang/srt/managers/policy_scheduler.py``, SGLang 0.3; ``bench_serving`` sends
+    ``ignore_eos`` unless ``--disable-ignore-eos``).
+
+    Every request (the candidate, the running ones and those admitted before it in this step)
+    is a state ``(tokens_left, tokens_occupied)`` = ``(max_output_tokens - generated_tokens,
+    prompt_tokens + generated_tokens)`` (those with nothing left are dropped), sorted by
+    ``tokens_left`` (a stable sort, the candidate first among equals: SGLang sorts them so
+    for a step's first candidate; it inserts later ones by a loop that puts the largest one
+    before the last state, a quirk not copied). With ``rem = free_tokens -
+    candidate.prompt_tokens`` and ``freed`` the occupied tokens of the states before ``i``, the
+    candidate fits unless, for some ``i``, ``rem + freed - next_left * (n - i) <= 0``, where
+    ``next_left`` is state ``i + 1``'s ``tokens_left`` (state ``i``'s own for the last) and
+    ``n - i`` the requests still decoding: the engine's own arithmetic, kept as written.
+
+    Args:
+        candidate: the waiting request to admit.
+        others: running requests and those admitted earlier in the same step.
+        free_tokens: KV tokens free now (free pool plus evictable cache, less what this step's
+            earlier admissions take), tokens.
+
+    Returns:
+        Whether SGLang 0.3 admits ``candidate``.
+    """
+    states = [(v.max_output_tokens - v.generated_tokens, v.prompt_tokens + v.generated_tokens)
+              for v in (candidate, *others)]  # fmt: skip
+    states = sorted((s for s in states if s[0] > 0), key=lambda s: s[0])  # stable: candidate first
+    rem = free_tokens - candidate.prompt_tokens
+    freed = 0
+    n = len(states)
+    for i, (tokens_left, occupied) in enumerate(states):
+        steps = states[i + 1][0] if i + 1 < n else tokens_left
+        if rem + freed - steps * (n - i) <= 0:
+            return False
+        freed += occupied
+    return True
+
+
 def fill_step(
     state: StepState,
     running: Sequence[RequestView],
@@ -138,7 +181,9 @@ def fill_step(
 
     admit: list[str] = []
     blocked = False
-    if not preempt:
+    if not preempt and state.finish_aware_admission:
+        blocked = _admit_finish_aware(state, running, waiting, free, budget, num_tokens, admit)
+    elif not preempt:
         free -= state.reserved_hbm_blocks
         for req in waiting:
             if budget <= 0 or len(num_tokens) >= state.max_num_seqs:
@@ -164,3 +209,42 @@ def fill_step(
         preempt=preempt,
         max_repeat_steps=max_repeat_steps if decode_only and num_tokens else 1,
     )
+
+
+def _admit_finish_aware(
+    state: StepState,
+    running: Sequence[RequestView],
+    waiting: Iterable[RequestView],
+    free: int,
+    budget: int,
+    num_tokens: dict[str, int],
+    admit: list[str],
+) -> bool:
+    """:func:`fill_step`'s admissions under ``StepState.finish_aware_admission`` (SGLang 0.3's
+    ``add_one_req_ignore_eos`` then ``budget_state``): each request in order must pass
+    :func:`finish_aware_fits` against the free tokens (``cur_rem_tokens``); once admitted it
+    takes its chunk from them and its chunk plus output cap (when the chunk ends its prompt)
+    from the reserve-ratio budget (``rem_total_tokens``: free less ``reserved_hbm_blocks``), and
+    admission stops when either is spent. Fills ``num_tokens`` and ``admit``; returns whether a
+    request was turned away for want of KV."""
+    bs = state.block_size_tokens
+    total = free - state.reserved_hbm_blocks
+    views = list(running)
+    for req in waiting:
+        if budget <= 0 or len(num_tokens) >= state.max_num_seqs or total <= 0 or free <= 0:
+            break
+        if not finish_aware_fits(req, views, free * bs):
+            return True
+        n = min(req.pending_tokens, budget)
+        chunk = step_blocks(req, n, state, admit=False)
+        if chunk > free:
+            return True
+        whole = n >= req.pending_tokens
+        out = req.max_output_tokens - req.generated_tokens if whole else 0
+        free -= chunk
+        total -= chunk + blocks_for_tokens(min(max(out, 0), SGLANG_CLIP_MAX_NEW_TOKENS), bs)
+        budget -= n
+        num_tokens[req.request_id] = n
+        admit.append(req.request_id)
+        views.append(req)
+    return False

@@ -373,6 +373,14 @@ class StepState:
             (SGLang 0.5.23 ``PrefillAdder.add_one_req``: ``extend_input_len +
             max_new_tokens``; ``add_chunked_req`` takes a continuing chunk before any
             admission). ``False``: only this step's chunk is charged.
+        finish_aware_admission: under ``RESERVE_RATIO``, admissions follow SGLang 0.3's rule
+            for ``ignore_eos`` requests with the radix cache disabled instead of the
+            ``reserved_hbm_blocks`` check: a request is admitted if, with every running and
+            admitted request decoding to its output cap and freeing its KV as it finishes,
+            the pool never runs dry (:func:`policy_core.batching.finish_aware_fits`), and
+            admissions stop once the reserve-ratio budget is spent
+            (``PrefillAdder.add_one_req_ignore_eos`` and ``budget_state``,
+            ``python/sglang/srt/managers/policy_scheduler.py``, SGLang 0.3).
         views: request id -> view of every request in the three queues, or ``None``.
         queue_of: request id -> the queue holding it (the same ids as ``views``), or ``None``.
         changes: what changed since the previous state of the engine's series, or ``None``.
@@ -405,6 +413,7 @@ class StepState:
     mixed_batches: bool = True
     kv_packing: KVPages | None = None
     reserve_whole_prompt: bool = False
+    finish_aware_admission: bool = False
 
     def view_map(self) -> Mapping[str, RequestView]:
         """``views``, or the same map built from the queues (one pass) when the engine gave none."""

@@ -104,17 +104,19 @@ def check_decision(
         if n > req.pending_tokens:
             raise PolicyError(f"{rid!r}: {n} tokens exceed its {req.pending_tokens} pending")
         if rid in decision.admit:
-            admit_need += step_blocks(req, n, state, admit=True)
+            # SGLang 0.3's ignore_eos admission allocates only the chunk it runs
+            admit_need += step_blocks(req, n, state, admit=not state.finish_aware_admission)
         else:
             need += step_blocks(req, n, state, admit=False)
     if need > free:
         raise PolicyError(f"the step needs {need} KV blocks, {free} are free")
     # The headroom reserved for running requests' growth is theirs to use: it only bounds
     # admissions (SGLang's PrefillAdder), so a step that admits nothing may eat into it.
-    if decision.admit and admit_need > free - need - state.reserved_hbm_blocks:
+    reserved = 0 if state.finish_aware_admission else state.reserved_hbm_blocks
+    if decision.admit and admit_need > free - need - reserved:
         raise PolicyError(
             f"admissions need {admit_need} KV blocks, {free - need} are free and "
-            f"{state.reserved_hbm_blocks} are reserved for running requests"
+            f"{reserved} are reserved for running requests"
         )
 
 

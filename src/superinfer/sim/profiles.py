@@ -84,6 +84,11 @@ class EngineProfile:
             request's whole remaining prompt); set for the SGLang CPU server's profile
             (``sim.hf_cpu.hf_cpu_sim_config(mechanics="sglang")``). ``SIM_SGLANG`` does not set
             it yet: its results were made without it (results/fidelity/README.md).
+        finish_aware_admission: ``StepState.finish_aware_admission`` (SGLang 0.3's admission of
+            ``ignore_eos`` requests with the radix cache disabled, as ``bench_serving`` sends
+            them by default). Off in every profile: on for ``sim:sglang@0.3.0`` it moves the
+            published rows by under 0.1 % (``benchmarks/sglang030_admission.py``), while
+            turning it on would refit the 0.3.0 terms that ``sim:sglang`` borrows.
     """
 
     name: str
@@ -112,6 +117,7 @@ class EngineProfile:
     cut_repeat_on_arrival: bool = True
     repeat_past_finish: bool = False
     reserve_whole_prompt: bool = False
+    finish_aware_admission: bool = False
 
     def limits(self, gpu: GPUSpec) -> tuple[int, int]:
         """``(token_budget, max_num_seqs)`` on ``gpu``."""

@@ -208,6 +208,7 @@ class Replica:
             replica=self.index,
             mixed_batches=self.profile.mixed_batches,
             reserve_whole_prompt=self.profile.reserve_whole_prompt,
+            finish_aware_admission=self.profile.finish_aware_admission,
             kv_packing=self.kv_packing,
         )
         return self.views.stamp(state)

@@ -1,0 +1,86 @@
+"""Does SGLang 0.3's ``ignore_eos`` admission explain its 70B max-load row? (issue 19)
+
+``results/fidelity/published.csv`` has SGLang 0.3.0's Llama-3.1-70B, 4 x H100 max-load run
+(rows 644/645) 13.9 % faster than published, with the 8B run (640/641) fitted. The published
+runs used ``python -m sglang.bench_serving``, which sends ``ignore_eos`` unless
+``--disable-ignore-eos``, with ``--disable-radix-cache``; SGLang 0.3 admits such requests by a
+finish-aware check (``PrefillAdder.add_one_req_ignore_eos``, modelled as
+``EngineProfile.finish_aware_admission``, :func:`superinfer.policy_core.batching.
+finish_aware_fits`) instead of the ``new_token_ratio`` reserve the ``sim:sglang@0.3.0`` profile
+uses. This script simulates every SGLang 0.3.0 setup of the published rows as the calibration
+does (``calibrate_published_sim.simulate``: same request counts, ``fcfs``, the installed
+``sim/engine_costs.json`` and the release's request-path latency) with the rule off (the
+profile as it is) and on, and writes one row per published number.
+
+Columns: ``source_row, setup, metric, published, sim_off, sim_on, rel_err_off, rel_err_on``
+(``rel_err = (sim - published) / published``). Deterministic; about 2 minutes on 2 cores::
+
+    python benchmarks/sglang030_admission.py --out results/fidelity/sglang030_admission.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+from superinfer.harness.offline.calibrate_published import with_request_latency
+from superinfer.harness.offline.calibrate_published_sim import (
+    _metric_key,
+    load_rows,
+    setup_of,
+    simulate,
+)
+from superinfer.harness.workload.data import data_dir
+from superinfer.sim.engine_costs import load_costs
+
+RELEASE = "sglang-0.3.0"
+COLUMNS = ["source_row", "setup", "metric", "published", "sim_off", "sim_on",
+           "rel_err_off", "rel_err_on"]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="CSV to write")
+    args = ap.parse_args(argv)
+    base = data_dir()
+    if base is None:
+        print("error: no shared data folder found (set SUPERINFER_DATA)", file=sys.stderr)
+        return 2
+    costs = load_costs()
+    latency = costs["request_latency_s"][RELEASE]["s"]
+    numbers = {"cpu": costs["cpu"], "kernel_scale": costs["kernel_scale"]}
+    rows = []
+    for raw in load_rows(base / "published" / "engine_perf.csv"):
+        setup, _ = setup_of(raw)
+        metric = _metric_key(raw)
+        if setup is not None and metric is not None and setup.release == RELEASE:
+            rows.append((raw, setup, metric))
+    sims = {}
+    for setup in sorted({s for _, s, _ in rows}, key=lambda s: s.label):
+        print(setup.label, flush=True)
+        sims[setup] = tuple(
+            with_request_latency(
+                simulate(setup, numbers, base, {"finish_aware_admission": on}), latency
+            )
+            for on in (False, True)
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(COLUMNS)
+        for raw, setup, metric in rows:
+            published = float(raw["value"])
+            off, on = (m.get(metric) for m in sims[setup])
+            if off is None or on is None:
+                continue
+            w.writerow([raw["row_id"], setup.label, metric, published, round(off, 4),
+                        round(on, 4), round((off - published) / published, 4),
+                        round((on - published) / published, 4)])  # fmt: skip
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
