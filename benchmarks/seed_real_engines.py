@@ -2,10 +2,10 @@
 
 ``superinfer bench --suite seed`` runs the simulated engines. The real engines (``hf``: SmolLM2-135M
 on transformers; ``sglang``: the SGLang 0.5.23 CPU server) were run by ``superinfer bench --suite
-engines`` (``results/engines-cpu/``: the same model on each engine, each at three loads around its
-knee, three repeats per load, native vs ``superinfer``). This script reads that suite's
-``aggregate.csv`` files (the main run's and ``sglang-knee/``'s; mean, min and max over the
-repeats) and states the seed's rows from it, per
+engines`` (``results/hf/``, ``results/engines-cpu/``: the same model on each engine, at loads
+around its knee, 3-16 repeats per load, native vs ``superinfer``). This script reads that suite's
+``summary.csv`` or ``aggregate.csv`` files (mean, min and max over the repeats) and states the
+seed's rows from them, per
 engine and load: chat TTFT p99, batch output tokens/s, peak KV, chat SLO attainment, each side's
 mean with its spread, and the comparison (ratio of means; attainment difference in points) beside
 the article's value (:data:`superinfer.harness.suites_seed.COMPARISONS`).
@@ -15,8 +15,13 @@ no placement-driven prefix cache, no per-request KV precision), so ``superinfer`
 whole stack; on ``sglang`` the reuse placement would apply but the engines suite ran the policy
 alone, so its rows are the policy's. Peak KV is not reported by the SGLang server (NaN).
 
-Usage: ``python benchmarks/seed_real_engines.py [--aggregate FILE ...]
-[--out results/seed/real_engines.csv]`` (``--aggregate`` takes several files).
+``--summary`` takes engines-suite ``summary.csv`` files instead (one row per repeat) and pools
+the repeats of one engine and load across them (:func:`pooled_aggregate`), e.g. three runs at the
+same load on different arrival seeds; with neither option the files of
+:data:`DEFAULT_SUMMARIES` (the latest runs of the current policy on each engine).
+
+Usage: ``python benchmarks/seed_real_engines.py [--summary FILE ...] [--aggregate FILE ...]
+[--out results/seed/real_engines.csv]``.
 """
 
 from __future__ import annotations
@@ -29,10 +34,17 @@ import pandas as pd
 
 from superinfer.harness.suites_seed import COMPARISONS, METRICS
 
-#: The engines suite's main run and its SGLang run at the loads below it (the SGLang knee).
-DEFAULT_AGGREGATES = [
-    Path("results/engines-cpu/aggregate.csv"),
-    Path("results/engines-cpu/sglang-knee/aggregate.csv"),
+#: The latest engines-suite runs of the current policy: hf with ``tpot_plan_share`` 0.9 at
+#: 0.214-0.4 req/s (5 repeats per load), the SGLang server with the chat KV reserve at 0.5 (4),
+#: 0.6 (16, three runs pooled) and 1.0 req/s (3).
+DEFAULT_SUMMARIES = [
+    Path("results/hf/tpot-plan-0.9-low/summary.csv"),
+    Path("results/hf/tpot-plan-0.9-0.334/summary.csv"),
+    Path("results/hf/tpot-plan-0.9/summary.csv"),
+    Path("results/engines-cpu/sglang-reserve/summary.csv"),
+    Path("results/engines-cpu/sglang-reserve-0.6/summary.csv"),
+    Path("results/engines-cpu/sglang-reserve-0.6-s6/summary.csv"),
+    Path("results/engines-cpu/sglang-reserve-1.0/summary.csv"),
 ]
 #: Real engine -> its native policy as the engines suite names it.
 NATIVE = {"hf": "fcfs", "sglang": "native"}
@@ -92,20 +104,45 @@ def seed_rows(aggregate: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--aggregate", type=Path, nargs="+", default=DEFAULT_AGGREGATES,
-                    help="engines-suite aggregate.csv files (rows of one engine and load must "
-                    "come from one file)")  # fmt: skip
-    ap.add_argument("--out", type=Path, default=Path("results/seed/real_engines.csv"))
-    args = ap.parse_args()
+def pooled_aggregate(summaries: list[pd.DataFrame]) -> pd.DataFrame:
+    """One :func:`aggregate`-shaped table over engines-suite summary rows from several runs: the
+    repeats of one (engine, policy, load, class) in every file are pooled (mean, min, max and
+    ``n`` over all of them), as if one run had made them all.
+
+    Args:
+        summaries: ``summary.csv`` tables (columns ``engine, policy, repeat, load, slo_class``
+            and the metrics).
+    """
+    from superinfer.harness.suites_engines_report import aggregate
+
+    return aggregate(pd.concat(summaries, ignore_index=True))
+
+
+def _read(paths: list[Path]) -> list[pd.DataFrame]:
     frames = []
-    for path in args.aggregate:
+    for path in paths:
         try:
             frames.append(pd.read_csv(path))
         except (OSError, pd.errors.ParserError) as exc:
             raise SystemExit(f"error: {path}: {exc}") from None
-    names = ", ".join(map(str, args.aggregate))
+    return frames
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--aggregate", type=Path, nargs="+", default=[],
+                    help="engines-suite aggregate.csv files (rows of one engine and load must "
+                    "come from one file)")  # fmt: skip
+    ap.add_argument("--summary", type=Path, nargs="+", default=[],
+                    help="engines-suite summary.csv files, their repeats pooled per engine and "
+                    "load")  # fmt: skip
+    ap.add_argument("--out", type=Path, default=Path("results/seed/real_engines.csv"))
+    args = ap.parse_args()
+    summaries = args.summary or ([] if args.aggregate else DEFAULT_SUMMARIES)
+    frames = _read(args.aggregate)
+    if summaries:
+        frames.append(pooled_aggregate(_read(summaries)))
+    names = ", ".join(map(str, [*args.aggregate, *summaries]))
     try:
         table = seed_rows(pd.concat(frames, ignore_index=True))
     except (KeyError, ValueError) as exc:

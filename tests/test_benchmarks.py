@@ -129,6 +129,22 @@ def test_seed_real_engines_states_the_rows_from_the_repeats() -> None:
         mod["seed_rows"](pd.concat([agg, agg]))
 
 
+def test_seed_real_engines_pools_the_repeats_of_several_runs() -> None:
+    import runpy
+
+    import pandas as pd
+
+    mod = runpy.run_path(str(ROOT / "benchmarks" / "seed_real_engines.py"), run_name="t")
+    cols = ["engine", "policy", "repeat", "load", "slo_class", "slo_attainment"]
+    one = pd.DataFrame([("sglang", "native", r, 0.6, "chat", a) for r, a in enumerate((0.5, 0.7))],
+                       columns=cols)  # fmt: skip
+    two = pd.DataFrame([("sglang", "native", 0, 0.6, "chat", 0.9)], columns=cols)
+    agg = mod["pooled_aggregate"]([one, two])
+    row = agg[agg["metric"] == "slo_attainment"].iloc[0]
+    assert (row["n"], row["min"], row["max"]) == (3, 0.5, 0.9)
+    assert row["mean"] == pytest.approx(0.7)
+
+
 def test_feasible_misses_breaks_attainment_down_by_prompt_band() -> None:
     import runpy
 
