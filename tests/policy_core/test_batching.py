@@ -7,8 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from superinfer.policy_core.batching import fill_step, finish_aware_fits, step_blocks
-from superinfer.policy_core.types import AdmissionRule
+from superinfer.policy_core.batching import (
+    FinishAwareAdder,
+    fill_step,
+    finish_aware_fits,
+    step_blocks,
+)
+from superinfer.policy_core.types import AdmissionRule, ScheduleDecision
 from superinfer.policy_core.validation import PolicyError, check_decision
 from tests.factories import make_state, make_view
 
@@ -42,17 +47,17 @@ def test_fill_step_keeps_a_long_prompt_waiting_until_all_of_it_fits() -> None:
 
 
 def test_sglang_03_ignore_eos_check_runs_every_request_to_its_output_cap() -> None:
-    # candidate: 10-token prompt, 5 tokens left -> (5, 10); running: 20-token prompt, 4 of 10
-    # generated -> (6, 24). rem = free - 10; i=0: rem - 6 * 2 > 0, frees 10; i=1: rem + 10 - 6 > 0
+    # running: 20-token prompt, 4 of 10 generated -> (6, 24); candidate: 10-token prompt, 5
+    # tokens left -> (5, 10). i=0: total - 6 * 2 > 0, frees 10; i=1: total + 10 - 6 > 0
     cand = make_view("c", prompt=10, max_output=5, block_size=1)
     run = make_view("r", prompt=20, computed=24, generated=4, max_output=10, block_size=1)
-    assert finish_aware_fits(cand, [run], 23)  # 13 - 12 = 1 > 0, then 13 + 10 - 6 = 17 > 0
-    assert not finish_aware_fits(cand, [run], 22)  # 12 - 12 = 0: not > 0
+    assert finish_aware_fits(cand, [run], 13)  # 13 - 12 = 1 > 0, then 13 + 10 - 6 = 17 > 0
+    assert not finish_aware_fits(cand, [run], 12)  # 12 - 12 = 0: not > 0
     # a request with nothing left to generate is dropped from the states
     done = make_view("d", prompt=50, computed=60, generated=10, max_output=10, block_size=1)
-    assert finish_aware_fits(cand, [run, done], 23)
-    # alone, the candidate needs its prompt plus its own 5 tokens: free - 10 - 5 > 0
-    assert finish_aware_fits(cand, [], 16) and not finish_aware_fits(cand, [], 15)
+    assert finish_aware_fits(cand, [run, done], 13)
+    # alone, the candidate needs its own 5 tokens: total - 5 > 0 (its prompt is not charged)
+    assert finish_aware_fits(cand, [], 6) and not finish_aware_fits(cand, [], 5)
 
 
 def test_fill_step_under_sglang_03_admission_ignores_the_ratio_reserve_but_not_its_budget() -> None:
@@ -64,13 +69,14 @@ def test_fill_step_under_sglang_03_admission_ignores_the_ratio_reserve_but_not_i
     )
     a = make_view("a", prompt=10, max_output=5, block_size=1)
     b = make_view("b", prompt=10, max_output=5, block_size=1)
-    # the 0.5 rule would need 10 + 5 <= 40 - 30 for "a"; SGLang 0.3's ignore_eos path checks
-    # a: 40 - 10 - 5 > 0, admits it and spends the budget 40 - 30 - (10 + 5) = -5 <= 0: stop
+    # the 0.5 rule would need 10 + 5 <= 40 - 30 for "a"; SGLang 0.3's ignore_eos path: the
+    # budget 40 - 30 = 10 > 0, then 40 - 5 > 0: a is admitted and spends the budget
+    # (10 - (10 + 5) = -5 <= 0), so b is not offered
     assert fill_step(state, [], [a, b]).admit == ("a",)
     roomy = replace(state, reserved_hbm_blocks=0)  # budget 40 - 15 = 25 > 0: b is checked
-    # b: states (5, 10), (5, 10) against 30 - 10 = 20: 20 - 5 * 2 > 0, 20 + 10 - 5 > 0
+    # b: states (5, 10), (5, 10) against the 40 free at the start: 40 - 5 * 2 > 0, 40 + 10 - 5
     assert fill_step(roomy, [], [a, b]).admit == ("a", "b")
-    tight = replace(roomy, free_hbm_blocks=24)  # b: 14 - 10 - 10 = -6: it waits
+    tight = replace(roomy, free_hbm_blocks=10)  # a takes the last 10 blocks: budget -5
     assert fill_step(tight, [], [a, b]).admit == ("a",)
 
 
@@ -86,3 +92,47 @@ def test_the_engine_check_accepts_what_sglang_03_admits_past_the_ratio_reserve()
     check_decision(state, decision)  # the chunk's 10 blocks of 40 free; the reserve not charged
     with pytest.raises(PolicyError, match="admissions need 15 KV blocks, 40 are free and 30"):
         check_decision(replace(state, finish_aware_admission=False), decision)
+
+
+def _sglang03(free: int, reserved: int, budget: int = 512) -> object:
+    return replace(
+        make_state(free_blocks=free, token_budget=budget, block_size=1),
+        admission=AdmissionRule.RESERVE_RATIO,
+        reserved_hbm_blocks=reserved,
+        finish_aware_admission=True,
+    )
+
+
+def test_sglang_03_budget_is_checked_before_each_request_and_a_chunk_pays_no_output_cap() -> None:
+    a = make_view("a", prompt=30, max_output=5, block_size=1)
+    # the budget is already spent (free 40 - reserved 45 < 0): tp_worker's no_remaining_tokens
+    # stops the loop before the first request
+    assert not FinishAwareAdder(_sglang03(40, 45), [], 40).add(a, 30)
+    # a chunk that does not end the prompt is charged its tokens only, not the output cap
+    chunk = FinishAwareAdder(_sglang03(40, 19), [], 40)
+    assert chunk.add(a, 20) and (chunk.free, chunk.total) == (20, 1)
+    whole = FinishAwareAdder(_sglang03(40, 19), [], 40)
+    assert whole.add(a, 30) and (whole.free, whole.total) == (10, -14)
+    assert not whole.add(make_view("b", prompt=2, max_output=1, block_size=1), 2)
+
+
+def test_a_refused_sglang_03_admission_stops_repeated_decode_steps() -> None:
+    running = [make_view("r", prompt=20, computed=20, generated=1, max_output=30, block_size=1)]
+    a = make_view("a", prompt=10, max_output=5, block_size=1)
+    # r decodes 1 token (40 -> 39 free); states (5, 10) for a, (29, 21) for r; a: 39 - 29 * 2
+    # <= 0: refused, so the step may not repeat (each decoded token changes the check)
+    decision = fill_step(_sglang03(40, 0), running, [a], max_repeat_steps=1024)
+    assert decision.admit == () and decision.max_repeat_steps == 1
+    # with 79 free: 79 - 29 * 2 = 21 > 0, then 79 + 10 - 29 = 60 > 0: admitted
+    assert fill_step(_sglang03(80, 0), running, [a]).admit == ("a",)
+
+
+def test_the_engine_check_refuses_what_sglang_03_would_not_admit() -> None:
+    a = make_view("a", prompt=10, max_output=5, block_size=1)
+    b = make_view("b", prompt=10, max_output=5, block_size=1)
+    state = replace(_sglang03(24, 10), waiting=(a, b))
+    both = ScheduleDecision(num_tokens={"a": 10, "b": 10}, admit=("a", "b"))
+    # the budget 24 - 10 = 14 is spent by a (14 - 15 < 0), so b would not be offered
+    with pytest.raises(PolicyError, match="admitting 'b': SGLang 0.3's ignore_eos admission"):
+        check_decision(state, both)
+    check_decision(replace(state, reserved_hbm_blocks=0), both)  # budget 24 - 15 = 9 > 0

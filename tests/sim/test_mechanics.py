@@ -289,3 +289,18 @@ def test_cache_aware_router_follows_the_prefix_then_the_emptiest_cache() -> None
     result, _ = simulate([first, other, again, short], replicas=2, router="cache_aware")
     placed = {r.request_id: r.replica for r in result.requests}
     assert placed == {"first": 0, "other": 1, "again": 0, "short": 1}
+
+
+def test_sglang_03_ignore_eos_admission_reaches_the_policy_and_is_off_in_every_profile() -> None:
+    from dataclasses import replace
+
+    from superinfer.sim.profiles import EngineProfile
+    from superinfer.sim.replica import Replica
+    from superinfer.sim.versions import VERSIONS
+
+    def state_of(profile: EngineProfile) -> StepState:
+        return Replica(0, profile, 10, 0, 8, 4, 0, 0.0).state(0.0)
+
+    assert state_of(replace(SIM_SGLANG, finish_aware_admission=True)).finish_aware_admission
+    assert not state_of(SIM_SGLANG).finish_aware_admission
+    assert not any(p.finish_aware_admission for p in VERSIONS.values())

@@ -31,6 +31,7 @@ from superinfer.policy_core.types import (
 __all__ = [
     "SGLANG_CLIP_MAX_NEW_TOKENS",
     "blocks_for_tokens",
+    "FinishAwareAdder",
     "fill_step",
     "finish_aware_fits",
     "step_blocks",
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 _FP16 = KVPrecision.FP16
+_RATIO = AdmissionRule.RESERVE_RATIO
 
 #: SGLang clips a request's output cap to this many tokens when it budgets KV for admission
 #: (``CLIP_MAX_NEW_TOKENS``, ``sglang/srt/managers/schedule_policy.py``, 0.5.x).
@@ -95,42 +97,43 @@ def step_blocks(view: RequestView, num_tokens: int, state: StepState, *, admit: 
 
 
 def finish_aware_fits(
-    candidate: RequestView, others: Iterable[RequestView], free_tokens: int
+    candidate: RequestView, others: Iterable[RequestView], total_tokens: int
 ) -> bool:
     """SGLang 0.3's admission check for a request sent with ``ignore_eos`` while the radix cache
     is disabled (``PrefillAdder.add_one_req_ignore_eos``,
-    ``python/sglang/srt/managers/policy_scheduler.py``, SGLang 0.3; ``bench_serving`` sends
-    ``ignore_eos`` unless ``--disable-ignore-eos``).
+    ``python/sglang/srt/managers/policy_scheduler.py`` at sgl-project/sglang a9c5f0a, the 0.3
+    series, whose ``tp_worker.py`` checks ``no_remaining_tokens()`` before each request;
+    ``bench_serving`` sends ``ignore_eos`` unless ``--disable-ignore-eos``).
 
-    Every request (the candidate, the running ones and those admitted before it in this step)
-    is a state ``(tokens_left, tokens_occupied)`` = ``(max_output_tokens - generated_tokens,
-    prompt_tokens + generated_tokens)`` (those with nothing left are dropped), sorted by
-    ``tokens_left`` (a stable sort, the candidate first among equals: SGLang sorts them so
-    for a step's first candidate; it inserts later ones by a loop that puts the largest one
-    before the last state, a quirk not copied). With ``rem = free_tokens -
-    candidate.prompt_tokens`` and ``freed`` the occupied tokens of the states before ``i``, the
-    candidate fits unless, for some ``i``, ``rem + freed - next_left * (n - i) <= 0``, where
+    Every request (the running ones, those admitted before it in this step, then the
+    candidate) is a state ``(tokens_left, tokens_occupied)`` = ``(max_output_tokens -
+    generated_tokens, prompt_tokens + generated_tokens)`` (those with nothing left are
+    dropped), stably sorted by ``tokens_left`` (the candidate after equal ones, as SGLang sorts
+    them for a step's first candidate; it inserts later ones before equal ones: a tie order
+    not copied). With ``freed`` the occupied tokens of the states before ``i``, the candidate
+    fits unless, for some ``i``, ``total_tokens + freed - next_left * (n - i) <= 0``, where
     ``next_left`` is state ``i + 1``'s ``tokens_left`` (state ``i``'s own for the last) and
-    ``n - i`` the requests still decoding: the engine's own arithmetic, kept as written.
+    ``n - i`` the requests still decoding: the engine's arithmetic as written, against the
+    tokens free when the step's admission began (``total_tokens``, not lessened by the prompts
+    admitted since; later SGLang releases subtract them and the candidate's prompt).
 
     Args:
         candidate: the waiting request to admit.
         others: running requests and those admitted earlier in the same step.
-        free_tokens: KV tokens free now (free pool plus evictable cache, less what this step's
-            earlier admissions take), tokens.
+        total_tokens: KV tokens free when the step's admission began (free pool plus evictable
+            cache), tokens.
 
     Returns:
         Whether SGLang 0.3 admits ``candidate``.
     """
     states = [(v.max_output_tokens - v.generated_tokens, v.prompt_tokens + v.generated_tokens)
-              for v in (candidate, *others)]  # fmt: skip
-    states = sorted((s for s in states if s[0] > 0), key=lambda s: s[0])  # stable: candidate first
-    rem = free_tokens - candidate.prompt_tokens
+              for v in (*others, candidate)]  # fmt: skip
+    states = sorted((s for s in states if s[0] > 0), key=lambda s: s[0])  # stable
     freed = 0
     n = len(states)
     for i, (tokens_left, occupied) in enumerate(states):
         steps = states[i + 1][0] if i + 1 < n else tokens_left
-        if rem + freed - steps * (n - i) <= 0:
+        if total_tokens + freed - steps * (n - i) <= 0:
             return False
         freed += occupied
     return True
@@ -181,7 +184,7 @@ def fill_step(
 
     admit: list[str] = []
     blocked = False
-    if not preempt and state.finish_aware_admission:
+    if not preempt and state.finish_aware_admission and state.admission is _RATIO:
         blocked = _admit_finish_aware(state, running, waiting, free, budget, num_tokens, admit)
     elif not preempt:
         free -= state.reserved_hbm_blocks
@@ -211,6 +214,51 @@ def fill_step(
     )
 
 
+class FinishAwareAdder:
+    """SGLang 0.3's ``PrefillAdder`` for ``ignore_eos`` requests with the radix cache disabled
+    (``StepState.finish_aware_admission``; ``python/sglang/srt/managers/policy_scheduler.py``
+    and ``tp_worker.py``'s prefill loop at sgl-project/sglang a9c5f0a, the 0.3 series).
+
+    Before each request the loop stops once the reserve-ratio budget is spent
+    (``no_remaining_tokens``: ``rem_total_tokens`` <= 0, which starts as the free tokens less
+    ``reserved_hbm_blocks``); the request must then pass :func:`finish_aware_fits` against the
+    tokens free when admission began, and (our guard: the simulator allocates what runs) find
+    its chunk in the blocks still free. Once admitted it takes its chunk from those, and the
+    chunk plus its output cap (``min(max_new_tokens, CLIP)``,
+    :data:`SGLANG_CLIP_MAX_NEW_TOKENS`) from the budget, the cap only when the chunk ends its
+    prompt (``_prefill_one_req``). The free blocks are those left after the running requests'
+    own tokens of this step, which SGLang 0.3 (prefill batches alone) would not subtract: one
+    token per running request.
+
+    Args:
+        state: the replica state (block size, reserved blocks).
+        running: the running requests (not preempted this step).
+        free: free KV blocks after the running requests' tokens of this step.
+    """
+
+    def __init__(self, state: StepState, running: Sequence[RequestView], free: int) -> None:
+        self.state = state
+        self.free = free
+        self.initial_tokens = free * state.block_size_tokens
+        self.total = free - state.reserved_hbm_blocks
+        self.views = list(running)
+
+    def add(self, req: RequestView, num_tokens: int) -> bool:
+        """Admit ``req`` running ``num_tokens`` of its prompt this step, if SGLang 0.3 would;
+        ``False`` (nothing charged) if it would not."""
+        if self.total <= 0 or not finish_aware_fits(req, self.views, self.initial_tokens):
+            return False
+        chunk = step_blocks(req, num_tokens, self.state, admit=False)
+        if chunk > self.free:
+            return False
+        cap = min(req.max_output_tokens, SGLANG_CLIP_MAX_NEW_TOKENS)
+        out = cap if num_tokens >= req.pending_tokens else 0
+        self.free -= chunk
+        self.total -= chunk + blocks_for_tokens(out, self.state.block_size_tokens)
+        self.views.append(req)
+        return True
+
+
 def _admit_finish_aware(
     state: StepState,
     running: Sequence[RequestView],
@@ -220,31 +268,17 @@ def _admit_finish_aware(
     num_tokens: dict[str, int],
     admit: list[str],
 ) -> bool:
-    """:func:`fill_step`'s admissions under ``StepState.finish_aware_admission`` (SGLang 0.3's
-    ``add_one_req_ignore_eos`` then ``budget_state``): each request in order must pass
-    :func:`finish_aware_fits` against the free tokens (``cur_rem_tokens``); once admitted it
-    takes its chunk from them and its chunk plus output cap (when the chunk ends its prompt)
-    from the reserve-ratio budget (``rem_total_tokens``: free less ``reserved_hbm_blocks``), and
-    admission stops when either is spent. Fills ``num_tokens`` and ``admit``; returns whether a
-    request was turned away for want of KV."""
-    bs = state.block_size_tokens
-    total = free - state.reserved_hbm_blocks
-    views = list(running)
+    """:func:`fill_step`'s admissions under ``StepState.finish_aware_admission``
+    (:class:`FinishAwareAdder`), within the token budget and ``max_num_seqs``. Fills
+    ``num_tokens`` and ``admit``; returns whether a request was turned away for want of KV."""
+    adder = FinishAwareAdder(state, running, free)
     for req in waiting:
-        if budget <= 0 or len(num_tokens) >= state.max_num_seqs or total <= 0 or free <= 0:
+        if budget <= 0 or len(num_tokens) >= state.max_num_seqs:
             break
-        if not finish_aware_fits(req, views, free * bs):
-            return True
         n = min(req.pending_tokens, budget)
-        chunk = step_blocks(req, n, state, admit=False)
-        if chunk > free:
+        if not adder.add(req, n):
             return True
-        whole = n >= req.pending_tokens
-        out = req.max_output_tokens - req.generated_tokens if whole else 0
-        free -= chunk
-        total -= chunk + blocks_for_tokens(min(max(out, 0), SGLANG_CLIP_MAX_NEW_TOKENS), bs)
         budget -= n
         num_tokens[req.request_id] = n
         admit.append(req.request_id)
-        views.append(req)
     return False

@@ -377,10 +377,10 @@ class StepState:
             for ``ignore_eos`` requests with the radix cache disabled instead of the
             ``reserved_hbm_blocks`` check: a request is admitted if, with every running and
             admitted request decoding to its output cap and freeing its KV as it finishes,
-            the pool never runs dry (:func:`policy_core.batching.finish_aware_fits`), and
-            admissions stop once the reserve-ratio budget is spent
-            (``PrefillAdder.add_one_req_ignore_eos`` and ``budget_state``,
-            ``python/sglang/srt/managers/policy_scheduler.py``, SGLang 0.3).
+            the pool never runs dry (:func:`policy_core.batching.finish_aware_fits`), while
+            the reserve-ratio budget, checked before each request, is not spent
+            (:class:`policy_core.batching.FinishAwareAdder`; ``PrefillAdder`` and
+            ``tp_worker.py`` at sgl-project/sglang a9c5f0a, the 0.3 series).
         views: request id -> view of every request in the three queues, or ``None``.
         queue_of: request id -> the queue holding it (the same ids as ``views``), or ``None``.
         changes: what changed since the previous state of the engine's series, or ``None``.
