@@ -112,6 +112,12 @@ def pooled_aggregate(summaries: list[pd.DataFrame]) -> pd.DataFrame:
     Args:
         summaries: ``summary.csv`` tables (columns ``engine, policy, repeat, load, slo_class``
             and the metrics).
+
+    Returns:
+        Columns ``engine, policy, load, slo_class, metric, n, mean, min, max, std``.
+
+    Raises:
+        KeyError: a table lacks one of the key columns.
     """
     from superinfer.harness.suites_engines_report import aggregate
 
@@ -123,7 +129,7 @@ def _read(paths: list[Path]) -> list[pd.DataFrame]:
     for path in paths:
         try:
             frames.append(pd.read_csv(path))
-        except (OSError, pd.errors.ParserError) as exc:
+        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
             raise SystemExit(f"error: {path}: {exc}") from None
     return frames
 
@@ -140,10 +146,10 @@ def main() -> None:
     args = ap.parse_args()
     summaries = args.summary or ([] if args.aggregate else DEFAULT_SUMMARIES)
     frames = _read(args.aggregate)
-    if summaries:
-        frames.append(pooled_aggregate(_read(summaries)))
     names = ", ".join(map(str, [*args.aggregate, *summaries]))
     try:
+        if summaries:
+            frames.append(pooled_aggregate(_read(summaries)))
         table = seed_rows(pd.concat(frames, ignore_index=True))
     except (KeyError, ValueError) as exc:
         raise SystemExit(f"error: {names}: {exc}") from None

@@ -23,8 +23,11 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from superinfer.harness.errors import DataError
 from superinfer.harness.offline.calibrate_published import with_request_latency
 from superinfer.harness.offline.calibrate_published_sim import (
     _metric_key,
@@ -40,15 +43,18 @@ COLUMNS = ["source_row", "setup", "metric", "published", "sim_off", "sim_on",
            "rel_err_off", "rel_err_on"]  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True, help="CSV to write")
-    args = ap.parse_args(argv)
-    base = data_dir()
-    if base is None:
-        print("error: no shared data folder found (set SUPERINFER_DATA)", file=sys.stderr)
-        return 2
-    costs = load_costs()
+def table(base: Path, costs: dict[str, Any],
+          simulate_fn: Callable[..., dict[str, float]] = simulate) -> list[list[Any]]:  # fmt: skip
+    """The rows of the CSV (:data:`COLUMNS`), one per published number of an SGLang 0.3.0 setup
+    that the simulation yields, from the published table under ``base`` and the cost
+    parameters ``costs`` (``sim/engine_costs.json``'s shape); ``simulate_fn`` is
+    ``calibrate_published_sim.simulate`` (replaceable in tests).
+
+    Raises:
+        DataError: the published table is missing or malformed.
+        KeyError: ``costs`` has no request-path latency for SGLang 0.3.0.
+        ValueError: a setup does not fit its GPUs.
+    """
     latency = costs["request_latency_s"][RELEASE]["s"]
     numbers = {"cpu": costs["cpu"], "kernel_scale": costs["kernel_scale"]}
     rows = []
@@ -62,22 +68,45 @@ def main(argv: list[str] | None = None) -> int:
         print(setup.label, flush=True)
         sims[setup] = tuple(
             with_request_latency(
-                simulate(setup, numbers, base, {"finish_aware_admission": on}), latency
+                simulate_fn(setup, numbers, base, {"finish_aware_admission": on}), latency
             )
             for on in (False, True)
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(COLUMNS)
-        for raw, setup, metric in rows:
-            published = float(raw["value"])
-            off, on = (m.get(metric) for m in sims[setup])
-            if off is None or on is None:
-                continue
-            w.writerow([raw["row_id"], setup.label, metric, published, round(off, 4),
-                        round(on, 4), round((off - published) / published, 4),
-                        round((on - published) / published, 4)])  # fmt: skip
+    out = []
+    for raw, setup, metric in rows:
+        published = float(raw["value"])
+        off, on = (m.get(metric) for m in sims[setup])
+        if off is None or on is None:
+            continue
+        out.append([raw["row_id"], setup.label, metric, published, round(off, 4), round(on, 4),
+                    round((off - published) / published, 4),
+                    round((on - published) / published, 4)])  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="CSV to write")
+    args = ap.parse_args(argv)
+    base = data_dir()
+    if base is None:
+        print("error: no shared data folder found (set SUPERINFER_DATA)", file=sys.stderr)
+        return 2
+    try:
+        rows = table(base, load_costs())
+    except (DataError, KeyError, ValueError) as exc:
+        print(f"error: {base / 'published' / 'engine_perf.csv'} or "
+              f"sim/engine_costs.json: {exc}", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(COLUMNS)
+            w.writerows(rows)
+    except OSError as exc:
+        print(f"error: {args.out}: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {args.out}")
     return 0
 

@@ -318,3 +318,32 @@ def test_trtllm_014_lengths_simulates_the_202_214_rows_both_ways() -> None:
     assert m["total_output_tok_s"] == pytest.approx(11677.796004990983, rel=1e-12)
     # the module's ShareGPT means are restored for the calibration
     assert (cps.SHAREGPT_MEAN_IN, cps.SHAREGPT_MEAN_OUT) == (202.0, 194.3)
+
+
+def test_sglang030_admission_compares_the_rule_off_and_on_per_published_row() -> None:
+    import runpy
+
+    from superinfer.harness.workload.data import data_dir
+    from superinfer.sim.engine_costs import load_costs
+
+    mod = runpy.run_path(str(ROOT / "benchmarks" / "sglang030_admission.py"), run_name="t")
+    keys = ("total_output_tok_s", "request_throughput_req_s", "ttft_ms:p50", "tpot_ms:p50",
+            "itl_ms:p50", "e2e_latency_ms:p50")  # fmt: skip
+    seen = []
+
+    def fake(setup, costs, base, overrides):  # type: ignore[no-untyped-def]
+        seen.append((setup.release, overrides["finish_aware_admission"]))
+        return dict.fromkeys(keys, 90.0 if overrides["finish_aware_admission"] else 100.0)
+
+    costs = load_costs()
+    base = data_dir()
+    assert base is not None
+    rows = mod["table"](base, costs, fake)
+    assert {r for r, _ in seen} == {"sglang-0.3.0"} and len(seen) == 2 * 6  # 6 setups
+    assert len(rows) == 20 and [r[0] for r in rows][-1] == "645"
+    row = {r[0]: r for r in rows}["645"]
+    assert row[2:6] == ["total_output_tok_s", 3856.01, 100.0, 90.0]
+    assert row[6:] == [round((100 - 3856.01) / 3856.01, 4), round((90 - 3856.01) / 3856.01, 4)]
+    latency_ms = 1e3 * costs["request_latency_s"]["sglang-0.3.0"]["s"]
+    ttft = {r[0]: r for r in rows}["609"]  # TTFT p50: the request-path latency added
+    assert ttft[4] == round(100.0 + latency_ms, 4) and ttft[5] == round(90.0 + latency_ms, 4)

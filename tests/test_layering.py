@@ -109,6 +109,7 @@ HARNESS_RANKS = {
     "suites_engines_knee": 9,
     "suites_engines_options": 9,
     "suites_engines_fidelity": 9,
+    "suites_engines_checks": 9,
     "suites_engines_workload": 9,
 }
 

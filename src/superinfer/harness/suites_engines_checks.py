@@ -1,0 +1,88 @@
+"""The policy checks of ``bench --suite engines`` (``checks.csv``): ``superinfer`` against each
+engine's own policy per load, judged by issue 24's attainment target and issue 18's three
+real-engine targets. Used by ``suites_engines_report``, which writes the file and the report's
+table."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from superinfer.harness.suites_engines_fidelity import mean_of
+
+__all__ = [
+    "ISSUE18_BAND",
+    "ISSUE18_POINTS",
+    "ISSUE18_TOK_S_RATIO",
+    "ISSUE18_TTFT_P99_RATIO",
+    "KNEE_BAND",
+    "WIN_POINTS",
+    "policy_checks",
+]
+
+#: Native chat attainment band where superinfer must win by >= 10 points (issue 24).
+KNEE_BAND = (0.6, 0.85)
+WIN_POINTS = 10.0
+#: Issue 18's real-engine targets where native (FCFS) chat attainment is 0.6-0.8: chat
+#: attainment >= native + 15 points, chat TTFT p99 <= 0.6x native's, output tokens/s (all
+#: classes) >= 0.95x native's; each a ratio of means over repeats.
+ISSUE18_BAND = (0.6, 0.8)
+ISSUE18_POINTS = 15.0
+ISSUE18_TTFT_P99_RATIO = 0.6
+ISSUE18_TOK_S_RATIO = 0.95
+
+
+def policy_checks(agg: pd.DataFrame, natives: dict[str, str]) -> pd.DataFrame:
+    """Per engine with a ``superinfer`` row and load: native and superinfer chat attainment (mean
+    over repeats), the difference in points, what issue 24 requires there (>= +10 points where
+    native attains 0.6-0.85, >= 0 elsewhere) and whether it holds; also the share of native's
+    gap to 1.0 that superinfer closes. Added after those (columns only appended): superinfer's
+    chat TTFT p99 and all-class output tokens/s over native's (ratios of the means over
+    repeats), whether native's attainment is in issue 18's band (:data:`ISSUE18_BAND`) and,
+    there, whether issue 18's three targets hold at once (``issue18_met``; empty outside the
+    band)."""
+    rows = []
+    for engine in agg["engine"].unique():
+        native = natives.get(engine)
+        part = agg[agg["engine"] == engine]
+        if native is None or "superinfer" not in set(part["policy"]):
+            continue
+        for load in sorted(part["load"].unique()):
+            nat = mean_of(agg, engine, native, load, "chat", "slo_attainment")
+            sup = mean_of(agg, engine, "superinfer", load, "chat", "slo_attainment")
+            points = (sup - nat) * 100
+            in_band = KNEE_BAND[0] <= nat <= KNEE_BAND[1]
+            need = WIN_POINTS if in_band else 0.0
+            gap = 1 - nat
+            ttft = mean_of(agg, engine, "superinfer", load, "chat", "ttft_p99_ms") / mean_of(
+                agg, engine, native, load, "chat", "ttft_p99_ms"
+            )
+            tok = mean_of(agg, engine, "superinfer", load, "all", "output_tok_s") / mean_of(
+                agg, engine, native, load, "all", "output_tok_s"
+            )
+            band18 = ISSUE18_BAND[0] <= nat <= ISSUE18_BAND[1]
+            met18 = (
+                points >= ISSUE18_POINTS - 1e-9
+                and ttft <= ISSUE18_TTFT_P99_RATIO + 1e-9
+                and tok >= ISSUE18_TOK_S_RATIO - 1e-9
+            )
+            rows.append(
+                {
+                    "engine": engine,
+                    "load": load,
+                    "native": native,
+                    "native_chat_attainment": nat,
+                    "superinfer_chat_attainment": sup,
+                    "points": points,
+                    "in_knee_band": in_band,
+                    "required_points": need,
+                    "met": bool(points >= need - 1e-9),
+                    "gap_closed": (sup - nat) / gap if gap > 0 else math.nan,
+                    "chat_ttft_p99_ratio": ttft,
+                    "output_tok_s_ratio": tok,
+                    "in_issue18_band": band18,
+                    "issue18_met": met18 if band18 else None,
+                }
+            )
+    return pd.DataFrame(rows)
