@@ -35,8 +35,8 @@ import pandas as pd
 from superinfer.harness.suites_seed import COMPARISONS, METRICS
 
 #: The latest engines-suite runs of the current policy: hf with ``tpot_plan_share`` 0.9 at
-#: 0.214-0.4 req/s (5 repeats per load), the SGLang server with the chat KV reserve at 0.5 (4),
-#: 0.6 (16, three runs pooled) and 1.0 req/s (3).
+#: 0.214-0.4 req/s (5 repeats per load), the SGLang server with the chat KV reserve at
+#: 0.5 (10 repeats, two runs pooled), 0.6 (16, three runs) and 1.0 req/s (3).
 DEFAULT_SUMMARIES = [
     Path("results/hf/tpot-plan-0.9-low/summary.csv"),
     Path("results/hf/tpot-plan-0.9-0.334/summary.csv"),
@@ -44,6 +44,7 @@ DEFAULT_SUMMARIES = [
     Path("results/engines-cpu/sglang-reserve/summary.csv"),
     Path("results/engines-cpu/sglang-reserve-0.6/summary.csv"),
     Path("results/engines-cpu/sglang-reserve-0.6-s6/summary.csv"),
+    Path("results/engines-cpu/sglang-reserve-0.5-s6/summary.csv"),
     Path("results/engines-cpu/sglang-reserve-1.0/summary.csv"),
 ]
 #: Real engine -> its native policy as the engines suite names it.
