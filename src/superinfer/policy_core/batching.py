@@ -33,13 +33,13 @@ __all__ = [
     "blocks_for_tokens",
     "FinishAwareAdder",
     "fill_step",
+    "finish_aware",
     "finish_aware_fits",
     "step_blocks",
     "view_blocks",
 ]
 
 _FP16 = KVPrecision.FP16
-_RATIO = AdmissionRule.RESERVE_RATIO
 
 #: SGLang clips a request's output cap to this many tokens when it budgets KV for admission
 #: (``CLIP_MAX_NEW_TOKENS``, ``sglang/srt/managers/schedule_policy.py``, 0.5.x).
@@ -96,14 +96,19 @@ def step_blocks(view: RequestView, num_tokens: int, state: StepState, *, admit: 
     return need
 
 
+def finish_aware(state: StepState) -> bool:
+    """Whether admissions on ``state`` follow SGLang 0.3's ``ignore_eos`` rule
+    (``StepState.finish_aware_admission``, which applies under ``RESERVE_RATIO`` only)."""
+    return state.finish_aware_admission and state.admission is AdmissionRule.RESERVE_RATIO
+
+
 def finish_aware_fits(
     candidate: RequestView, others: Iterable[RequestView], total_tokens: int
 ) -> bool:
     """SGLang 0.3's admission check for a request sent with ``ignore_eos`` while the radix cache
     is disabled (``PrefillAdder.add_one_req_ignore_eos``,
     ``python/sglang/srt/managers/policy_scheduler.py`` at sgl-project/sglang a9c5f0a, the 0.3
-    series, whose ``tp_worker.py`` checks ``no_remaining_tokens()`` before each request;
-    ``bench_serving`` sends ``ignore_eos`` unless ``--disable-ignore-eos``).
+    series; ``bench_serving`` sends ``ignore_eos`` unless ``--disable-ignore-eos``).
 
     Every request (the running ones, those admitted before it in this step, then the
     candidate) is a state ``(tokens_left, tokens_occupied)`` = ``(max_output_tokens -
@@ -184,7 +189,7 @@ def fill_step(
 
     admit: list[str] = []
     blocked = False
-    if not preempt and state.finish_aware_admission and state.admission is _RATIO:
+    if not preempt and finish_aware(state):
         blocked = _admit_finish_aware(state, running, waiting, free, budget, num_tokens, admit)
     elif not preempt:
         free -= state.reserved_hbm_blocks
@@ -217,7 +222,10 @@ def fill_step(
 class FinishAwareAdder:
     """SGLang 0.3's ``PrefillAdder`` for ``ignore_eos`` requests with the radix cache disabled
     (``StepState.finish_aware_admission``; ``python/sglang/srt/managers/policy_scheduler.py``
-    and ``tp_worker.py``'s prefill loop at sgl-project/sglang a9c5f0a, the 0.3 series).
+    at sgl-project/sglang a9c5f0a, the 0.3 series, and a ``tp_worker.py`` prefill loop of the
+    same series, read in the code index at an unrecorded commit, that calls this adder's
+    ``remove_running_tokens(running_batch)`` and checks ``no_remaining_tokens()`` before each
+    request).
 
     Before each request the loop stops once the reserve-ratio budget is spent
     (``no_remaining_tokens``: ``rem_total_tokens`` <= 0, which starts as the free tokens less

@@ -379,8 +379,8 @@ class StepState:
             admitted request decoding to its output cap and freeing its KV as it finishes,
             the pool never runs dry (:func:`policy_core.batching.finish_aware_fits`), while
             the reserve-ratio budget, checked before each request, is not spent
-            (:class:`policy_core.batching.FinishAwareAdder`; ``PrefillAdder`` and
-            ``tp_worker.py`` at sgl-project/sglang a9c5f0a, the 0.3 series).
+            (:class:`policy_core.batching.FinishAwareAdder`, which names its SGLang 0.3
+            sources).
         views: request id -> view of every request in the three queues, or ``None``.
         queue_of: request id -> the queue holding it (the same ids as ``views``), or ``None``.
         changes: what changed since the previous state of the engine's series, or ``None``.

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Container, Sequence
 
-from superinfer.policy_core.batching import FinishAwareAdder, step_blocks, view_blocks
+from superinfer.policy_core.batching import (
+    FinishAwareAdder,
+    finish_aware,
+    step_blocks,
+    view_blocks,
+)
 from superinfer.policy_core.types import (
-    AdmissionRule,
     KVLocation,
     Placement,
     PlacementDecision,
@@ -95,7 +99,7 @@ def check_decision(
     need = sum(
         swapped[rid].kv_blocks for rid in moved_in if swapped[rid].kv_location is KVLocation.CPU
     )
-    aware = state.finish_aware_admission and state.admission is AdmissionRule.RESERVE_RATIO
+    aware = finish_aware(state)
     admit_need = 0
     for rid, n in decision.num_tokens.items():
         req = live.get(rid)
@@ -106,27 +110,26 @@ def check_decision(
         if n > req.pending_tokens:
             raise PolicyError(f"{rid!r}: {n} tokens exceed its {req.pending_tokens} pending")
         if rid in decision.admit:
-            # SGLang 0.3's ignore_eos admission allocates only the chunk it runs
-            admit_need += step_blocks(req, n, state, admit=not aware)
+            if not aware:  # FinishAwareAdder charges SGLang 0.3's admissions below
+                admit_need += step_blocks(req, n, state, admit=True)
         else:
             need += step_blocks(req, n, state, admit=False)
     if need > free:
         raise PolicyError(f"the step needs {need} KV blocks, {free} are free")
     # The headroom reserved for running requests' growth is theirs to use: it only bounds
     # admissions (SGLang's PrefillAdder), so a step that admits nothing may eat into it.
-    reserved = 0 if aware else state.reserved_hbm_blocks
     if aware and decision.admit:
         adder = FinishAwareAdder(state, [live[r] for r in running if r in live], free - need)
         for rid in decision.admit:
             if not adder.add(live[rid], decision.num_tokens.get(rid, 0)):
                 raise PolicyError(
                     f"admitting {rid!r}: SGLang 0.3's ignore_eos admission refuses it "
-                    "(finish-aware check or reserve-ratio budget)"
+                    "(finish-aware check, reserve-ratio budget or no free blocks for its chunk)"
                 )
-    if decision.admit and admit_need > free - need - reserved:
+    elif decision.admit and admit_need > free - need - state.reserved_hbm_blocks:
         raise PolicyError(
             f"admissions need {admit_need} KV blocks, {free - need} are free and "
-            f"{reserved} are reserved for running requests"
+            f"{state.reserved_hbm_blocks} are reserved for running requests"
         )
 
 
