@@ -121,6 +121,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "min_prefill_budget_share",
         "ttft_kv_reserve_requests",
         "tpot_plan_share",
+        "ttft_seat_reserve",
     ]
     assert list(policy_options(SuperInferPolicy)) == expected
     assert list(policy_options(OraclePolicy)) == [*expected, "output_tokens"]

@@ -45,6 +45,9 @@ class _Admission(_Preemption):
             e.view = v
             if step.seats <= 0 and 0 <= rank_below and step.worst_tier <= rank_below:
                 return 0  # no free seat, and no worse tier runs to make one (_make_room)
+            if self._seat_reserve and e.ttft_s is None and step.seats <= self._seat_reserve:
+                if self._seen_ttft and state.running:
+                    return 0  # the seats left are TTFT-class requests' (ttft_seat_reserve)
         given = step.tokens.get(rid, 0)
         n = v.pending_tokens - given  # min(unit, pending - given, budget), inline
         if unit < n:

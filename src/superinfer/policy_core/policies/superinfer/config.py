@@ -187,6 +187,18 @@ class SuperInferConfig(BasePolicy):
         "protection and the TTFT boost's credit); below 1 every token keeps the rest of the "
         "target as a margin for step-time noise",
     )
+    ttft_seat_reserve: int = _opt(
+        # 2 (issue 18, 2026-12-05): on the real SGLang CPU server (8 running requests, no
+        # preemption) chats arriving while batch requests held every seat waited through decode
+        # steps past their 1.5 s TTFT (traced in the step logs of results/engines-cpu/sglang-
+        # reserve*); sim:sglang-cpu replays of those runs: 1.0 req/s chat attainment 0.871 /
+        # 0.950 / 0.990 / 0.980 with 0 / 1 / 2 / 3 seats, output tok/s 0.927 / 0.959 / 0.964 /
+        # 0.957 x fcfs; unchanged at 0.5-0.6 (1.000 there already)
+        2,
+        "where the policy may not preempt (max_preemptions_per_step=0), an admission without a "
+        "TTFT target leaves, while any request runs and once a TTFT-class request has arrived, "
+        "this many of the engine's running-request seats free for TTFT-class requests (0: none)",
+    )
     name: str = "superinfer"
 
     def __post_init__(self) -> None:
@@ -232,6 +244,10 @@ class SuperInferConfig(BasePolicy):
         self._kv_reserve_on = (
             self.ttft_kv_reserve_requests > 0 and self.max_preemptions_per_step == 0
         )
+        #: seats an admission without a TTFT target leaves (ttft_seat_reserve), 0 where it may
+        #: preempt; applied once ``_seen_ttft`` (a TTFT-class request arrived)
+        self._seat_reserve = self.ttft_seat_reserve if self.max_preemptions_per_step == 0 else 0
+        self._seen_ttft = False
 
     def _validate(self) -> None:
         n = self.name
@@ -279,7 +295,7 @@ class SuperInferConfig(BasePolicy):
         for key in ("promotion_margin_s", "estimate_lookahead", "prior_decode_seq_s"):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"{n}: {key} must be >= 0, got {getattr(self, key)}")
-        for key in ("max_preemptions_per_step", "ttft_kv_reserve_requests"):
+        for key in ("max_preemptions_per_step", "ttft_kv_reserve_requests", "ttft_seat_reserve"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{n}: {key} must be >= 0, got {getattr(self, key)}")
         if self.best_effort_tier not in ("keep", "last"):
