@@ -1,16 +1,18 @@
-"""Does SGLang 0.3's ``ignore_eos`` admission explain its 70B max-load row? (issue 19)
+"""Would SGLang 0.3.1's ``ignore_eos`` admission explain 0.3.0's 70B max-load row? (issue 19)
 
 ``results/fidelity/published.csv`` has SGLang 0.3.0's Llama-3.1-70B, 4 x H100 max-load run
 (rows 644/645) 13.9 % faster than published, with the 8B run (640/641) fitted. The published
 runs used ``python -m sglang.bench_serving``, which sends ``ignore_eos`` unless
-``--disable-ignore-eos``, with ``--disable-radix-cache``; SGLang 0.3 admits such requests by a
-finish-aware check (``PrefillAdder.add_one_req_ignore_eos``, modelled as
+``--disable-ignore-eos``, with ``--disable-radix-cache``; SGLang 0.3.1 and later admit such
+requests by a finish-aware check (``PrefillAdder.add_one_req_ignore_eos``, modelled as
 ``EngineProfile.finish_aware_admission``, :func:`superinfer.policy_core.batching.
 finish_aware_fits`) instead of the ``new_token_ratio`` reserve the ``sim:sglang@0.3.0`` profile
 uses. This script simulates every SGLang 0.3.0 setup of the published rows as the calibration
 does (``calibrate_published_sim.simulate``: same request counts, ``fcfs``, the installed
 ``sim/engine_costs.json`` and the release's request-path latency) with the rule off (the
-profile as it is) and on, and writes one row per published number.
+profile as it is) and on, and writes one row per published number. (It moved them by under 0.1
+point; and 0.3.0 itself turned out to have no such path: its PyPI wheel's ``policy_scheduler.py``
+charges ``new_token_ratio`` for every request, as the profile does; the rule ships from 0.3.1.)
 
 Columns: ``source_row, setup, metric, published, sim_off, sim_on, rel_err_off, rel_err_on``
 (``rel_err = (sim - published) / published``). Deterministic; about 2 minutes on 2 cores::

@@ -97,7 +97,7 @@ def step_blocks(view: RequestView, num_tokens: int, state: StepState, *, admit: 
 
 
 def finish_aware(state: StepState) -> bool:
-    """Whether admissions on ``state`` follow SGLang 0.3's ``ignore_eos`` rule
+    """Whether admissions on ``state`` follow SGLang 0.3.1's ``ignore_eos`` rule
     (``StepState.finish_aware_admission``, which applies under ``RESERVE_RATIO`` only)."""
     return state.finish_aware_admission and state.admission is AdmissionRule.RESERVE_RATIO
 
@@ -105,10 +105,11 @@ def finish_aware(state: StepState) -> bool:
 def finish_aware_fits(
     candidate: RequestView, others: Iterable[RequestView], total_tokens: int
 ) -> bool:
-    """SGLang 0.3's admission check for a request sent with ``ignore_eos`` while the radix cache
-    is disabled (``PrefillAdder.add_one_req_ignore_eos``,
-    ``python/sglang/srt/managers/policy_scheduler.py`` at sgl-project/sglang a9c5f0a, the 0.3
-    series; ``bench_serving`` sends ``ignore_eos`` unless ``--disable-ignore-eos``).
+    """SGLang 0.3.1's admission check for a request sent with ``ignore_eos`` while the radix
+    cache is disabled (``PrefillAdder.add_one_req_ignore_eos``,
+    ``python/sglang/srt/managers/policy_scheduler.py`` at sgl-project/sglang a9c5f0a; the
+    PyPI wheels have it from 0.3.1 on, 0.3.0's has none; ``bench_serving`` sends
+    ``ignore_eos`` unless ``--disable-ignore-eos``).
 
     Every request (the running ones, those admitted before it in this step, then the
     candidate) is a state ``(tokens_left, tokens_occupied)`` = ``(max_output_tokens -
@@ -220,12 +221,12 @@ def fill_step(
 
 
 class FinishAwareAdder:
-    """SGLang 0.3's ``PrefillAdder`` for ``ignore_eos`` requests with the radix cache disabled
-    (``StepState.finish_aware_admission``; ``python/sglang/srt/managers/policy_scheduler.py``
-    at sgl-project/sglang a9c5f0a, the 0.3 series, and a ``tp_worker.py`` prefill loop of the
-    same series, read in the code index at an unrecorded commit, that calls this adder's
-    ``remove_running_tokens(running_batch)`` and checks ``no_remaining_tokens()`` before each
-    request).
+    """SGLang 0.3.1's ``PrefillAdder`` for ``ignore_eos`` requests with the radix cache
+    disabled (``StepState.finish_aware_admission``; ``python/sglang/srt/managers/
+    policy_scheduler.py`` at sgl-project/sglang a9c5f0a, not in 0.3.0, and a ``tp_worker.py``
+    prefill loop of that series, read in the code index at an unrecorded commit, that calls this
+    adder's ``remove_running_tokens(running_batch)`` and checks ``no_remaining_tokens()`` before
+    each request).
 
     Before each request the loop stops once the reserve-ratio budget is spent
     (``no_remaining_tokens``: ``rem_total_tokens`` <= 0, which starts as the free tokens less

@@ -373,7 +373,7 @@ class StepState:
             (SGLang 0.5.23 ``PrefillAdder.add_one_req``: ``extend_input_len +
             max_new_tokens``; ``add_chunked_req`` takes a continuing chunk before any
             admission). ``False``: only this step's chunk is charged.
-        finish_aware_admission: under ``RESERVE_RATIO``, admissions follow SGLang 0.3's rule
+        finish_aware_admission: under ``RESERVE_RATIO``, admissions follow SGLang 0.3.1's rule
             for ``ignore_eos`` requests with the radix cache disabled instead of the
             ``reserved_hbm_blocks`` check: a request is admitted if, with every running and
             admitted request decoding to its output cap and freeing its KV as it finishes,

@@ -110,7 +110,7 @@ def check_decision(
         if n > req.pending_tokens:
             raise PolicyError(f"{rid!r}: {n} tokens exceed its {req.pending_tokens} pending")
         if rid in decision.admit:
-            if not aware:  # FinishAwareAdder charges SGLang 0.3's admissions below
+            if not aware:  # FinishAwareAdder charges SGLang 0.3.1's admissions below
                 admit_need += step_blocks(req, n, state, admit=True)
         else:
             need += step_blocks(req, n, state, admit=False)
@@ -123,7 +123,7 @@ def check_decision(
         for rid in decision.admit:
             if not adder.add(live[rid], decision.num_tokens.get(rid, 0)):
                 raise PolicyError(
-                    f"admitting {rid!r}: SGLang 0.3's ignore_eos admission refuses it "
+                    f"admitting {rid!r}: SGLang 0.3.1's ignore_eos admission refuses it "
                     "(finish-aware check, reserve-ratio budget or no free blocks for its chunk)"
                 )
     elif decision.admit and admit_need > free - need - state.reserved_hbm_blocks:

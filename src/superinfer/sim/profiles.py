@@ -84,11 +84,13 @@ class EngineProfile:
             request's whole remaining prompt); set for the SGLang CPU server's profile
             (``sim.hf_cpu.hf_cpu_sim_config(mechanics="sglang")``). ``SIM_SGLANG`` does not set
             it yet: its results were made without it (results/fidelity/README.md).
-        finish_aware_admission: ``StepState.finish_aware_admission`` (SGLang 0.3's admission of
-            ``ignore_eos`` requests with the radix cache disabled, as ``bench_serving`` sends
-            them by default). Off in every profile: on for ``sim:sglang@0.3.0`` it moves the
-            published rows by under 0.1 % (``benchmarks/sglang030_admission.py``), while
-            turning it on would refit the 0.3.0 terms that ``sim:sglang`` borrows.
+        finish_aware_admission: ``StepState.finish_aware_admission`` (SGLang 0.3.1's and
+            later releases' admission of ``ignore_eos`` requests with the radix cache disabled,
+            as ``bench_serving`` sends them by default). Off in every profile: 0.3.0, the
+            release of the published SGLang rows, has no such path (its PyPI wheel's
+            ``policy_scheduler.py`` charges ``new_token_ratio`` for every request; 0.3.1's adds
+            ``add_one_req_ignore_eos``), and on for ``sim:sglang@0.3.0`` it moved those rows by
+            under 0.1 % (``benchmarks/sglang030_admission.py``).
     """
 
     name: str
