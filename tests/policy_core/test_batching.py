@@ -133,6 +133,6 @@ def test_the_engine_check_refuses_what_sglang_03_would_not_admit() -> None:
     state = replace(_sglang03(24, 10), waiting=(a, b))
     both = ScheduleDecision(num_tokens={"a": 10, "b": 10}, admit=("a", "b"))
     # the budget 24 - 10 = 14 is spent by a (14 - 15 < 0), so b would not be offered
-    with pytest.raises(PolicyError, match="admitting 'b': SGLang 0.3's ignore_eos admission"):
+    with pytest.raises(PolicyError, match="admitting 'b': SGLang 0.3.1's ignore_eos admission"):
         check_decision(state, both)
     check_decision(replace(state, reserved_hbm_blocks=0), both)  # budget 24 - 15 = 9 > 0

@@ -122,6 +122,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "ttft_kv_reserve_requests",
         "tpot_plan_share",
         "ttft_seat_reserve",
+        "serial_whole_prefills",
     ]
     assert list(policy_options(SuperInferPolicy)) == expected
     assert list(policy_options(OraclePolicy)) == [*expected, "output_tokens"]

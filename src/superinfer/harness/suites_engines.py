@@ -58,7 +58,7 @@ from superinfer.harness.suites_engines_options import (
     REAL_ENGINES,
     SGLANG,
     SGLANG_ARGS,
-    SGLANG_BEFORE_SEATS,
+    SGLANG_BEFORE_RECORD,
     SGLANG_SUPERINFER_OPTS,
     SIM_HF,
     SIM_OF,
@@ -532,8 +532,8 @@ def resimulate(
     if ran_with is None and engine == SIM_HF:  # an hf run from before the record
         given = manifest.get("config", {}).get("policy_options", {}).get("superinfer", {})
         ran_with = {**HF_BEFORE_RECORD, **given}
-    if engine == SIM_SGLANG and "ttft_seat_reserve" not in (ran_with or {}):
-        ran_with = {**SGLANG_BEFORE_SEATS, **(ran_with or {})}  # a run from before the option
+    if engine == SIM_SGLANG:  # options a run from before them did not record, as it ran
+        ran_with = {**SGLANG_BEFORE_RECORD, **(ran_with or {})}
     frames = _sim_cells(
         config, engine, opts, paths[2], lambda _m: None, found, extra,
         superinfer_options={**(ran_with or {}), **(superinfer_options or {})},

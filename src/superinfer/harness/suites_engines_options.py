@@ -58,17 +58,19 @@ BATCH_OUTPUT = (32, 96)
 #: SGLang server arguments for the real model (the CPU recipe adds the rest; docs/adapters.md).
 SGLANG_ARGS = "--context-length 1024 --chunked-prefill-size 512 --max-running-requests 8"
 #: Policy options of ``superinfer`` through the SGLang plugin (docs/adapters.md: the knee run of
-#: results/sglang-cpu): no recompute preemption, a 32-token prefill floor per pass, and two of the
-#: server's 8 running-request seats kept for chats (the policy's default, written out so that
-#: each run's manifest records it: runs from before it ran without, :data:`SGLANG_BEFORE_SEATS`).
+#: results/sglang-cpu): no recompute preemption, a 32-token prefill floor per pass, two of the
+#: server's 8 running-request seats kept for chats, and one batch prompt's chunks at a time (the
+#: last two are the policy's defaults, written out so that each run's manifest records them: runs
+#: from before them ran without, :data:`SGLANG_BEFORE_RECORD`).
 SGLANG_SUPERINFER_OPTS = {
     "min_prefill_tokens": "32",
     "max_preemptions_per_step": "0",
     "ttft_seat_reserve": "2",
+    "serial_whole_prefills": "true",
 }
-#: What ``superinfer`` ran with on SGLang in suite runs whose manifest does not record a seat
-#: reserve (before the option existed).
-SGLANG_BEFORE_SEATS = {"ttft_seat_reserve": "0"}
+#: What ``superinfer`` ran with on SGLang in suite runs whose manifest does not record these
+#: options (before they existed).
+SGLANG_BEFORE_RECORD = {"ttft_seat_reserve": "0", "serial_whole_prefills": "false"}
 #: Policy options of ``superinfer`` on the real hf engine (and ``sim:hf-cpu`` beside it): decode
 #: allowances planned to 0.9 of the TPOT target. With 1.0, hf's mixed steps converge to the
 #: target and its step-time noise pushed chats over it by 0.35-2.67 ms (results/hf/knee-hi, 0.4

@@ -373,6 +373,12 @@ class StepState:
             (SGLang 0.5.23 ``PrefillAdder.add_one_req``: ``extend_input_len +
             max_new_tokens``; ``add_chunked_req`` takes a continuing chunk before any
             admission). ``False``: only this step's chunk is charged.
+        prefill_runs_whole: an admitted request's prompt runs to its end in the steps that
+            follow, one chunk of the step budget each, before any other admission and without
+            the policy (SGLang 0.5.23: ``PrefillAdder.add_chunked_req`` takes the chunked
+            request's next chunk first in ``Scheduler._get_new_batch_prefill_raw``; the request
+            is out of the running batch until its last chunk, ``get_next_batch_to_run``
+            excludes it). A chat arriving then waits for every such chunk ahead of it.
         finish_aware_admission: under ``RESERVE_RATIO``, admissions follow SGLang 0.3.1's rule
             for ``ignore_eos`` requests with the radix cache disabled instead of the
             ``reserved_hbm_blocks`` check: a request is admitted if, with every running and
@@ -414,6 +420,7 @@ class StepState:
     kv_packing: KVPages | None = None
     reserve_whole_prompt: bool = False
     finish_aware_admission: bool = False
+    prefill_runs_whole: bool = False
 
     def view_map(self) -> Mapping[str, RequestView]:
         """``views``, or the same map built from the queues (one pass) when the engine gave none."""

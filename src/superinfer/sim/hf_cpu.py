@@ -204,13 +204,14 @@ def hf_cpu_sim_config(
         # new_token_ratio of it (managers/schedule_policy.py
         # PrefillAdder._get_running_request_total_token_offset: ratio 1.0 for ignore_eos); and
         # its admission charges a request's whole remaining prompt (PrefillAdder.add_one_req:
-        # extend_input_len + max_new_tokens)
+        # extend_input_len + max_new_tokens), which then runs to its end (add_chunked_req)
         profile = replace(
             profile,
             reserve_ratio_init=1.0,
             reserve_ratio_min=1.0,
             reserve_ratio_decay=0.0,
             reserve_whole_prompt=True,
+            prefill_runs_whole=True,
         )
     return SimConfig(
         profile, SMOLLM2_135M, HOST_CPU, tp=1, replicas=1, num_gpu_blocks_override=num_blocks

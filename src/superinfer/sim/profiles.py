@@ -84,6 +84,8 @@ class EngineProfile:
             request's whole remaining prompt); set for the SGLang CPU server's profile
             (``sim.hf_cpu.hf_cpu_sim_config(mechanics="sglang")``). ``SIM_SGLANG`` does not set
             it yet: its results were made without it (results/fidelity/README.md).
+        prefill_runs_whole: ``StepState.prefill_runs_whole`` (told to the policy; the simulator
+            still runs the chunks the policy gives); set for the SGLang CPU server's profile.
         finish_aware_admission: ``StepState.finish_aware_admission`` (SGLang 0.3.1's and
             later releases' admission of ``ignore_eos`` requests with the radix cache disabled,
             as ``bench_serving`` sends them by default). Off in every profile: 0.3.0, the
@@ -120,6 +122,7 @@ class EngineProfile:
     repeat_past_finish: bool = False
     reserve_whole_prompt: bool = False
     finish_aware_admission: bool = False
+    prefill_runs_whole: bool = False
 
     def limits(self, gpu: GPUSpec) -> tuple[int, int]:
         """``(token_budget, max_num_seqs)`` on ``gpu``."""

@@ -209,6 +209,7 @@ class Replica:
             mixed_batches=self.profile.mixed_batches,
             reserve_whole_prompt=self.profile.reserve_whole_prompt,
             finish_aware_admission=self.profile.finish_aware_admission,
+            prefill_runs_whole=self.profile.prefill_runs_whole,
             kv_packing=self.kv_packing,
         )
         return self.views.stamp(state)

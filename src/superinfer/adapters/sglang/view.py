@@ -339,6 +339,7 @@ def step_state(
         token_budget=limits.max_prefill_tokens + len(running),
         max_num_seqs=limits.max_running_requests,
         mixed_batches=limits.mixed_chunk,
+        prefill_runs_whole=True,
     )
 
 

@@ -48,6 +48,9 @@ class _Admission(_Preemption):
             if self._seat_reserve and e.ttft_s is None and step.seats <= self._seat_reserve:
                 if self._seen_ttft and state.running:
                     return 0  # the seats left are TTFT-class requests' (ttft_seat_reserve)
+            serial = e.ttft_s is None and state.prefill_runs_whole and self._serial_whole
+            if serial and self._whole_prefill_running(step):
+                return 0  # one batch prompt's chunks at a time (serial_whole_prefills)
         given = step.tokens.get(rid, 0)
         n = v.pending_tokens - given  # min(unit, pending - given, budget), inline
         if unit < n:
@@ -90,6 +93,8 @@ class _Admission(_Preemption):
                 self._counters["swap_in_bytes"] += nbytes
             else:
                 step.admit.append(rid)
+                if e.ttft_s is None and state.prefill_runs_whole and self._serial_whole:
+                    step.whole_prefill = True
             step.seats -= 1
             self._schedule_check(rep, e, state.now_s)
         step.tokens[rid] = given + n
@@ -102,6 +107,26 @@ class _Admission(_Preemption):
         step.free -= extra
         step.budget -= n
         return n
+
+    def _whole_prefill_running(self, step: _Step) -> bool:
+        """Whether a request without a TTFT target that this policy admitted is still in its
+        prefill, or one was admitted in this step (``serial_whole_prefills``). Still in its
+        prefill: running without a first token, or in no queue of the state, as SGLang's
+        chunked request is between its chunks; one the engine left in its waiting queue (not
+        taken yet) is not. Looked at once per call: O(requests the policy holds)."""
+        if step.whole_prefill is None:
+            state = step.state
+            views = state.view_map()
+            running = {v.request_id for v in state.running}
+            step.whole_prefill = any(
+                e.ttft_s is None
+                and e.where == _RUNNING
+                and (
+                    (v := views.get(e.rid)) is None or e.rid in running and v.first_token_s is None
+                )
+                for e in self._entries.values()
+            )
+        return step.whole_prefill
 
     def _ttft_kv_reserve(self, block_size_tokens: int) -> int:
         """KV blocks an admission without a TTFT target leaves free where the policy cannot

@@ -199,6 +199,14 @@ class SuperInferConfig(BasePolicy):
         "TTFT target leaves, while any request runs and once a TTFT-class request has arrived, "
         "this many of the engine's running-request seats free for TTFT-class requests (0: none)",
     )
+    serial_whole_prefills: bool = _opt(
+        True,
+        "where an admitted prompt runs to its end without the policy (StepState."
+        "prefill_runs_whole: SGLang), admit a request without a TTFT target only while no other "
+        "such request is still in its prefill and none was admitted in this step, once a "
+        "TTFT-class request has arrived: a chat then waits behind one batch prompt's chunks at "
+        "most, not a chain of them",
+    )
     name: str = "superinfer"
 
     def __post_init__(self) -> None:
@@ -248,6 +256,8 @@ class SuperInferConfig(BasePolicy):
         #: preempt; applied once ``_seen_ttft`` (a TTFT-class request arrived)
         self._seat_reserve = self.ttft_seat_reserve if self.max_preemptions_per_step == 0 else 0
         self._seen_ttft = False
+        #: serial_whole_prefills in force: set once a TTFT-class request arrived (policy.py)
+        self._serial_whole = False
 
     def _validate(self) -> None:
         n = self.name

@@ -366,7 +366,7 @@ class _Step:
     __slots__ = (
         "state", "free", "budget", "seats", "free_cpu", "swap_out_bytes", "swap_in_bytes",
         "tokens", "new_blocks", "admit", "resume", "preempt", "reject", "prefetch", "changed",
-        "queued_views", "worst_tier", "prefills",
+        "queued_views", "worst_tier", "prefills", "whole_prefill",
     )  # fmt: skip
 
     def __init__(
@@ -397,3 +397,4 @@ class _Step:
         self.queued_views: dict[str, RequestView] | None = None
         self.worst_tier = -1
         self.prefills: dict[str, None] = {}
+        self.whole_prefill: bool | None = None  # a batch prompt in prefill (admission.py)
