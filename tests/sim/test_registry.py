@@ -84,6 +84,7 @@ def test_hf_cpu_config_is_what_run_sim_hf_cpu_cell_builds() -> None:
     # output (ratio 1.0, never decayed), and its admission charges the whole remaining prompt
     assert (sg.reserve_ratio_init, sg.reserve_ratio_min, sg.reserve_ratio_decay) == (1.0, 1.0, 0.0)
     assert sg.reserve_whole_prompt and not SIM_SGLANG.reserve_whole_prompt
+    assert sg.prefill_runs_whole and not SIM_SGLANG.prefill_runs_whole
     with pytest.raises(ValueError, match="mechanics 'x': one of hf, sglang"):
         hf_cpu_sim_config(mechanics="x")
     assert default.num_gpu_blocks_override == 256

@@ -123,6 +123,7 @@ def test_the_state_reports_sglang_queues_kv_and_limits_exactly() -> None:
     assert (state.free_hbm_blocks, state.total_hbm_blocks) == (236, 256)
     assert (state.token_budget, state.max_num_seqs, state.block_size_tokens) == (65, 8, 1)
     assert state.mixed_batches is False  # SGLang's default: a prefill batch runs alone
+    assert state.prefill_runs_whole is True  # add_chunked_req: an admitted prompt runs to its end
     (w,) = state.waiting
     assert (w.request_id, w.prompt_tokens, w.max_output_tokens, w.slo.name) == ("w", 12, 7, "batch")
     assert (w.computed_tokens, w.pending_tokens, w.kv_blocks) == (0, 12, 0)

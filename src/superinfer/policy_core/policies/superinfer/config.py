@@ -189,9 +189,9 @@ class SuperInferConfig(BasePolicy):
     )
     ttft_seat_reserve: int = _opt(
         # 2 (issue 18, 2026-12-05): on the real SGLang CPU server (8 running requests, no
-        # preemption) chats arriving while batch requests held every seat waited through decode
-        # steps past their 1.5 s TTFT (traced in the step logs of results/engines-cpu/sglang-
-        # reserve*); sim:sglang-cpu replays of those runs: 1.0 req/s chat attainment 0.871 /
+        # preemption) chats arriving with every seat held (3-4 by batch requests) waited through
+        # decode steps past their 1.5 s TTFT (traced in the step logs of results/engines-cpu/
+        # sglang-reserve*); sim:sglang-cpu replays of those runs: 1.0 req/s chat attainment 0.871 /
         # 0.950 / 0.990 / 0.980 with 0 / 1 / 2 / 3 seats, output tok/s 0.927 / 0.959 / 0.964 /
         # 0.957 x fcfs; unchanged at 0.5-0.6 (1.000 there already)
         2,
