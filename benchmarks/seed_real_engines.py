@@ -35,17 +35,17 @@ import pandas as pd
 from superinfer.harness.suites_seed import COMPARISONS, METRICS
 
 #: The latest engines-suite runs of the current policy: hf with ``tpot_plan_share`` 0.9 at
-#: 0.214-0.4 req/s (5 repeats per load), the SGLang server with the chat KV reserve at
-#: 0.5 (10 repeats, two runs pooled), 0.6 (16, three runs) and 1.0 req/s (3).
+#: 0.214-0.4 req/s (5 repeats per load), the SGLang server with the chat KV and seat reserves
+#: and one batch prompt in prefill at a time at 0.5 and 0.6 req/s (6 repeats each, seeds 6-11)
+#: and 1.0 req/s (3, seeds 0-2). The SGLang runs before those rules (``sglang-reserve*``) are
+#: left out: another policy.
 DEFAULT_SUMMARIES = [
     Path("results/hf/tpot-plan-0.9-low/summary.csv"),
     Path("results/hf/tpot-plan-0.9-0.334/summary.csv"),
     Path("results/hf/tpot-plan-0.9/summary.csv"),
-    Path("results/engines-cpu/sglang-reserve/summary.csv"),
-    Path("results/engines-cpu/sglang-reserve-0.6/summary.csv"),
-    Path("results/engines-cpu/sglang-reserve-0.6-s6/summary.csv"),
-    Path("results/engines-cpu/sglang-reserve-0.5-s6/summary.csv"),
-    Path("results/engines-cpu/sglang-reserve-1.0/summary.csv"),
+    Path("results/engines-cpu/sglang-serial-0.5-s6/summary.csv"),
+    Path("results/engines-cpu/sglang-serial-0.6-s6/summary.csv"),
+    Path("results/engines-cpu/sglang-serial-1.0/summary.csv"),
 ]
 #: Real engine -> its native policy as the engines suite names it.
 NATIVE = {"hf": "fcfs", "sglang": "native"}
