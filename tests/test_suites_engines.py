@@ -465,6 +465,53 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path) -> None:
         resimulate(tmp_path, "sim:sglang-cpu")
 
 
+@pytest.mark.parametrize(
+    ("recorded", "replayed"),
+    [
+        # a run from before the seat reserve and the serial prefills: replayed without them
+        (
+            {"min_prefill_tokens": "32", "max_preemptions_per_step": "0"},
+            {"ttft_seat_reserve": "0", "serial_whole_prefills": "false",
+             "min_prefill_tokens": "32", "max_preemptions_per_step": "0"},
+        ),
+        # one from between them: its seat reserve kept, no serial prefills
+        (
+            {"ttft_seat_reserve": "2"},
+            {"ttft_seat_reserve": "2", "serial_whole_prefills": "false"},
+        ),
+        # one that records both: as recorded
+        (
+            {"ttft_seat_reserve": "2", "serial_whole_prefills": "true"},
+            {"ttft_seat_reserve": "2", "serial_whole_prefills": "true"},
+        ),
+        # one from before the manifest recorded any (the suite's base options fill the rest)
+        (None, {"ttft_seat_reserve": "0", "serial_whole_prefills": "false"}),
+    ],
+)  # fmt: skip
+def test_resimulate_replays_sglang_runs_with_the_options_they_ran(
+    tmp_path, monkeypatch, recorded: dict[str, str] | None, replayed: dict[str, str]
+) -> None:
+    import json
+
+    from superinfer.harness import suites_engines
+
+    pd.DataFrame({"engine": ["sglang"], "load": [0.5]}).to_csv(tmp_path / "summary.csv")
+    manifest: dict[str, object] = {"seed": 0, "options": {}}
+    if recorded is not None:
+        manifest["superinfer_options"] = {"sglang": recorded}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "sglang_step_time.json").write_text("{}")
+    seen: list[dict[str, str]] = []
+
+    def fake_cells(*_a: object, superinfer_options: dict[str, str], **_k: object) -> list:
+        seen.append(dict(superinfer_options))
+        return []
+
+    monkeypatch.setattr(suites_engines, "_sim_cells", fake_cells)
+    suites_engines.resimulate(tmp_path, "sim:sglang-cpu", superinfer_options={"num_tiers": "3"})
+    assert seen == [{**replayed, "num_tiers": "3"}]
+
+
 def test_with_seq_cost_scales_the_donor_term_by_the_intercepts() -> None:
     from superinfer.harness.suites_engines_knee import with_seq_cost
 
@@ -668,6 +715,8 @@ def test_policy_opts_reach_superinfer_on_every_engine_of_the_suite(tmp_path, mon
     assert suites_engines._plugin_opts("superinfer", {"min_prefill_tokens": "64"}) == {
         "min_prefill_tokens": "64",
         "max_preemptions_per_step": "0",
+        "ttft_seat_reserve": "2",
+        "serial_whole_prefills": "true",
     }
     assert suites_engines._plugin_opts("native", {"min_prefill_tokens": "64"}) == {}
 
