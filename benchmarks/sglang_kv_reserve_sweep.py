@@ -8,7 +8,11 @@ the plugin's other options as the suite sets them. Deterministic. One row per (s
 reserve), means over the repeats (``chat_rejected``: the sum):
 
 ``src, load, reserve, repeats, chat_attainment, chat_rejected, chat_ttft_p99_ms,
-batch_attainment, batch_e2e_p50_ms, output_tok_s``
+batch_attainment, batch_e2e_p50_ms, output_tok_s, option``
+
+``--option NAME`` sweeps another ``superinfer`` option instead (``reserve`` then holds its
+value, ``option`` its name), and ``--set KEY=VALUE`` (repeatable) fixes others for every replay,
+e.g. ``--option ttft_seat_reserve --reserve 0,1,2,3 --set serial_whole_prefills=false``.
 
 Usage: ``python benchmarks/sglang_kv_reserve_sweep.py --src results/engines-cpu/sglang-knee2
 --src results/engines-cpu/sglang-steps --fit
@@ -24,19 +28,31 @@ from pathlib import Path
 
 import pandas as pd
 
+from superinfer.adapters.manager import UnknownPolicyError
 from superinfer.harness.errors import UserError
 from superinfer.harness.suites_engines import resimulate
 
 COLUMNS = ["src", "load", "reserve", "repeats", "chat_attainment", "chat_rejected",
-           "chat_ttft_p99_ms", "batch_attainment", "batch_e2e_p50_ms", "output_tok_s"]  # fmt: skip
+           "chat_ttft_p99_ms", "batch_attainment", "batch_e2e_p50_ms", "output_tok_s",
+           "option"]  # fmt: skip
+#: The option swept unless ``--option`` names another.
+DEFAULT_OPTION = "ttft_kv_reserve_requests"
 
 
-def sweep_rows(src: Path, reserves: list[int], fit: Path | None) -> pd.DataFrame:
-    """The rows of :data:`COLUMNS` for one source folder, every load and reserve."""
+def sweep_rows(src: Path, reserves: list[int] | list[str], fit: Path | None,
+               option: str = DEFAULT_OPTION,
+               fixed: dict[str, str] | None = None) -> pd.DataFrame:  # fmt: skip
+    """The rows of :data:`COLUMNS` for one source folder, every load and value of ``option``
+    (``fixed``: other ``superinfer`` options for every replay).
+
+    Raises:
+        UserError: ``src`` is not a suite run folder.
+        superinfer.adapters.manager.UnknownPolicyError: a bad option or value.
+    """
     rows = []
     for k in reserves:
-        got = resimulate(src, "sim:sglang-cpu", fit=fit,
-                         superinfer_options={"ttft_kv_reserve_requests": str(k)})  # fmt: skip
+        options = {**(fixed or {}), option: str(k)}
+        got = resimulate(src, "sim:sglang-cpu", fit=fit, superinfer_options=options)
         sim = got[(got["engine"] == "sim:sglang-cpu") & (got["policy"] == "superinfer")]
         for load, runs in sim.groupby("load"):
             chat = runs[runs["slo_class"] == "chat"]
@@ -49,7 +65,7 @@ def sweep_rows(src: Path, reserves: list[int], fit: Path | None) -> pd.DataFrame
                 "chat_ttft_p99_ms": chat["ttft_p99_ms"].mean(),
                 "batch_attainment": batch["slo_attainment"].mean(),
                 "batch_e2e_p50_ms": batch["e2e_p50_ms"].mean(),
-                "output_tok_s": every["output_tok_s"].mean(),
+                "output_tok_s": every["output_tok_s"].mean(), "option": option,
             })  # fmt: skip
     return pd.DataFrame(rows, columns=COLUMNS)
 
@@ -58,22 +74,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--src", action="append", required=True, help="suite run folder, repeatable")
     ap.add_argument("--fit", action="append", default=[], help="SRC_NAME=FILE: its step-time fit")
-    ap.add_argument("--reserve", default="0,1,2,3,4,6,8", help="reserves to sweep")
+    ap.add_argument("--reserve", default="0,1,2,3,4,6,8", help="reserves (values) to sweep")
+    ap.add_argument("--option", default=DEFAULT_OPTION, help="superinfer option to sweep")
+    ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every replay")
     ap.add_argument("--out", default="results/engines-cpu/kv_reserve_sweep.csv")
     args = ap.parse_args(argv)
     try:
-        reserves = [int(x) for x in args.reserve.split(",")]
+        values = args.reserve.split(",")
+        reserves = [int(x) for x in values] if args.option == DEFAULT_OPTION else values
         fits = dict(f.split("=", 1) for f in args.fit)
+        fixed = dict(f.split("=", 1) for f in args.set)
     except ValueError:
-        print(f"error: --reserve {args.reserve!r} / --fit {args.fit}: integers, NAME=FILE",
-              file=sys.stderr)  # fmt: skip
+        print(f"error: --reserve {args.reserve!r} / --fit {args.fit} / --set {args.set}: "
+              "integers, NAME=FILE, KEY=VALUE", file=sys.stderr)  # fmt: skip
         return 2
     frames = []
     for src in map(Path, args.src):
         fit = Path(fits[src.name]) if src.name in fits else None
         try:
-            frames.append(sweep_rows(src, reserves, fit))
-        except UserError as exc:
+            frames.append(sweep_rows(src, reserves, fit, args.option, fixed))
+        except (UserError, UnknownPolicyError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     out = pd.concat(frames, ignore_index=True)

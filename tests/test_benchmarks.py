@@ -347,3 +347,38 @@ def test_sglang030_admission_compares_the_rule_off_and_on_per_published_row() ->
     latency_ms = 1e3 * costs["request_latency_s"]["sglang-0.3.0"]["s"]
     ttft = {r[0]: r for r in rows}["609"]  # TTFT p50: the request-path latency added
     assert ttft[4] == round(100.0 + latency_ms, 4) and ttft[5] == round(90.0 + latency_ms, 4)
+
+
+def test_sglang_kv_reserve_sweep_sweeps_any_option_with_others_fixed(capsys) -> None:  # type: ignore[no-untyped-def]
+    import runpy
+
+    import pandas as pd
+
+    mod = runpy.run_path(str(ROOT / "benchmarks" / "sglang_kv_reserve_sweep.py"), run_name="t")
+    seen = []
+
+    def fake(src, engine, fit=None, superinfer_options=None):  # type: ignore[no-untyped-def]
+        seen.append(dict(superinfer_options))
+        k = float(superinfer_options["ttft_seat_reserve"])
+        rows = [("chat", 0.9 + k / 100, 1), ("batch", 1.0, 0), ("all", 0.0, 0)]
+        return pd.DataFrame(
+            [{"engine": "sim:sglang-cpu", "policy": "superinfer", "load": 0.5,
+              "slo_class": c, "slo_attainment": a, "n_rejected": r, "ttft_p99_ms": 100.0,
+              "e2e_p50_ms": 10.0, "output_tok_s": 20.0 + k} for c, a, r in rows]
+        )  # fmt: skip
+
+    mod["sweep_rows"].__globals__["resimulate"] = fake
+    out = mod["sweep_rows"](Path("x"), ["0", "2"], None, "ttft_seat_reserve",
+                            {"serial_whole_prefills": "false"})  # fmt: skip
+    assert seen == [
+        {"serial_whole_prefills": "false", "ttft_seat_reserve": "0"},
+        {"serial_whole_prefills": "false", "ttft_seat_reserve": "2"},
+    ]
+    assert list(out.columns) == mod["COLUMNS"]
+    assert out[["reserve", "chat_attainment", "chat_rejected", "output_tok_s"]].values.tolist() == [
+        ["0", 0.9, 1, 20.0], ["2", 0.92, 1, 22.0],
+    ]  # fmt: skip
+    assert set(out["option"]) == {"ttft_seat_reserve"}
+    # a bad --set is one line, exit 2
+    assert mod["main"](["--src", "x", "--set", "no_equals_sign"]) == 2
+    assert capsys.readouterr().err.startswith("error: --reserve")

@@ -102,3 +102,38 @@ def test_a_chat_is_not_held_back_by_a_batch_prompt_in_prefill() -> None:
         prefill_runs_whole=True,
     )
     assert decide(p, state).admit == ("c1",)
+
+
+def test_a_batch_prompt_of_another_replica_does_not_count() -> None:
+    p = _policy()
+    _admit_b1(p)  # on replica 0, where it is now in prefill (in no queue)
+    arrive(p, _batch("r1", replica=1), make_view("c9", prompt=100, max_output=60, replica=1))
+    state = replace(
+        make_state(waiting=[_batch("r1", replica=1)], free_blocks=FREE, replica=1),
+        prefill_runs_whole=True,
+    )
+    assert decide(p, state).admit == ("r1",)
+
+
+def test_a_finished_batch_prompt_no_longer_counts() -> None:
+    p = _policy()
+    _admit_b1(p)
+    p.on_request_finished(B1_DECODING, 11.0)
+    assert decide(p, _state(running=(CHAT,))).admit == ("b2",)
+
+
+def test_an_aged_batch_request_is_held_back_by_neither_rule() -> None:
+    # aged at half its 600 s deadline budget: it outranks every tier and takes the next seat
+    p = _policy(ttft_seat_reserve=2)
+    _admit_b1(p)
+    state = replace(
+        make_state(
+            running=(CHAT,),
+            waiting=[_batch("b2")],
+            free_blocks=FREE,
+            max_num_seqs=3,  # 2 free seats: the reserve's
+            now_s=400.0,
+        ),
+        prefill_runs_whole=True,
+    )
+    assert decide(p, state).admit == ("b2",)

@@ -69,7 +69,8 @@ SGLANG_SUPERINFER_OPTS = {
     "serial_whole_prefills": "true",
 }
 #: What ``superinfer`` ran with on SGLang in suite runs whose manifest does not record these
-#: options (before they existed).
+#: options (before they existed: ``ttft_seat_reserve`` came with 4620b97,
+#: ``serial_whole_prefills`` with 8f46555).
 SGLANG_BEFORE_RECORD = {"ttft_seat_reserve": "0", "serial_whole_prefills": "false"}
 #: Policy options of ``superinfer`` on the real hf engine (and ``sim:hf-cpu`` beside it): decode
 #: allowances planned to 0.9 of the TPOT target. With 1.0, hf's mixed steps converge to the

@@ -45,11 +45,12 @@ class _Admission(_Preemption):
             e.view = v
             if step.seats <= 0 and 0 <= rank_below and step.worst_tier <= rank_below:
                 return 0  # no free seat, and no worse tier runs to make one (_make_room)
-            if self._seat_reserve and e.ttft_s is None and step.seats <= self._seat_reserve:
-                if self._seen_ttft and state.running:
-                    return 0  # the seats left are TTFT-class requests' (ttft_seat_reserve)
+            # neither holds back an aged request: aging is what bounds a batch request's wait
+            reserve = self._seat_reserve and e.ttft_s is None and not e.aged
+            if reserve and step.seats <= self._seat_reserve and self._seen_ttft and state.running:
+                return 0  # the seats left are TTFT-class requests' (ttft_seat_reserve)
             serial = e.ttft_s is None and state.prefill_runs_whole and self._serial_whole
-            if serial and self._whole_prefill_running(step):
+            if serial and not e.aged and self._whole_prefill_running(step):
                 return 0  # one batch prompt's chunks at a time (serial_whole_prefills)
         given = step.tokens.get(rid, 0)
         n = v.pending_tokens - given  # min(unit, pending - given, budget), inline
@@ -113,7 +114,9 @@ class _Admission(_Preemption):
         prefill, or one was admitted in this step (``serial_whole_prefills``). Still in its
         prefill: running without a first token, or in no queue of the state, as SGLang's
         chunked request is between its chunks; one the engine left in its waiting queue (not
-        taken yet) is not. Looked at once per call: O(requests the policy holds)."""
+        taken yet) is not; only requests of this state's replica count. Looked at once per
+        call: O(requests the policy holds). An entry whose finish the engine never reported
+        would count for good (the SGLang plugin reports every finish and abort)."""
         if step.whole_prefill is None:
             state = step.state
             views = state.view_map()
@@ -121,6 +124,7 @@ class _Admission(_Preemption):
             step.whole_prefill = any(
                 e.ttft_s is None
                 and e.where == _RUNNING
+                and e.replica == state.replica
                 and (
                     (v := views.get(e.rid)) is None or e.rid in running and v.first_token_s is None
                 )

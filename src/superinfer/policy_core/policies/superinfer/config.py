@@ -191,15 +191,21 @@ class SuperInferConfig(BasePolicy):
         # 2 (issue 18, 2026-12-05): on the real SGLang CPU server (8 running requests, no
         # preemption) chats arriving with every seat held (3-4 by batch requests) waited through
         # decode steps past their 1.5 s TTFT (traced in the step logs of results/engines-cpu/
-        # sglang-reserve*); sim:sglang-cpu replays of those runs: 1.0 req/s chat attainment 0.871 /
-        # 0.950 / 0.990 / 0.980 with 0 / 1 / 2 / 3 seats, output tok/s 0.927 / 0.959 / 0.964 /
-        # 0.957 x fcfs; unchanged at 0.5-0.6 (1.000 there already)
+        # sglang-reserve*); sim:sglang-cpu replays of those runs (results/engines-cpu/
+        # seat_reserve_sweep.csv): 1.0 req/s chat attainment 0.871 / 0.950 / 0.990 / 0.980 with
+        # 0 / 1 / 2 / 3 seats, output tok/s 24.3 / 25.2 / 25.3 / 25.1; sglang-reserve-0.6-s6
+        # 0.975 -> 1.000 with any; 1.000 on the other 0.5-0.6 runs with any
         2,
         "where the policy may not preempt (max_preemptions_per_step=0), an admission without a "
         "TTFT target leaves, while any request runs and once a TTFT-class request has arrived, "
         "this many of the engine's running-request seats free for TTFT-class requests (0: none)",
     )
     serial_whole_prefills: bool = _opt(
+        # on (issue 18, 2026-12-05): 17 of the 20 chats superinfer missed on the real SGLang CPU
+        # server at 0.5-0.6 req/s waited behind chains of batch prefill chunks (2.0-2.6 s for two
+        # prompts; results/engines-cpu/README.md); with it on the same arrivals none did
+        # (sglang-serial-0.6-s6: 105 of 107 chats met); replays barely move, since sim:sglang-cpu
+        # runs the chunks the policy allots (results/engines-cpu/serial_prefill_sweep.csv)
         True,
         "where an admitted prompt runs to its end without the policy (StepState."
         "prefill_runs_whole: SGLang), admit a request without a TTFT target only while no other "
