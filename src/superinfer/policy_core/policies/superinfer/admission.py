@@ -46,8 +46,8 @@ class _Admission(_Preemption):
             if step.seats <= 0 and 0 <= rank_below and step.worst_tier <= rank_below:
                 return 0  # no free seat, and no worse tier runs to make one (_make_room)
             # neither holds back an aged request: aging is what bounds a batch request's wait
-            reserve = self._seat_reserve and e.ttft_s is None and not e.aged
-            if reserve and step.seats <= self._seat_reserve and self._seen_ttft and state.running:
+            seats = self._seat_reserve and e.ttft_s is None and not e.aged
+            if seats and step.seats <= self._seat_reserve and self._seen_ttft and state.running:
                 return 0  # the seats left are TTFT-class requests' (ttft_seat_reserve)
             serial = e.ttft_s is None and state.prefill_runs_whole and self._serial_whole
             if serial and not e.aged and self._whole_prefill_running(step):
