@@ -41,17 +41,21 @@ class _Admission(_Preemption):
         v = self._fresh_view(rep, e, step) if queued else e.view
         if v is None:
             return 0
+        serial = False  # a batch prompt SGLang will run whole (serial_whole_prefills)
         if queued:
             e.view = v
             if step.seats <= 0 and 0 <= rank_below and step.worst_tier <= rank_below:
                 return 0  # no free seat, and no worse tier runs to make one (_make_room)
-            # neither holds back an aged request: aging is what bounds a batch request's wait
-            seats = self._seat_reserve and e.ttft_s is None and not e.aged
-            if seats and step.seats <= self._seat_reserve and self._seen_ttft and state.running:
-                return 0  # the seats left are TTFT-class requests' (ttft_seat_reserve)
-            serial = e.ttft_s is None and state.prefill_runs_whole and self._serial_whole
-            if serial and not e.aged and self._whole_prefill_running(step):
-                return 0  # one batch prompt's chunks at a time (serial_whole_prefills)
+            # the seat reserve and serial prefills apply to a request without a TTFT target once
+            # a TTFT-class one arrived, and neither holds back an aged one: aging is what bounds
+            # a batch request's wait
+            batch = e.ttft_s is None and self._seen_ttft
+            serial = batch and state.prefill_runs_whole and self.serial_whole_prefills
+            if batch and not e.aged:
+                if self._seat_reserve and step.seats <= self._seat_reserve and state.running:
+                    return 0  # the seats left are TTFT-class requests' (ttft_seat_reserve)
+                if serial and self._whole_prefill_running(step):
+                    return 0  # one batch prompt's chunks at a time
         given = step.tokens.get(rid, 0)
         n = v.pending_tokens - given  # min(unit, pending - given, budget), inline
         if unit < n:
@@ -94,7 +98,7 @@ class _Admission(_Preemption):
                 self._counters["swap_in_bytes"] += nbytes
             else:
                 step.admit.append(rid)
-                if e.ttft_s is None and state.prefill_runs_whole and self._serial_whole:
+                if serial:
                     step.whole_prefill = True
             step.seats -= 1
             self._schedule_check(rep, e, state.now_s)
@@ -116,7 +120,8 @@ class _Admission(_Preemption):
         chunked request is between its chunks; one the engine left in its waiting queue (not
         taken yet) is not; only requests of this state's replica count. Looked at once per
         call: O(requests the policy holds). An entry whose finish the engine never reported
-        would count for good (the SGLang plugin reports every finish and abort)."""
+        would count for good (the SGLang plugin reports a request's end from its output stream
+        and SGLang's abort paths, ``adapters/sglang/plugin.py`` ``_end``)."""
         if step.whole_prefill is None:
             state = step.state
             views = state.view_map()

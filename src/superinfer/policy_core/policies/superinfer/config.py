@@ -262,8 +262,6 @@ class SuperInferConfig(BasePolicy):
         #: preempt; applied once ``_seen_ttft`` (a TTFT-class request arrived)
         self._seat_reserve = self.ttft_seat_reserve if self.max_preemptions_per_step == 0 else 0
         self._seen_ttft = False
-        #: serial_whole_prefills in force: set once a TTFT-class request arrived (policy.py)
-        self._serial_whole = False
 
     def _validate(self) -> None:
         n = self.name

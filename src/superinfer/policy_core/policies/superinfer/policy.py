@@ -50,7 +50,6 @@ class SuperInferPolicy(_Rotation):
             self.ttft_prompts.observe(request.pending_tokens)
         if e.ttft_s is not None:
             self._seen_ttft = True
-            self._serial_whole = self.serial_whole_prefills
         if e.ttft_s is not None and self._kv_reserve_on:
             self.ttft_footprints.observe(request.pending_tokens + request.max_output_tokens)
         rep = self._replica(request.replica)
