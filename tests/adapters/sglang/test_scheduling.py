@@ -22,8 +22,9 @@ from sglang.srt.managers.schedule_policy import (  # noqa: E402
 )
 
 from superinfer.adapters.hookspecs import hookimpl  # noqa: E402
-from superinfer.adapters.sglang.view import EngineLimits  # noqa: E402
+from superinfer.adapters.sglang.view import EngineLimits, reserved_blocks  # noqa: E402
 from superinfer.policy_core.types import (  # noqa: E402
+    AdmissionRule,
     KVPrecision,
     PreemptMode,
     RequestView,
@@ -135,6 +136,60 @@ def test_the_state_reports_sglang_queues_kv_and_limits_exactly() -> None:
         1,
     )
     assert r.kv_blocks == 20
+    # SGLang's PrefillAdder rule: r's remaining output cap (16 - 1 = 15 tokens; ratio 1.0
+    # without a scheduler to read new_token_ratio from) is held back, and an admission is
+    # charged its whole prompt and output cap
+    assert state.admission is AdmissionRule.RESERVE_RATIO and state.reserve_whole_prompt
+    assert state.reserved_hbm_blocks == 15
+
+
+def _scheduler(chunked: Any, ratio: float) -> Any:
+    """The two ``Scheduler`` attributes the views read."""
+    tracker = types.SimpleNamespace(current=ratio)
+    scheduler = types.SimpleNamespace(chunked_req=chunked, new_token_ratio_tracker=tracker)
+    return types.SimpleNamespace(scheduler=scheduler, abort=lambda *a: None)
+
+
+def test_the_chunked_request_is_a_running_prefill_with_its_prompt_left_reserved() -> None:
+    world = World(256, "priority", "python")
+    policy = Scripted(lambda s: ScheduleDecision())
+    adapter = make_adapter(policy, world=world, limits=EngineLimits(max_running_requests=8))
+    running = world.prefill([make_req("r", 20, first=500, slo="chat")])
+    queue: list[Any] = []
+    arrive(adapter, queue, make_req("c", 40, first=700, slo="batch", max_new=10))
+    chunked = queue.pop()  # admitted earlier; 16 of its 40 prompt tokens ran in its chunks
+    chunked.sampling_params.ignore_eos = True
+    chunked.prefix_len = chunked.extend_end = 16
+    arrive(adapter, queue, make_req("w", 12, first=600, slo="chat", max_new=7))
+    adapter.engine = _scheduler(chunked, ratio=0.5)
+    adapter.calc_priority(
+        SchedulePolicy.calc_priority, sglang_fcfs_with_priority(world), queue, running
+    )
+    (state,) = policy.states
+    assert [v.request_id for v in state.running] == ["r", "c"]
+    c = state.running[1]
+    assert (c.computed_tokens, c.pending_tokens, c.generated_tokens) == (16, 24, 0)
+    assert (c.kv_blocks, c.prefix_hit_tokens, c.first_token_s) == (16, 0, None)
+    assert [v.request_id for v in state.waiting] == ["w"]
+    # r: 15 output tokens left x 0.5 (no ignore_eos) = 7.5; c: 10 x 1.0 (ignore_eos) and its 24
+    # prompt tokens still to prefill: int(17.5) + 24 = 41
+    assert state.reserved_hbm_blocks == 41
+    # a chunked request SGLang put back in a queue (or that finished) is not listed twice
+    adapter.engine = _scheduler(running.reqs[0], ratio=0.5)
+    adapter.calc_priority(
+        SchedulePolicy.calc_priority, sglang_fcfs_with_priority(world), queue, running
+    )
+    assert [v.request_id for v in policy.states[-1].running] == ["r"]
+    assert policy.states[-1].reserved_hbm_blocks == 7  # int(7.5)
+
+
+def test_reserved_blocks_clip_the_output_cap_and_round_up_to_pages() -> None:
+    long = make_req("long", 8, max_new=5000)
+    long.sampling_params.ignore_eos = True
+    short = make_req("short", 8, max_new=3)
+    # 4096 (SGLang's CLIP_MAX_NEW_TOKENS) + int(3 x 0.7) = 4098 tokens = 257 pages of 16
+    assert reserved_blocks([long, short], None, 0.7, 16) == 257
+    assert reserved_blocks([], None, 0.7, 16) == 0
 
 
 def test_admission_follows_the_policy_and_sglang_can_only_refuse_more() -> None:

@@ -46,10 +46,13 @@ from superinfer.adapters.sglang.view import (
     RequestRecord,
     SLOFieldError,
     ViewTracker,
+    chunked_request,
     clock_for,
     kv_pool_blocks,
+    new_token_ratio,
     prefix_node_views,
     request_view,
+    reserved_blocks,
     resolve_slo,
     step_state,
 )
@@ -208,26 +211,32 @@ class SGLangAdapter:
         self.records[req.rid] = rec
         return rec
 
-    def view(self, req: Any, *, running: bool) -> RequestView:
-        """The policy's view of ``req``."""
-        return request_view(
-            req, self._record(req), running=running, page_size=self.limits.page_size
-        )
+    def view(self, req: Any, *, running: bool, chunked: bool = False) -> RequestView:
+        """The policy's view of ``req`` (``chunked``: SGLang's chunked request)."""
+        rec, page = self._record(req), self.limits.page_size
+        return request_view(req, rec, running=running, page_size=page, chunked=chunked)
 
     def state(
-        self, waiting: Sequence[Any], running: Sequence[Any], pool: tuple[Any, Any] | None = None
+        self,
+        waiting: Sequence[Any],
+        running: Sequence[Any],
+        pool: tuple[Any, Any] | None = None,
+        chunked: Any = None,
     ) -> StepState:
-        """A ``StepState`` of ``waiting`` and ``running`` ``Req``s over the bound KV pool."""
+        """A ``StepState`` of ``waiting`` and ``running`` ``Req``s over the bound KV pool;
+        ``chunked`` (SGLang's chunked request between its chunks: it holds a seat and KV, and
+        its next chunk runs first) is listed last among the running ones."""
         allocator, tree_cache = pool or self._pool()
-        free, total = kv_pool_blocks(allocator, tree_cache, self.limits.page_size)
-        return step_state(
-            clock=self.clock,
-            waiting=[self.view(r, running=False) for r in waiting],
-            running=[self.view(r, running=True) for r in running],
-            free_blocks=free,
-            total_blocks=total,
-            limits=self.limits,
-        )
+        page = self.limits.page_size
+        free, total = kv_pool_blocks(allocator, tree_cache, page)
+        views = [self.view(r, running=True) for r in running]
+        if chunked is not None:
+            views.append(self.view(chunked, running=True, chunked=True))
+        ratio = new_token_ratio(getattr(self.engine, "scheduler", None))
+        waiting_views = [self.view(r, running=False) for r in waiting]
+        reserved = reserved_blocks(running, chunked, ratio, page)
+        return step_state(clock=self.clock, waiting=waiting_views, running=views, free_blocks=free,
+                          total_blocks=total, limits=self.limits, reserved=reserved)  # fmt: skip
 
     def _pool(self) -> tuple[Any, Any]:
         if self._kv is None:
@@ -374,7 +383,8 @@ class SGLangAdapter:
         original(policy, waiting_queue, running_batch, *a, **k)
         running = [r for r in (running_batch.reqs if running_batch else []) if not r.finished()]
         pool = self._kv or (policy.tree_cache.token_to_kv_pool_allocator, policy.tree_cache)
-        state = self._views.stamp(self.state(waiting_queue, running, pool))
+        chunked = chunked_request(getattr(self.engine, "scheduler", None), waiting_queue, running)
+        state = self._views.stamp(self.state(waiting_queue, running, pool, chunked))
         self.decision = decision = self._decide(state)
         if decision is None:
             return

@@ -16,9 +16,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from superinfer.adapters.sglang.config import CLOCK_MODES, AdapterConfig
+from superinfer.policy_core.batching import SGLANG_CLIP_MAX_NEW_TOKENS, blocks_for_tokens
 from superinfer.policy_core.changes import ViewTracker
 from superinfer.policy_core.types import (
     SLO,
+    AdmissionRule,
     KVLocation,
     PrefixNodeView,
     RequestView,
@@ -34,10 +36,13 @@ __all__ = [
     "make_clock",
     "single_rank",
     "RequestRecord",
+    "chunked_request",
+    "new_token_ratio",
     "SLOFieldError",
     "kv_pool_blocks",
     "prefix_node_views",
     "request_view",
+    "reserved_blocks",
     "resolve_slo",
     "step_state",
     "ViewTracker",
@@ -263,15 +268,26 @@ def resolve_slo(req: Any, config: AdapterConfig) -> SLO:
     return config.slo_classes[config.default_class]
 
 
-def request_view(req: Any, record: RequestRecord, *, running: bool, page_size: int) -> RequestView:
+def request_view(
+    req: Any, record: RequestRecord, *, running: bool, page_size: int, chunked: bool = False
+) -> RequestView:
     """The view of one SGLang ``Req``.
 
     A running request holds KV for all but its last sampled token (it decodes one token next); a
     waiting one holds none, and ``prefix_hit_tokens`` is SGLang's last prefix match for it.
+    ``chunked`` (with ``running``): the scheduler's chunked request between two of its prefill
+    chunks (``Scheduler.chunked_req``; in neither the waiting queue nor the running batch until
+    its last chunk), which holds KV for the prompt tokens its chunks ran (``Req.prefix_len``,
+    or ``extend_end`` where the last chunk is not checkpointed yet; at most ``prompt - 1``: a
+    chunked request has prompt left) and has no output yet.
     """
     prompt = len(req.origin_input_ids)
     generated = len(req.output_ids)
-    computed = prompt + generated - 1 if running and generated else 0
+    if chunked:
+        ran = max(req.prefix_len, req.extend_end or 0)
+        computed = max(0, min(ran, prompt - 1))
+    else:
+        computed = prompt + generated - 1 if running and generated else 0
     return RequestView(
         request_id=req.rid,
         arrival_s=record.arrival_s,
@@ -280,7 +296,7 @@ def request_view(req: Any, record: RequestRecord, *, running: bool, page_size: i
         slo=record.slo,
         computed_tokens=computed,
         cached_tokens=req.cached_tokens,
-        prefix_hit_tokens=0 if running else req.num_matched_prefix_tokens,
+        prefix_hit_tokens=0 if running or chunked else req.num_matched_prefix_tokens,
         generated_tokens=generated,
         first_token_s=record.first_token_s,
         num_preemptions=req.retraction_count,
@@ -308,6 +324,62 @@ def kv_pool_blocks(allocator: Any, tree_cache: Any, page_size: int) -> tuple[int
     return free_tokens // page_size, allocator.size // page_size
 
 
+def chunked_request(scheduler: Any, waiting: Sequence[Any], running: Sequence[Any]) -> Any:
+    """``scheduler.chunked_req`` (SGLang 0.5.23 ``Scheduler``) while it is between two of its
+    prefill chunks, in neither ``waiting`` nor ``running``; else ``None`` (also without a
+    scheduler, e.g. before it starts)."""
+    req = getattr(scheduler, "chunked_req", None)
+    if req is None or req.finished() or req in running or req in waiting:
+        return None
+    return req
+
+
+def new_token_ratio(scheduler: Any) -> float:
+    """The scheduler's ``new_token_ratio`` (``Scheduler.new_token_ratio_tracker.current``,
+    SGLang 0.5.23), or 1.0 without one: the whole output cap, as SGLang holds for an
+    ``ignore_eos`` request (the harness sends every request so)."""
+    tracker = getattr(scheduler, "new_token_ratio_tracker", None)
+    return float(getattr(tracker, "current", 1.0))
+
+
+def reserved_blocks(
+    running: Iterable[Any], chunked: Any, new_token_ratio: float, page_size: int
+) -> int:
+    """KV blocks SGLang 0.5.23's admission holds back for the requests it runs: what
+    ``PrefillAdder`` charges before it admits anyone (``schedule_policy.py``).
+
+    Each running request's remaining output cap, clipped to ``CLIP_MAX_NEW_TOKENS``
+    (:data:`~superinfer.policy_core.batching.SGLANG_CLIP_MAX_NEW_TOKENS`) and scaled by 1.0 for
+    an ``ignore_eos`` request, else by ``new_token_ratio``
+    (``PrefillAdder._get_running_request_total_token_offset``); the chunked request's too (its
+    continuing chunk is charged with its output cap, ``add_chunked_req``) and its prompt still
+    to prefill, whole (it was admitted on its whole remaining prompt, ``add_one_req``, and its
+    next chunks are taken before any admission). The same rule as the simulator's SGLang CPU
+    profile (``sim.replica.Replica.reserved_blocks`` with ``reserve_whole_prompt``).
+
+    Args:
+        running: the running batch's unfinished ``Req``s.
+        chunked: ``Scheduler.chunked_req``, or ``None``.
+        new_token_ratio: the scheduler's current ``new_token_ratio``.
+        page_size: tokens per KV page.
+
+    Returns:
+        Blocks, rounded up.
+    """
+    out = 0.0
+    rest = 0
+    for req in [*running, *([chunked] if chunked is not None else [])]:
+        left = min(
+            req.sampling_params.max_new_tokens - len(req.output_ids), SGLANG_CLIP_MAX_NEW_TOKENS
+        )
+        ratio = 1.0 if getattr(req.sampling_params, "ignore_eos", False) else new_token_ratio
+        out += max(left, 0) * ratio
+    if chunked is not None:
+        ran = max(chunked.prefix_len, chunked.extend_end or 0)
+        rest = max(len(chunked.origin_input_ids) - ran, 0)
+    return blocks_for_tokens(rest + int(out), page_size)
+
+
 def step_state(
     *,
     clock: LogicalClock | WallClock,
@@ -316,6 +388,7 @@ def step_state(
     free_blocks: int,
     total_blocks: int,
     limits: EngineLimits,
+    reserved: int = 0,
 ) -> StepState:
     """A scheduling point of an SGLang scheduler.
 
@@ -323,7 +396,10 @@ def step_state(
     ``mem_cache/common.py::release_kv_cache(checkpoint=False)``), so ``swapped`` is empty and the
     CPU tier and link bandwidth are reported as 0. The token budget is SGLang's prefill budget plus
     one token per running request, its decode batch (run in the same batch only with mixed chunk,
-    ``limits.mixed_chunk``; else in the next one: ``mixed_batches``).
+    ``limits.mixed_chunk``; else in the next one: ``mixed_batches``). Admission is SGLang's
+    ``PrefillAdder`` rule: ``RESERVE_RATIO`` with ``reserved`` blocks held back for the running
+    requests (:func:`reserved_blocks`) and a new request charged its whole remaining prompt and
+    output cap (``reserve_whole_prompt``).
     """
     return StepState(
         now_s=clock.now_s,
@@ -338,7 +414,10 @@ def step_state(
         block_size_tokens=limits.page_size,
         token_budget=limits.max_prefill_tokens + len(running),
         max_num_seqs=limits.max_running_requests,
+        reserved_hbm_blocks=reserved,
+        admission=AdmissionRule.RESERVE_RATIO,
         mixed_batches=limits.mixed_chunk,
+        reserve_whole_prompt=True,
         prefill_runs_whole=True,
     )
 
