@@ -770,3 +770,39 @@ def test_each_repeat_of_the_simulated_rows_draws_its_spread_with_seed_plus_repea
     run_engines(BenchConfig(seed=5), opts, tmp_path)
     assert [c.engine_options["step_spread_seed"] for c in seen] == ["5", "6", "7"]
     assert {c.engine_options["step_time_file"] for c in seen} == {"results/hf/step_time_fit.json"}
+
+
+def test_the_request_path_is_what_the_lone_ttfts_leave_outside_the_servers_prefills() -> None:
+    from superinfer.harness.suites_engines_knee import request_path_ms
+
+    def step(kind: str, tokens: int, prefix: int, ms: float, gap: float) -> dict[str, object]:
+        return {"kind": kind, "num_prefill_tokens": tokens, "prefix_tokens": prefix,
+                "duration_ms": ms, "gap_ms": gap}  # fmt: skip
+
+    steps = pd.DataFrame(
+        [
+            step("prefill", 6, 0, 50.0, float("nan")),  # the server's warm-up: matches nothing
+            step("decode", 0, 0, 40.0, 1.0),
+            step("prefill", 160, 0, 80.0, 900.0),  # chat-0
+            step("decode", 0, 0, 45.0, 1.0),
+            step("prefill", 512, 0, 200.0, 500.0),  # batch-0: its two chunks, the second
+            step("prefill", 388, 512, 190.0, 1.5),  # holding the first as its prefix
+            step("decode", 0, 0, 50.0, 1.0),
+            step("prefill", 64, 0, 30.0, 800.0),  # a request of no lone prompt: passed over
+            step("prefill", 160, 0, 83.0, 2.0),  # chat-1: no prefix, so not a chunk of the 64
+        ]
+    )
+    lone = pd.DataFrame(
+        {
+            "arrival_s": [1.0, 3.0, 6.0, 11.0, 16.0],
+            "prompt_tokens": [160, 300, 900, 160, 160],
+            "status": ["finished", "finished", "finished", "finished", "rejected"],
+            "ttft_ms": [92.0, 50.0, 405.5, 94.0, float("nan")],
+        }
+    )
+    # chat-0 92 - 80 = 12; the 300-token one has no run (skipped, nothing consumed); batch-0
+    # 405.5 - (200 + 1.5 + 190) = 14; chat-1 94 - 83 = 11; the rejected one is not counted
+    assert request_path_ms(lone, steps) == 12.0
+    assert request_path_ms(lone.iloc[[1]], steps) is None
+    early = lone.assign(ttft_ms=[70.0, 50.0, 300.0, 60.0, float("nan")])
+    assert request_path_ms(early, steps) == 0.0  # the server's steps took longer: floored

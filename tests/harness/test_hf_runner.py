@@ -335,3 +335,34 @@ def test_a_fitted_spill_reaches_the_calibration_file_and_back(tmp_path: Path) ->
     probe = shape_of([(700, 1, True)] * 10)
     assert back.step_time_s(probe) == pytest.approx(true.step_time_s(probe), rel=1e-6)
     assert fit_summary(model, report)[-1].startswith("  spill        5e-05 s per key token past")
+
+
+def test_sim_hf_cpu_adds_the_request_path_to_what_the_client_sees(tmp_path: Path) -> None:
+    """``request_latency_ms`` moves every first token and finish by exactly that much (TTFT and
+    E2E; TPOT unchanged); unset, it is the step-time file's, else 0; bad values are one-line
+    errors."""
+    from superinfer.harness.engines.hf import sim_request_latency_s
+
+    def run(options: dict[str, str]) -> pd.DataFrame:
+        config = BenchConfig(
+            engines=("sim:hf-cpu",), policies=("fcfs",), engine_options=options, **HF_WORKLOAD
+        )
+        return run_bench(config).requests.set_index("request_id")
+
+    base, late = run({}), run({"request_latency_ms": "12.5"})
+    assert (late["status"] == "finished").all() and len(late) == 55
+    assert ((late["ttft_ms"] - base["ttft_ms"]).round(9) == 12.5).all()
+    assert ((late["e2e_ms"] - base["e2e_ms"]).round(9) == 12.5).all()
+    pd.testing.assert_series_equal(late["tpot_ms"], base["tpot_ms"])
+    fit = tmp_path / "fit.json"
+    fit.write_text(json.dumps({"coefficients": {}, "request_latency_ms": 7.5}))
+    assert sim_request_latency_s(hf_options({"step_time_file": str(fit)})) == 0.0075
+    both = {"step_time_file": str(fit), "request_latency_ms": "2"}
+    assert sim_request_latency_s(hf_options(both)) == 0.002
+    assert sim_request_latency_s(HFOptions()) == 0.0
+    fit.write_text(json.dumps({"coefficients": {}, "request_latency_ms": -1}))
+    with pytest.raises(UserError, match="request_latency_ms -1.0 is not >= 0"):
+        sim_request_latency_s(hf_options({"step_time_file": str(fit)}))
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(UserError, match="request_latency_ms must be >= 0 and finite"):
+            hf_options({"request_latency_ms": bad})

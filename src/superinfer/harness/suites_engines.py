@@ -45,6 +45,7 @@ from superinfer.harness.suites_engines_knee import (
     SGLANG_CHUNK_TOKENS,
     lone_step_fit,
     pilot_knee,
+    request_path_ms,
     step_log_fit,
 )
 from superinfer.harness.suites_engines_options import (
@@ -374,7 +375,8 @@ def _real_engine(
         if opts.lone:
             tell(f"{engine}: lone requests")
             wl = lone_workload(opts, opts.lone_gap_s[engine])
-            _, req, _ = _run_cell(config, engine, native, wl, handles[native], opts)
+            log = work_dir / "lone" / f"{engine}.parquet" if engine == SGLANG else None
+            _, req, _ = _run_cell(config, engine, native, wl, handles[native], opts, steps_to=log)
             lones.append(req.assign(concurrency=1))
         if batched_sizes(opts) and any(SIM_OF.get(e) == engine for e in opts.engines):
             tell(f"{engine}: batched requests")
@@ -457,6 +459,8 @@ def run_engines(
         except UserError as exc:  # the real runs are kept; the simulation takes the lone fit
             info.setdefault("step_log_fit_failed", {})[engine] = str(exc)
             tell(f"{engine}: no fit on its step logs ({exc}); {sim} takes the lone fit")
+        if (log := work_dir / "lone" / f"{engine}.parquet").is_file():  # SGLang's request path
+            fit["request_latency_ms"] = request_path_ms(lones[-1], pd.read_parquet(log)) or 0.0
         fit_files[sim] = work_dir / f"{engine}_step_time.json"
         fit_files[sim].write_text(json.dumps(fit, indent=2) + "\n")
         info["engines"][sim] = fit

@@ -30,6 +30,7 @@ __all__ = [
     "find_knee",
     "knee_loads",
     "lone_step_fit",
+    "request_path_ms",
     "pilot_knee",
     "serial_capacity",
     "sglang_step_fit",
@@ -271,3 +272,52 @@ def step_log_fit(
         "source": f"the {engine} runs' own step logs: {len(steps)} steps of {runs} runs, {what}",
         "lone": dict(lone),
     }
+
+
+def request_path_ms(lone: pd.DataFrame, steps: pd.DataFrame) -> float | None:
+    """The server's request path outside its scheduler steps, ms: the median over the lone
+    requests of the client's TTFT less the server's own time to that request's first token, read
+    in the server's step log of the lone pass.
+
+    The lone requests run one at a time, far apart, so each one's prefill is a run of
+    consecutive ``prefill`` steps, each after the first holding the earlier ones as its prefix
+    (``prefix_tokens``), whose ``num_prefill_tokens`` add up to its prompt (two chunks, 512 +
+    388 tokens, for a 900-token prompt); the server's time to its first token is that
+    run's ``duration_ms`` plus the scheduler gaps inside it. Runs that match no lone request
+    (the server's warm-up requests, a prompt a prefix hit shortened) are passed over, and the
+    requests are matched in arrival order. What is left of the client's TTFT is the tokenizer
+    and the hand-off to the scheduler (with ``--sleep-on-idle``, its wake-up), the detokenizer,
+    the HTTP stream and our client: a step loop has none of it (``sim:hf-cpu``'s
+    ``request_latency_ms`` adds it to every first token and finish as the client sees them).
+
+    Args:
+        lone: the lone requests (``requests`` rows: ``arrival_s``, ``prompt_tokens``,
+            ``status``, ``ttft_ms``).
+        steps: the server's step log over the lone pass (``adapters/sglang/steplog.py``
+            columns: ``kind``, ``num_prefill_tokens``, ``prefix_tokens``, ``duration_ms``,
+            ``gap_ms``), in order.
+
+    Returns:
+        ms, rounded to 0.1 (negative medians are 0); ``None`` when no lone request is matched.
+    """
+    runs: list[tuple[int, float]] = []  # (prefill tokens, server ms) of each run of prefills
+    open_run = False
+    cols = ("kind", "num_prefill_tokens", "prefix_tokens", "duration_ms", "gap_ms")
+    for kind, tokens, prefix, dur, gap in zip(*(steps[c] for c in cols), strict=True):
+        if kind != "prefill":
+            open_run = False
+        elif open_run and prefix >= runs[-1][0]:  # a later chunk: its earlier ones are its prefix
+            n, ms = runs[-1]
+            runs[-1] = (n + int(tokens), ms + float(gap) + float(dur))
+        else:
+            runs.append((int(tokens), float(dur)))
+            open_run = True
+    gaps = []
+    at = 0  # runs before it are matched or passed over
+    done = lone[(lone["status"] == "finished") & lone["ttft_ms"].notna()].sort_values("arrival_s")
+    for prompt, ttft in zip(done["prompt_tokens"], done["ttft_ms"], strict=True):
+        match = next((j for j in range(at, len(runs)) if runs[j][0] == int(prompt)), None)
+        if match is not None:  # else: no run of its prompt (a prefix hit): not counted
+            gaps.append(float(ttft) - runs[match][1])
+            at = match + 1
+    return round(max(0.0, float(np.median(gaps))), 1) if gaps else None

@@ -19,6 +19,7 @@ CLI work without the ``hf`` extra.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -109,6 +110,10 @@ class HFOptions:
             hf knee runs with it put fewer rows within issue 19's bounds (240 of 288 against
             255; ``results/fidelity/README.md``).
         step_spread_seed: seed of those draws.
+        request_latency_ms: ``sim:hf-cpu`` adds this to every request's first token and finish
+            as the client sees them (the server's request path outside its steps; the policy
+            decides on the step times); ``None`` (default): the step-time file's
+            ``request_latency_ms`` (``suites_engines_knee.request_path_ms``), else 0.
     """
 
     page_size_tokens: int = 32
@@ -122,6 +127,7 @@ class HFOptions:
     mechanics: str = "hf"
     step_spread: str = "none"
     step_spread_seed: int = 0
+    request_latency_ms: float | None = None
 
 
 def hf_options(options: Mapping[str, str]) -> HFOptions:
@@ -157,6 +163,8 @@ def hf_options(options: Mapping[str, str]) -> HFOptions:
     for key in ("page_size_tokens", "num_blocks", "max_batch_tokens", "max_num_seqs"):
         if getattr(opts, key) < 1:
             raise UserError(f"--engine-option {key} must be >= 1, got {getattr(opts, key)}")
+    if (lat := opts.request_latency_ms) is not None and not 0.0 <= lat < math.inf:
+        raise UserError(f"--engine-option request_latency_ms must be >= 0 and finite, got {lat}")
     return opts
 
 
@@ -538,6 +546,25 @@ def sim_step_time(opts: HFOptions) -> HFCPUStepTime:
         return HFCPUStepTime.from_file(Path(opts.step_time_file))
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def sim_request_latency_s(opts: HFOptions) -> float:
+    """``opts.request_latency_ms`` in s, else the ``request_latency_ms`` of
+    ``opts.step_time_file`` (a suite's fit), else 0.
+
+    Raises:
+        UserError: an unreadable file, or a value in it that is not a number >= 0.
+    """
+    ms = opts.request_latency_ms
+    if ms is None and opts.step_time_file is not None:
+        try:
+            data = json.loads(Path(opts.step_time_file).read_text(encoding="utf-8"))
+            ms = float(data.get("request_latency_ms", 0.0))
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            raise UserError(f"{opts.step_time_file}: {exc}") from None
+        if not 0.0 <= ms < math.inf:
+            raise UserError(f"{opts.step_time_file}: request_latency_ms {ms} is not >= 0")
+    return (ms or 0.0) / 1e3
 
 
 def sim_step_spread(opts: HFOptions) -> StepSpread | None:

@@ -17,7 +17,12 @@ from superinfer.harness.engines.base import (
     RequestOutcome,
     requests_frame,
 )
-from superinfer.harness.engines.hf import hf_options, sim_step_spread, sim_step_time
+from superinfer.harness.engines.hf import (
+    hf_options,
+    sim_request_latency_s,
+    sim_step_spread,
+    sim_step_time,
+)
 from superinfer.harness.engines.registry import family_kinds
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import policy_manager
@@ -72,17 +77,24 @@ def sim_options(options: Mapping[str, str], *, strict: bool = True) -> dict[str,
     return out
 
 
-def sim_requests_frame(result: SimResult, *, engine: str, policy: str) -> pd.DataFrame:
+def sim_requests_frame(
+    result: SimResult, *, engine: str, policy: str, latency_s: float = 0.0
+) -> pd.DataFrame:
     """The requests table of one simulation (columns ``REQUEST_COLUMNS``, then
     ``cached_tokens``: prompt tokens served from the prefix cache at the request's last
-    admission)."""
+    admission); ``latency_s`` (>= 0) is added to every first token and finish, as a client
+    behind the server's request path sees them (``sim:hf-cpu``'s ``request_latency_ms``)."""
+
+    def seen(t: float | None) -> float | None:
+        return None if t is None else t + latency_s
+
     rows = [
         (
             req.spec,
             RequestOutcome(
                 generated_tokens=req.generated_tokens,
-                first_token_s=req.first_token_s,
-                finish_s=req.finish_s,
+                first_token_s=seen(req.first_token_s),
+                finish_s=seen(req.finish_s),
                 status=req.status.value,
                 reason=req.reason,
                 num_preemptions=req.num_preemptions,
@@ -230,7 +242,8 @@ def run_sim_hf_cpu_cell(
     wall = time.perf_counter()
     result = Simulator(sim_config, pm.hook, step_time=model).run(workload.requests)
     wall = time.perf_counter() - wall
-    df = sim_requests_frame(result, engine=engine, policy=policy)
+    latency_s = sim_request_latency_s(opts)
+    df = sim_requests_frame(result, engine=engine, policy=policy, latency_s=latency_s)
     block_bytes = float(KV_BYTES_PER_TOKEN_FP32 * opts.page_size_tokens)
     peaks = {"all": max(result.peak_kv_blocks) * block_bytes}
     for per_replica in result.peak_class_kv_blocks:
@@ -255,5 +268,6 @@ def run_sim_hf_cpu_cell(
         "step_spread_seed": None if spread is None else opts.step_spread_seed,
         "step_time_file": opts.step_time_file,
         "mechanics": opts.mechanics,
+        "request_latency_ms": round(latency_s * 1e3, 3),
     }
     return CellResult(df, peaks, timeline, info)

@@ -8,7 +8,7 @@ the order ``superinfer policies`` lists them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from superinfer.policy_core.estimators import (
@@ -22,6 +22,16 @@ from superinfer.policy_core.protocols import BasePolicy
 __all__ = ["SuperInferConfig"]
 
 
+#: Python types a hyperparameter of each annotated type accepts (an int where a float is asked
+#: for; never a bool where a number is: ``True`` is an ``int`` to ``isinstance``).
+_ACCEPTS: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "str": (str,),
+}
+
+
 def _opt(default: Any, text: str) -> Any:
     """A config field with a default and its ``--policy-opt`` help text."""
     return field(default=default, metadata={"help": text})
@@ -33,7 +43,8 @@ class SuperInferConfig(BasePolicy):
     validated on construction, and the books every layer above reads.
 
     Raises:
-        ValueError: on construction, naming the first invalid hyperparameter.
+        ValueError: on construction, naming the first invalid hyperparameter (out of range,
+            or not of its type: a string, or a bool where a number is asked for).
     """
 
     num_tiers: int = _opt(4, "number of tiers K (tier 0 is served most)")
@@ -265,6 +276,12 @@ class SuperInferConfig(BasePolicy):
 
     def _validate(self) -> None:
         n = self.name
+        for spec in fields(self):  # types first: "3" or a bool would pass (or crash) the ranges
+            value, kind = getattr(self, spec.name), str(spec.type)
+            accepts = _ACCEPTS.get(kind, ())
+            number = kind in ("int", "float")
+            if accepts and (not isinstance(value, accepts) or number and isinstance(value, bool)):
+                raise ValueError(f"{n}: {spec.name} must be {kind}, got {value!r}")
         positive_ints = (
             "num_tiers",
             "quantum_base_tokens",

@@ -1,0 +1,38 @@
+"""``superinfer``'s hyperparameters are checked for their type on construction, with a one-line
+error naming the field: a string or a bool where a number is asked for would otherwise pass (or
+crash) the range checks, and a string where a bool is asked for would read as true."""
+
+from __future__ import annotations
+
+import pytest
+
+from superinfer.policy_core.policies.superinfer import SuperInferPolicy
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("num_tiers", "3", "superinfer: num_tiers must be int, got '3'"),
+        ("num_tiers", 3.0, "superinfer: num_tiers must be int, got 3.0"),
+        ("num_tiers", True, "superinfer: num_tiers must be int, got True"),
+        ("tpot_safety", "0.9", "superinfer: tpot_safety must be float, got '0.9'"),
+        ("tpot_safety", False, "superinfer: tpot_safety must be float, got False"),
+        (
+            "serial_whole_prefills",
+            "false",
+            "superinfer: serial_whole_prefills must be bool, got 'false'",
+        ),
+        ("ttft_boost", 0, "superinfer: ttft_boost must be bool, got 0"),
+        ("best_effort_tier", 1, "superinfer: best_effort_tier must be str, got 1"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_a_one_line_error(
+    option: str, value: object, message: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^{message}$".replace("(", r"\(").replace(")", r"\)")):
+        SuperInferPolicy(**{option: value})
+
+
+def test_an_int_is_a_float_and_values_of_their_type_pass() -> None:
+    policy = SuperInferPolicy(tpot_safety=1, aging_s=30, serial_whole_prefills=False)
+    assert (policy.tpot_safety, policy.aging_s, policy.serial_whole_prefills) == (1, 30, False)
