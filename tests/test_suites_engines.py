@@ -779,30 +779,34 @@ def test_the_request_path_is_what_the_lone_ttfts_leave_outside_the_servers_prefi
         return {"kind": kind, "num_prefill_tokens": tokens, "prefix_tokens": prefix,
                 "duration_ms": ms, "gap_ms": gap}  # fmt: skip
 
-    steps = pd.DataFrame(
-        [
-            step("prefill", 6, 0, 50.0, float("nan")),  # the server's warm-up: matches nothing
-            step("decode", 0, 0, 40.0, 1.0),
-            step("prefill", 160, 0, 80.0, 900.0),  # chat-0
-            step("decode", 0, 0, 45.0, 1.0),
-            step("prefill", 512, 0, 200.0, 500.0),  # batch-0: its two chunks, the second
-            step("prefill", 388, 512, 190.0, 1.5),  # holding the first as its prefix
-            step("decode", 0, 0, 50.0, 1.0),
-            step("prefill", 64, 0, 30.0, 800.0),  # a request of no lone prompt: passed over
-            step("prefill", 160, 0, 83.0, 2.0),  # chat-1: no prefix, so not a chunk of the 64
-        ]
-    )
+    rows = [
+        step("prefill", 6, 0, 50.0, float("nan")),  # the server's warm-up: no lone length
+        step("decode", 0, 0, 40.0, 1.0),
+        step("prefill", 160, 0, 80.0, 900.0),  # chat-0
+        step("decode", 0, 0, 45.0, 1.0),
+        step("prefill", 512, 0, 200.0, 500.0),  # batch-0: its two chunks, the second
+        step("prefill", 388, 512, 190.0, 1.5),  # holding the first as its prefix
+        step("decode", 0, 0, 50.0, 1.0),
+        step("prefill", 64, 0, 30.0, 800.0),  # a request of no lone length: passed over
+        step("prefill", 160, 0, 83.0, 2.0),  # chat-1: no prefix, so not a chunk of the 64
+        step("decode", 0, 0, 45.0, 1.0),
+        step("prefill", 160, 0, 81.0, 700.0),  # chat-2, which the client saw fail
+    ]
     lone = pd.DataFrame(
         {
-            "arrival_s": [1.0, 3.0, 6.0, 11.0, 16.0],
-            "prompt_tokens": [160, 300, 900, 160, 160],
-            "status": ["finished", "finished", "finished", "finished", "rejected"],
-            "ttft_ms": [92.0, 50.0, 405.5, 94.0, float("nan")],
+            "arrival_s": [1.0, 6.0, 11.0, 16.0],
+            "prompt_tokens": [160, 900, 160, 160],
+            "status": ["finished", "finished", "finished", "failed"],
+            "ttft_ms": [92.0, 405.5, 94.0, float("nan")],
         }
     )
-    # chat-0 92 - 80 = 12; the 300-token one has no run (skipped, nothing consumed); batch-0
-    # 405.5 - (200 + 1.5 + 190) = 14; chat-1 94 - 83 = 11; the rejected one is not counted
-    assert request_path_ms(lone, steps) == 12.0
-    assert request_path_ms(lone.iloc[[1]], steps) is None
-    early = lone.assign(ttft_ms=[70.0, 50.0, 300.0, 60.0, float("nan")])
-    assert request_path_ms(early, steps) == 0.0  # the server's steps took longer: floored
+    # chat-0 92 - 80 = 12; batch-0 405.5 - (200 + 1.5 + 190) = 14; chat-1 94 - 83 = 11; chat-2
+    # ran (its run pairs with it) but did not finish: not counted
+    assert request_path_ms(lone, pd.DataFrame(rows)) == 12.0
+    # a run missing (chat-1's prompt a prefix hit, say): pairing would shift, so no estimate
+    assert request_path_ms(lone, pd.DataFrame(rows[:8] + rows[9:])) is None
+    # a NaN inside a run (its gap) drops that request only: (12 + 11) / 2
+    holed = [*rows[:5], step("prefill", 388, 512, 190.0, float("nan")), *rows[6:]]
+    assert request_path_ms(lone, pd.DataFrame(holed)) == 11.5
+    early = lone.assign(ttft_ms=[70.0, 300.0, 60.0, float("nan")])
+    assert request_path_ms(early, pd.DataFrame(rows)) == 0.0  # steps took longer: floored

@@ -343,17 +343,25 @@ def test_sim_hf_cpu_adds_the_request_path_to_what_the_client_sees(tmp_path: Path
     errors."""
     from superinfer.harness.engines.hf import sim_request_latency_s
 
-    def run(options: dict[str, str]) -> pd.DataFrame:
+    def run(options: dict[str, str]) -> tuple[pd.DataFrame, dict[str, Any]]:
         config = BenchConfig(
             engines=("sim:hf-cpu",), policies=("fcfs",), engine_options=options, **HF_WORKLOAD
         )
-        return run_bench(config).requests.set_index("request_id")
+        result = run_bench(config)
+        return result.requests.set_index("request_id"), result.info["cells"]["sim:hf-cpu/fcfs"]
 
-    base, late = run({}), run({"request_latency_ms": "12.5"})
+    (base, base_info), (late, info) = run({}), run({"request_latency_ms": "12.5"})
+    assert (base_info["request_latency_ms"], info["request_latency_ms"]) == (0.0, 12.5)
     assert (late["status"] == "finished").all() and len(late) == 55
     assert ((late["ttft_ms"] - base["ttft_ms"]).round(9) == 12.5).all()
     assert ((late["e2e_ms"] - base["e2e_ms"]).round(9) == 12.5).all()
     pd.testing.assert_series_equal(late["tpot_ms"], base["tpot_ms"])
+    # the SLO is judged on what the client sees: 900 ms more puts every TTFT over the chats'
+    # 1 s target, so only the requests without a TTFT target can still meet theirs
+    slow, _ = run({"request_latency_ms": "900"})
+    assert base["met_slo"].sum() == 17 and (base["ttft_ms"] <= 1000).sum() == 29
+    assert not (slow["met_slo"] & slow["slo_ttft_ms"].notna()).any()
+    assert slow["met_slo"].sum() == (base["met_slo"] & base["slo_ttft_ms"].isna()).sum()
     fit = tmp_path / "fit.json"
     fit.write_text(json.dumps({"coefficients": {}, "request_latency_ms": 7.5}))
     assert sim_request_latency_s(hf_options({"step_time_file": str(fit)})) == 0.0075

@@ -4,6 +4,7 @@ crash) the range checks, and a string where a bool is asked for would read as tr
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from superinfer.policy_core.policies.superinfer import SuperInferPolicy
@@ -36,3 +37,6 @@ def test_a_value_of_the_wrong_type_is_a_one_line_error(
 def test_an_int_is_a_float_and_values_of_their_type_pass() -> None:
     policy = SuperInferPolicy(tpot_safety=1, aging_s=30, serial_whole_prefills=False)
     assert (policy.tpot_safety, policy.aging_s, policy.serial_whole_prefills) == (1, 30, False)
+    # numpy's numbers are numbers (a value read from a table)
+    policy = SuperInferPolicy(num_tiers=np.int64(3), tpot_safety=np.float64(0.8))
+    assert (policy.num_tiers, policy.tpot_safety) == (3, 0.8)

@@ -283,9 +283,11 @@ def request_path_ms(lone: pd.DataFrame, steps: pd.DataFrame) -> float | None:
     consecutive ``prefill`` steps, each after the first holding the earlier ones as its prefix
     (``prefix_tokens``), whose ``num_prefill_tokens`` add up to its prompt (two chunks, 512 +
     388 tokens, for a 900-token prompt); the server's time to its first token is that
-    run's ``duration_ms`` plus the scheduler gaps inside it. Runs that match no lone request
-    (the server's warm-up requests, a prompt a prefix hit shortened) are passed over, and the
-    requests are matched in arrival order. What is left of the client's TTFT is the tokenizer
+    run's ``duration_ms`` plus the scheduler gaps inside it. Runs of a length no lone prompt has
+    (the server's warm-up requests) are passed over; the rest pair with the lone requests in
+    arrival order, and only when there are as many of them as lone requests (a prefix hit or a
+    request that never ran would shift every later pair: then no estimate). Finished requests
+    with a finite difference count. What is left of the client's TTFT is the tokenizer
     and the hand-off to the scheduler (with ``--sleep-on-idle``, its wake-up), the detokenizer,
     the HTTP stream and our client: a step loop has none of it (``sim:hf-cpu``'s
     ``request_latency_ms`` adds it to every first token and finish as the client sees them).
@@ -298,7 +300,8 @@ def request_path_ms(lone: pd.DataFrame, steps: pd.DataFrame) -> float | None:
             ``gap_ms``), in order.
 
     Returns:
-        ms, rounded to 0.1 (negative medians are 0); ``None`` when no lone request is matched.
+        ms, rounded to 0.1 (negative medians are 0); ``None`` without a safe pairing or a
+        finished lone request.
     """
     runs: list[tuple[int, float]] = []  # (prefill tokens, server ms) of each run of prefills
     open_run = False
@@ -312,12 +315,14 @@ def request_path_ms(lone: pd.DataFrame, steps: pd.DataFrame) -> float | None:
         else:
             runs.append((int(tokens), float(dur)))
             open_run = True
-    gaps = []
-    at = 0  # runs before it are matched or passed over
-    done = lone[(lone["status"] == "finished") & lone["ttft_ms"].notna()].sort_values("arrival_s")
-    for prompt, ttft in zip(done["prompt_tokens"], done["ttft_ms"], strict=True):
-        match = next((j for j in range(at, len(runs)) if runs[j][0] == int(prompt)), None)
-        if match is not None:  # else: no run of its prompt (a prefix hit): not counted
-            gaps.append(float(ttft) - runs[match][1])
-            at = match + 1
+    ordered = lone.sort_values("arrival_s")
+    prompts = {int(n) for n in ordered["prompt_tokens"]}
+    theirs = [ms for n, ms in runs if n in prompts]  # runs of a lone prompt's length, in order
+    if len(theirs) != len(ordered):
+        return None  # a run missing or extra (a prefix hit, a failed request): no safe pairing
+    gaps = [
+        float(ttft) - ms
+        for ms, ttft, status in zip(theirs, ordered["ttft_ms"], ordered["status"], strict=True)
+        if status == "finished" and math.isfinite(float(ttft) - ms)
+    ]
     return round(max(0.0, float(np.median(gaps))), 1) if gaps else None

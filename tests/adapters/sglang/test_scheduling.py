@@ -174,13 +174,39 @@ def test_the_chunked_request_is_a_running_prefill_with_its_prompt_left_reserved(
     # r: 15 output tokens left x 0.5 (no ignore_eos) = 7.5; c: 10 x 1.0 (ignore_eos) and its 24
     # prompt tokens still to prefill: int(17.5) + 24 = 41
     assert state.reserved_hbm_blocks == 41
-    # a chunked request SGLang put back in a queue (or that finished) is not listed twice
-    adapter.engine = _scheduler(running.reqs[0], ratio=0.5)
+    # the token budget: the prefill budget plus one per decoding request (r; c does not decode)
+    assert state.token_budget == 16384 + 1
+    # SGLang's chunked request is never one of the queues' too, nor finished; if it were, it
+    # would not be listed twice (the running batch's r, the waiting w) nor listed at all
+    for stale in (running.reqs[0], queue[0]):
+        adapter.engine = _scheduler(stale, ratio=0.5)
+        adapter.calc_priority(
+            SchedulePolicy.calc_priority, sglang_fcfs_with_priority(world), queue, running
+        )
+        assert [v.request_id for v in policy.states[-1].running] == ["r"]
+        assert [v.request_id for v in policy.states[-1].waiting] == ["w"]
+        assert policy.states[-1].reserved_hbm_blocks == 7  # int(7.5)
+    chunked.finished_reason = FINISH_LENGTH(length=0)
+    adapter.engine = _scheduler(chunked, ratio=0.5)
     adapter.calc_priority(
         SchedulePolicy.calc_priority, sglang_fcfs_with_priority(world), queue, running
     )
     assert [v.request_id for v in policy.states[-1].running] == ["r"]
-    assert policy.states[-1].reserved_hbm_blocks == 7  # int(7.5)
+
+
+def test_a_chunked_request_resumed_after_a_retraction_prefills_its_output_too() -> None:
+    """SGLang re-prefills a retracted request's prompt and output so far
+    (``full_untruncated_fill_ids``), in chunks like any prompt."""
+    adapter = make_adapter(
+        Scripted(lambda s: ScheduleDecision()), world=World(256, "lru", "python")
+    )
+    req = make_req("c", 40, first=700, slo="batch", max_new=10)
+    req.output_ids.extend([1, 2, 3])  # 3 tokens out before it was retracted
+    req.prefix_len = req.extend_end = 32  # 32 of its 43 tokens prefilled again
+    view = adapter.view(req, running=True, chunked=True)
+    assert (view.computed_tokens, view.pending_tokens, view.generated_tokens) == (32, 11, 3)
+    # 11 tokens to prefill, and its cap less its output, 7 x 1.0 (no scheduler: ratio 1.0)
+    assert reserved_blocks([], req, 1.0, 1) == 18
 
 
 def test_reserved_blocks_clip_the_output_cap_and_round_up_to_pages() -> None:

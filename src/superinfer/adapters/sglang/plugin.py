@@ -388,7 +388,8 @@ class SGLangAdapter:
         self.decision = decision = self._decide(state)
         if decision is None:
             return
-        by_id = {r.rid: r for r in [*waiting_queue, *running]}
+        held = [*waiting_queue, *running, *([chunked] if chunked is not None else [])]
+        by_id = {r.rid: r for r in held}  # the chunked request: its tier (never a victim)
         for rid, tier in decision.tiers.items():
             if rid in by_id:
                 self._set_tier(by_id[rid], tier)
@@ -440,7 +441,7 @@ class SGLangAdapter:
 
     def preempt_to_schedule(self, adder: Any, req: Any) -> bool:
         """REPLACE ``PrefillAdder.preempt_to_schedule``: when the running batch is full, preempt
-        the running requests the decision preempts, if it admits ``req``."""
+        the running requests the decision preempts, if it admits ``req`` (not the chunked one)."""
         from superinfer.adapters.sglang.apply import release_victims
 
         decision = self.decision

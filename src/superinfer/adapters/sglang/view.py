@@ -277,15 +277,16 @@ def request_view(
     waiting one holds none, and ``prefix_hit_tokens`` is SGLang's last prefix match for it.
     ``chunked`` (with ``running``): the scheduler's chunked request between two of its prefill
     chunks (``Scheduler.chunked_req``; in neither the waiting queue nor the running batch until
-    its last chunk), which holds KV for the prompt tokens its chunks ran (``Req.prefix_len``,
-    or ``extend_end`` where the last chunk is not checkpointed yet; at most ``prompt - 1``: a
-    chunked request has prompt left) and has no output yet.
+    its last chunk), which holds KV for the tokens its chunks ran (``Req.prefix_len``, or
+    ``extend_end`` where the last chunk is not checkpointed yet) of what it prefills: its prompt,
+    plus its output so far when it resumes after a retraction (SGLang chunks
+    ``full_untruncated_fill_ids``); at most all but one of them (it has prefill left).
     """
     prompt = len(req.origin_input_ids)
     generated = len(req.output_ids)
     if chunked:
         ran = max(req.prefix_len, req.extend_end or 0)
-        computed = max(0, min(ran, prompt - 1))
+        computed = max(0, min(ran, prompt + generated - 1))
     else:
         computed = prompt + generated - 1 if running and generated else 0
     return RequestView(
@@ -345,18 +346,23 @@ def new_token_ratio(scheduler: Any) -> float:
 def reserved_blocks(
     running: Iterable[Any], chunked: Any, new_token_ratio: float, page_size: int
 ) -> int:
-    """KV blocks SGLang 0.5.23's admission holds back for the requests it runs: what
-    ``PrefillAdder`` charges before it admits anyone (``schedule_policy.py``).
+    """KV blocks an admission must leave free for the requests SGLang 0.5.23 runs: the rule of
+    the simulator's SGLang CPU profile (``sim.replica.Replica.reserved_blocks`` with
+    ``reserve_whole_prompt``), so the policy decides on the server as it does in
+    ``sim:sglang-cpu``.
 
     Each running request's remaining output cap, clipped to ``CLIP_MAX_NEW_TOKENS``
     (:data:`~superinfer.policy_core.batching.SGLANG_CLIP_MAX_NEW_TOKENS`) and scaled by 1.0 for
-    an ``ignore_eos`` request, else by ``new_token_ratio``
-    (``PrefillAdder._get_running_request_total_token_offset``); the chunked request's too (its
-    continuing chunk is charged with its output cap, ``add_chunked_req``) and its prompt still
-    to prefill, whole (it was admitted on its whole remaining prompt, ``add_one_req``, and its
-    next chunks are taken before any admission). The same rule as the simulator's SGLang CPU
-    profile (``sim.replica.Replica.reserved_blocks`` with ``reserve_whole_prompt``).
-
+    an ``ignore_eos`` request, else by ``new_token_ratio``: what ``PrefillAdder`` holds back
+    before it admits anyone (``schedule_policy.py``
+    ``_get_running_request_total_token_offset``). The chunked request's output cap likewise,
+    and its prefill still to run, whole. That part is stricter than SGLang: ``add_chunked_req``
+    charges only the chunk it runs in this pass (and the output cap with the last chunk), and a
+    policy charges that chunk again as the running prefill's own tokens (``step_blocks``), so up
+    to one chunk (at most ``--chunked-prefill-size`` tokens, here 512 of a 4,096-token pool) is
+    counted twice, and a prompt with more than one chunk left has its later ones held too. It
+    errs only towards admitting less than SGLang would (never an admission SGLang refuses for
+    KV); the simulator does the same, so its replays of the server match the policy's view.
     Args:
         running: the running batch's unfinished ``Req``s.
         chunked: ``Scheduler.chunked_req``, or ``None``.
@@ -374,9 +380,9 @@ def reserved_blocks(
         )
         ratio = 1.0 if getattr(req.sampling_params, "ignore_eos", False) else new_token_ratio
         out += max(left, 0) * ratio
-    if chunked is not None:
+    if chunked is not None:  # its prompt, and its output so far if resumed after a retraction
         ran = max(chunked.prefix_len, chunked.extend_end or 0)
-        rest = max(len(chunked.origin_input_ids) - ran, 0)
+        rest = max(len(chunked.origin_input_ids) + len(chunked.output_ids) - ran, 0)
     return blocks_for_tokens(rest + int(out), page_size)
 
 
@@ -395,8 +401,9 @@ def step_state(
     SGLang has no swap of a running request's KV (a preempted or retracted request is recomputed:
     ``mem_cache/common.py::release_kv_cache(checkpoint=False)``), so ``swapped`` is empty and the
     CPU tier and link bandwidth are reported as 0. The token budget is SGLang's prefill budget plus
-    one token per running request, its decode batch (run in the same batch only with mixed chunk,
-    ``limits.mixed_chunk``; else in the next one: ``mixed_batches``). Admission is SGLang's
+    one token per decoding request (the chunked request does not decode), its decode batch (run
+    in the same batch only with mixed chunk, ``limits.mixed_chunk``; else in the next one:
+    ``mixed_batches``). Admission is SGLang's
     ``PrefillAdder`` rule: ``RESERVE_RATIO`` with ``reserved`` blocks held back for the running
     requests (:func:`reserved_blocks`) and a new request charged its whole remaining prompt and
     output cap (``reserve_whole_prompt``).
@@ -412,7 +419,7 @@ def step_state(
         free_cpu_blocks=0,
         total_cpu_blocks=0,
         block_size_tokens=limits.page_size,
-        token_budget=limits.max_prefill_tokens + len(running),
+        token_budget=limits.max_prefill_tokens + sum(1 for v in running if v.pending_tokens <= 1),
         max_num_seqs=limits.max_running_requests,
         reserved_hbm_blocks=reserved,
         admission=AdmissionRule.RESERVE_RATIO,

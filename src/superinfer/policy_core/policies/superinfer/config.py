@@ -8,8 +8,9 @@ the order ``superinfer policies`` lists them.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, get_type_hints
 
 from superinfer.policy_core.estimators import (
     OutputLengthEstimator,
@@ -22,13 +23,14 @@ from superinfer.policy_core.protocols import BasePolicy
 __all__ = ["SuperInferConfig"]
 
 
-#: Python types a hyperparameter of each annotated type accepts (an int where a float is asked
-#: for; never a bool where a number is: ``True`` is an ``int`` to ``isinstance``).
-_ACCEPTS: dict[str, tuple[type, ...]] = {
-    "int": (int,),
-    "float": (int, float),
-    "bool": (bool,),
-    "str": (str,),
+#: Python types a hyperparameter of each annotated type accepts (any integer where an int is
+#: asked for, numpy's too; any real where a float is; never a bool where a number is: ``True`` is
+#: an ``int`` to ``isinstance``).
+_ACCEPTS: dict[Any, tuple[type, ...]] = {
+    int: (numbers.Integral,),
+    float: (numbers.Real,),
+    bool: (bool,),
+    str: (str,),
 }
 
 
@@ -276,12 +278,14 @@ class SuperInferConfig(BasePolicy):
 
     def _validate(self) -> None:
         n = self.name
+        hints = get_type_hints(type(self))
         for spec in fields(self):  # types first: "3" or a bool would pass (or crash) the ranges
-            value, kind = getattr(self, spec.name), str(spec.type)
+            value, kind = getattr(self, spec.name), hints.get(spec.name)
             accepts = _ACCEPTS.get(kind, ())
-            number = kind in ("int", "float")
+            number = kind in (int, float)
             if accepts and (not isinstance(value, accepts) or number and isinstance(value, bool)):
-                raise ValueError(f"{n}: {spec.name} must be {kind}, got {value!r}")
+                name = getattr(kind, "__name__", kind)
+                raise ValueError(f"{n}: {spec.name} must be {name}, got {value!r}")
         positive_ints = (
             "num_tiers",
             "quantum_base_tokens",
