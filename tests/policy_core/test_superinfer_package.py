@@ -123,6 +123,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "tpot_plan_share",
         "ttft_seat_reserve",
         "serial_whole_prefills",
+        "ttft_reserve_idle_s",
     ]
     assert list(policy_options(SuperInferPolicy)) == expected
     assert list(policy_options(OraclePolicy)) == [*expected, "output_tokens"]

@@ -75,3 +75,36 @@ def test_a_ttft_class_admission_may_take_the_reserved_seats() -> None:
 def test_bad_seat_reserve_is_a_one_line_error() -> None:
     with pytest.raises(ValueError, match="ttft_seat_reserve must be >= 0, got -1"):
         SuperInferPolicy(ttft_seat_reserve=-1)
+
+
+@pytest.mark.parametrize(
+    ("last_chat_s", "options", "admitted"),
+    [
+        (200.0, {}, False),  # a chat 200 s ago: the seats stay the chats'
+        (99.0, {}, True),  # none for 301 s (over the default 300): the batch takes a seat
+        (100.0, {}, False),  # exactly 300 s: still held
+        (100.0, {"ttft_reserve_idle_s": 400.0}, False),
+        (0.0, {"ttft_reserve_idle_s": float("inf")}, False),  # for good
+    ],
+)
+def test_the_reserve_lapses_once_chats_stop_arriving(
+    last_chat_s: float, options: dict[str, object], admitted: bool
+) -> None:
+    p = policy(max_preemptions_per_step=0, **options)
+    arrive(p, make_view("c0", arrival_s=last_chat_s, prompt=CHAT_PROMPT, max_output=CHAT_CAP))
+    # the batch request arrived 10 s ago (not aged: aging would admit it anyway)
+    arrive(p, make_view("b", arrival_s=390.0, prompt=BATCH_PROMPT, max_output=10, slo=BATCH))
+    chat = [decoding("c0", CHAT_PROMPT, 5)]
+    queue = [make_view("b", arrival_s=390.0, prompt=BATCH_PROMPT, max_output=10, slo=BATCH)]
+    state = make_state(running=chat, waiting=queue, free_blocks=FREE, max_num_seqs=3, now_s=400.0)
+    assert ("b" in decide(p, state).admit) is admitted
+
+
+def test_without_any_chat_an_endless_window_holds_nothing_back() -> None:
+    p = _policy(chat_seen=False, ttft_reserve_idle_s=float("inf"))
+    assert "b" in decide(p, _state(1)).admit
+
+
+def test_a_bad_idle_window_is_a_one_line_error() -> None:
+    with pytest.raises(ValueError, match="ttft_reserve_idle_s must be > 0, got 0"):
+        SuperInferPolicy(ttft_reserve_idle_s=0.0)

@@ -4,6 +4,8 @@ important waiting requests."""
 
 from __future__ import annotations
 
+import math
+
 from superinfer.policy_core.batching import blocks_for_tokens, step_blocks
 from superinfer.policy_core.policies.superinfer.preemption import _Preemption
 from superinfer.policy_core.policies.superinfer.records import (
@@ -46,10 +48,11 @@ class _Admission(_Preemption):
             e.view = v
             if step.seats <= 0 and 0 <= rank_below and step.worst_tier <= rank_below:
                 return 0  # no free seat, and no worse tier runs to make one (_make_room)
-            # the seat reserve and serial prefills apply to a request without a TTFT target once
-            # a TTFT-class one arrived, and neither holds back an aged one: aging is what bounds
-            # a batch request's wait
-            batch = e.ttft_s is None and self._seen_ttft
+            # the seat reserve and serial prefills apply to a request without a TTFT target while
+            # TTFT-class ones arrive (one within ttft_reserve_idle_s), and neither holds back an
+            # aged one: aging is what bounds a batch request's wait
+            since = state.now_s - self._last_ttft_s  # inf before any TTFT-class arrival
+            batch = e.ttft_s is None and since <= self.ttft_reserve_idle_s and since != math.inf
             serial = batch and state.prefill_runs_whole and self.serial_whole_prefills
             if batch and not e.aged:
                 if self._seat_reserve and step.seats <= self._seat_reserve and state.running:

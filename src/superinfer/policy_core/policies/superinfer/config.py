@@ -8,6 +8,7 @@ the order ``superinfer policies`` lists them.
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
@@ -210,8 +211,9 @@ class SuperInferConfig(BasePolicy):
         # 0.975 -> 1.000 with any; 1.000 on the other 0.5-0.6 runs with any
         2,
         "where the policy may not preempt (max_preemptions_per_step=0), an admission without a "
-        "TTFT target leaves, while any request runs and once a TTFT-class request has arrived, "
-        "this many of the engine's running-request seats free for TTFT-class requests (0: none)",
+        "TTFT target leaves, while any request runs and TTFT-class requests arrive "
+        "(ttft_reserve_idle_s), this many of the engine's running-request seats free for "
+        "TTFT-class requests (0: none)",
     )
     serial_whole_prefills: bool = _opt(
         # on (issue 18, 2026-12-05): 17 of the 20 chats superinfer missed on the real SGLang CPU
@@ -222,9 +224,18 @@ class SuperInferConfig(BasePolicy):
         True,
         "where an admitted prompt runs to its end without the policy (StepState."
         "prefill_runs_whole: SGLang), admit a request without a TTFT target only while no other "
-        "such request is still in its prefill and none was admitted in this step, once a "
-        "TTFT-class request has arrived: a chat then waits behind one batch prompt's chunks at "
-        "most, not a chain of them",
+        "such request is still in its prefill and none was admitted in this step, while "
+        "TTFT-class requests arrive (ttft_reserve_idle_s): a chat then waits behind one batch "
+        "prompt's chunks at most, not a chain of them",
+    )
+    ttft_reserve_idle_s: float = _opt(
+        # 300 s (2026-12-05): the two rules above once held for good after a single chat, so a
+        # server whose chats stopped kept 2 of its seats and its prefill serial for batch alone;
+        # every run of results/engines-cpu has a chat within 45 s of any admission, so none moves
+        300.0,
+        "the seat reserve (ttft_seat_reserve) and serial prefills (serial_whole_prefills) hold "
+        "only while a TTFT-class request arrived within this many seconds; after that a request "
+        "without a TTFT target is admitted as before any chat (inf: for good)",
     )
     name: str = "superinfer"
 
@@ -272,9 +283,9 @@ class SuperInferConfig(BasePolicy):
             self.ttft_kv_reserve_requests > 0 and self.max_preemptions_per_step == 0
         )
         #: seats an admission without a TTFT target leaves (ttft_seat_reserve), 0 where it may
-        #: preempt; applied once ``_seen_ttft`` (a TTFT-class request arrived)
+        #: preempt; applied while a TTFT-class request arrived within ttft_reserve_idle_s
         self._seat_reserve = self.ttft_seat_reserve if self.max_preemptions_per_step == 0 else 0
-        self._seen_ttft = False
+        self._last_ttft_s = -math.inf  # the latest arrival of a TTFT-class request, s
 
     def _validate(self) -> None:
         n = self.name
@@ -318,7 +329,13 @@ class SuperInferConfig(BasePolicy):
         for key in ("rotation_watermark", "kv_watermark"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ValueError(f"{n}: {key} must be in [0, 1), got {getattr(self, key)}")
-        for key in ("aging_s", "recheck_s", "prior_step_s", "prior_prefill_token_s"):
+        for key in (
+            "aging_s",
+            "recheck_s",
+            "prior_step_s",
+            "prior_prefill_token_s",
+            "ttft_reserve_idle_s",
+        ):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{n}: {key} must be > 0, got {getattr(self, key)}")
         if not 0.0 <= self.ttft_reserve_quantile <= 1.0:

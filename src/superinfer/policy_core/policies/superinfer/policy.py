@@ -48,8 +48,8 @@ class SuperInferPolicy(_Rotation):
         e.queued_s = now_s
         if e.ttft_s is not None and self.ttft_reserve_quantile > 0:
             self.ttft_prompts.observe(request.pending_tokens)
-        if e.ttft_s is not None:
-            self._seen_ttft = True
+        if e.ttft_s is not None and now_s > self._last_ttft_s:
+            self._last_ttft_s = now_s
         if e.ttft_s is not None and self._kv_reserve_on:
             self.ttft_footprints.observe(request.pending_tokens + request.max_output_tokens)
         rep = self._replica(request.replica)
