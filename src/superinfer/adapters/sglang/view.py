@@ -285,8 +285,7 @@ def request_view(
     prompt = len(req.origin_input_ids)
     generated = len(req.output_ids)
     if chunked:
-        ran = max(req.prefix_len, req.extend_end or 0)
-        computed = max(0, min(ran, prompt + generated - 1))
+        computed = max(0, min(_chunks_ran(req), prompt + generated - 1))
     else:
         computed = prompt + generated - 1 if running and generated else 0
     return RequestView(
@@ -325,6 +324,12 @@ def kv_pool_blocks(allocator: Any, tree_cache: Any, page_size: int) -> tuple[int
     return free_tokens // page_size, allocator.size // page_size
 
 
+def _chunks_ran(req: Any) -> int:
+    """Tokens a chunked request's chunks ran: ``Req.prefix_len``, or ``extend_end`` where its
+    last chunk is not checkpointed into the tree yet."""
+    return int(max(req.prefix_len, req.extend_end or 0))
+
+
 def chunked_request(scheduler: Any, waiting: Sequence[Any], running: Sequence[Any]) -> Any:
     """``scheduler.chunked_req`` (SGLang 0.5.23 ``Scheduler``) while it is between two of its
     prefill chunks, in neither ``waiting`` nor ``running``; else ``None`` (also without a
@@ -360,9 +365,10 @@ def reserved_blocks(
     charges only the chunk it runs in this pass (and the output cap with the last chunk), and a
     policy charges that chunk again as the running prefill's own tokens (``step_blocks``), so up
     to one chunk (at most ``--chunked-prefill-size`` tokens, here 512 of a 4,096-token pool) is
-    counted twice, and a prompt with more than one chunk left has its later ones held too. It
-    errs only towards admitting less than SGLang would (never an admission SGLang refuses for
-    KV); the simulator does the same, so its replays of the server match the policy's view.
+    counted twice, and a prompt with more than one chunk left has its later ones held too: the
+    policy may admit less than SGLang would there (not checked against SGLang's own refusals).
+    The simulator does the same, so its replays of the server match the policy's view.
+
     Args:
         running: the running batch's unfinished ``Req``s.
         chunked: ``Scheduler.chunked_req``, or ``None``.
@@ -381,7 +387,7 @@ def reserved_blocks(
         ratio = 1.0 if getattr(req.sampling_params, "ignore_eos", False) else new_token_ratio
         out += max(left, 0) * ratio
     if chunked is not None:  # its prompt, and its output so far if resumed after a retraction
-        ran = max(chunked.prefix_len, chunked.extend_end or 0)
+        ran = _chunks_ran(chunked)
         rest = max(len(chunked.origin_input_ids) + len(chunked.output_ids) - ran, 0)
     return blocks_for_tokens(rest + int(out), page_size)
 

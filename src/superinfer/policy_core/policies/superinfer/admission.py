@@ -4,8 +4,6 @@ important waiting requests."""
 
 from __future__ import annotations
 
-import math
-
 from superinfer.policy_core.batching import blocks_for_tokens, step_blocks
 from superinfer.policy_core.policies.superinfer.preemption import _Preemption
 from superinfer.policy_core.policies.superinfer.records import (
@@ -51,8 +49,12 @@ class _Admission(_Preemption):
             # the seat reserve and serial prefills apply to a request without a TTFT target while
             # TTFT-class ones arrive (one within ttft_reserve_idle_s), and neither holds back an
             # aged one: aging is what bounds a batch request's wait
-            since = state.now_s - self._last_ttft_s  # inf before any TTFT-class arrival
-            batch = e.ttft_s is None and since <= self.ttft_reserve_idle_s and since != math.inf
+            last = self._last_ttft_s
+            batch = (
+                e.ttft_s is None
+                and last is not None
+                and state.now_s - last <= self.ttft_reserve_idle_s
+            )
             serial = batch and state.prefill_runs_whole and self.serial_whole_prefills
             if batch and not e.aged:
                 if self._seat_reserve and step.seats <= self._seat_reserve and state.running:
@@ -119,8 +121,9 @@ class _Admission(_Preemption):
     def _whole_prefill_running(self, step: _Step) -> bool:
         """Whether a request without a TTFT target that this policy admitted is still in its
         prefill, or one was admitted in this step (``serial_whole_prefills``). Still in its
-        prefill: running without a first token, or in no queue of the state, as SGLang's
-        chunked request is between its chunks; one the engine left in its waiting queue (not
+        prefill: running without a first token (the SGLang view lists its chunked request so),
+        or in no queue of the state (an engine that hides a request between its chunks, as the
+        SGLang view did before 789b641); one the engine left in its waiting queue (not
         taken yet) is not; only requests of this state's replica count. Looked at once per
         call: O(requests the policy holds). An entry whose finish the engine never reported
         would count for good (the SGLang plugin reports a request's end from its output stream

@@ -8,7 +8,6 @@ the order ``superinfer policies`` lists them.
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
@@ -231,7 +230,8 @@ class SuperInferConfig(BasePolicy):
     ttft_reserve_idle_s: float = _opt(
         # 300 s (2026-12-05): the two rules above once held for good after a single chat, so a
         # server whose chats stopped kept 2 of its seats and its prefill serial for batch alone;
-        # every run of results/engines-cpu has a chat within 45 s of any admission, so none moves
+        # both rules act on SGLang only (no preemption, prefill_runs_whole), and replays of all
+        # 13 SGLang runs of results/engines-cpu were byte-identical with it (2026-12-05)
         300.0,
         "the seat reserve (ttft_seat_reserve) and serial prefills (serial_whole_prefills) hold "
         "only while a TTFT-class request arrived within this many seconds; after that a request "
@@ -285,7 +285,7 @@ class SuperInferConfig(BasePolicy):
         #: seats an admission without a TTFT target leaves (ttft_seat_reserve), 0 where it may
         #: preempt; applied while a TTFT-class request arrived within ttft_reserve_idle_s
         self._seat_reserve = self.ttft_seat_reserve if self.max_preemptions_per_step == 0 else 0
-        self._last_ttft_s = -math.inf  # the latest arrival of a TTFT-class request, s
+        self._last_ttft_s: float | None = None  # the latest TTFT-class arrival, s (none yet)
 
     def _validate(self) -> None:
         n = self.name

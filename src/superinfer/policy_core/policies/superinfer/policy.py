@@ -48,7 +48,7 @@ class SuperInferPolicy(_Rotation):
         e.queued_s = now_s
         if e.ttft_s is not None and self.ttft_reserve_quantile > 0:
             self.ttft_prompts.observe(request.pending_tokens)
-        if e.ttft_s is not None and now_s > self._last_ttft_s:
+        if e.ttft_s is not None and (self._last_ttft_s is None or now_s > self._last_ttft_s):
             self._last_ttft_s = now_s
         if e.ttft_s is not None and self._kv_reserve_on:
             self.ttft_footprints.observe(request.pending_tokens + request.max_output_tokens)
