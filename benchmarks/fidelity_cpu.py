@@ -18,7 +18,7 @@ Usage: ``python benchmarks/fidelity_cpu.py [--src DIR ...] [--out results/fideli
 results/engines-cpu/sglang-knee`` adds the SGLang knee run's loads).
 
 ``--resim ENGINE [--sim-option KEY=VALUE ...] [--superinfer-opt KEY=VALUE ...]`` replays that
-simulated engine's rows against the same real rows first (``suites_engines.resimulate``: the
+simulated engine's rows against the same real rows first (``suites_engines_replay.resimulate``: the
 run's arrivals, loads, SLOs and step-time fit, or ``--fit FILE``'s, plus the options, e.g.
 ``mechanics=sglang``, and superinfer's as the run recorded them), so a change to
 the simulator is scored on real runs already made.
@@ -36,10 +36,10 @@ import pandas as pd
 
 from superinfer.cli_options import key_values
 from superinfer.harness.errors import UserError
-from superinfer.harness.suites_engines import resimulate
 from superinfer.harness.suites_engines_fidelity import fidelity, within_count
 from superinfer.harness.suites_engines_knee import with_seq_cost
 from superinfer.harness.suites_engines_options import SIM_OF
+from superinfer.harness.suites_engines_replay import resimulate
 from superinfer.harness.suites_engines_report import aggregate
 
 #: Simulated engine -> the file its rows go to.

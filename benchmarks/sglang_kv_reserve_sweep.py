@@ -2,10 +2,10 @@
 ``sim:sglang-cpu`` replays of real SGLang suite runs (issue 18).
 
 Each ``--src`` is a ``superinfer bench --suite engines`` folder with SGLang rows; its simulated
-rows are replayed (``suites_engines.resimulate``: the run's arrivals per repeat, loads, SLOs and
-step-time fit, or ``--fit SRC=FILE``'s) under ``superinfer`` with each reserve of ``--reserve``,
-the plugin's other options as the suite sets them. Deterministic. One row per (source, load,
-reserve), means over the repeats (``chat_rejected``: the sum):
+rows are replayed (``suites_engines_replay.resimulate``: the run's arrivals per repeat, loads,
+SLOs and step-time fit, or ``--fit SRC=FILE``'s) under ``superinfer`` with each reserve of
+``--reserve``, the plugin's other options as the suite sets them. Deterministic. One row per
+(source, load, reserve), means over the repeats (``chat_rejected``: the sum):
 
 ``src, load, reserve, repeats, chat_attainment, chat_rejected, chat_ttft_p99_ms,
 batch_attainment, batch_e2e_p50_ms, output_tok_s, option``
@@ -30,7 +30,7 @@ import pandas as pd
 
 from superinfer.adapters.manager import UnknownPolicyError
 from superinfer.harness.errors import UserError
-from superinfer.harness.suites_engines import resimulate
+from superinfer.harness.suites_engines_replay import resimulate
 
 COLUMNS = ["src", "load", "reserve", "repeats", "chat_attainment", "chat_rejected",
            "chat_ttft_p99_ms", "batch_attainment", "batch_e2e_p50_ms", "output_tok_s",

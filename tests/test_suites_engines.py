@@ -399,7 +399,7 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path) -> None:
     import json
     import shutil
 
-    from superinfer.harness.suites_engines import resimulate
+    from superinfer.harness.suites_engines_replay import resimulate
 
     calibration = "results/hf/step_time_fit.json"
     opts = suite_options(
@@ -493,7 +493,7 @@ def test_resimulate_replays_sglang_runs_with_the_options_they_ran(
 ) -> None:
     import json
 
-    from superinfer.harness import suites_engines
+    from superinfer.harness import suites_engines_replay
 
     pd.DataFrame({"engine": ["sglang"], "load": [0.5]}).to_csv(tmp_path / "summary.csv")
     manifest: dict[str, object] = {"seed": 0, "options": {}}
@@ -507,8 +507,10 @@ def test_resimulate_replays_sglang_runs_with_the_options_they_ran(
         seen.append(dict(superinfer_options))
         return []
 
-    monkeypatch.setattr(suites_engines, "_sim_cells", fake_cells)
-    suites_engines.resimulate(tmp_path, "sim:sglang-cpu", superinfer_options={"num_tiers": "3"})
+    monkeypatch.setattr(suites_engines_replay, "sim_cells", fake_cells)
+    suites_engines_replay.resimulate(
+        tmp_path, "sim:sglang-cpu", superinfer_options={"num_tiers": "3"}
+    )
     assert seen == [{**replayed, "num_tiers": "3"}]
 
 

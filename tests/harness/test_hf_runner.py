@@ -341,7 +341,13 @@ def test_sim_hf_cpu_adds_the_request_path_to_what_the_client_sees(tmp_path: Path
     """``request_latency_ms`` moves every first token and finish by exactly that much (TTFT and
     E2E; TPOT unchanged); unset, it is the step-time file's, else 0; bad values are one-line
     errors."""
-    from superinfer.harness.engines.hf import sim_request_latency_s
+    from superinfer.harness.engines.hf_sim import sim_profile
+    from superinfer.sim.hf_cpu import HFCPUStepTime
+
+    coefficients = HFCPUStepTime().to_dict()
+
+    def _lat(opts: HFOptions) -> float:
+        return sim_profile(opts).request_latency_s
 
     def run(options: dict[str, str]) -> tuple[pd.DataFrame, dict[str, Any]]:
         config = BenchConfig(
@@ -363,14 +369,14 @@ def test_sim_hf_cpu_adds_the_request_path_to_what_the_client_sees(tmp_path: Path
     assert not (slow["met_slo"] & slow["slo_ttft_ms"].notna()).any()
     assert slow["met_slo"].sum() == (base["met_slo"] & base["slo_ttft_ms"].isna()).sum()
     fit = tmp_path / "fit.json"
-    fit.write_text(json.dumps({"coefficients": {}, "request_latency_ms": 7.5}))
-    assert sim_request_latency_s(hf_options({"step_time_file": str(fit)})) == 0.0075
+    fit.write_text(json.dumps({"coefficients": coefficients, "request_latency_ms": 7.5}))
+    assert _lat(hf_options({"step_time_file": str(fit)})) == 0.0075
     both = {"step_time_file": str(fit), "request_latency_ms": "2"}
-    assert sim_request_latency_s(hf_options(both)) == 0.002
-    assert sim_request_latency_s(HFOptions()) == 0.0
-    fit.write_text(json.dumps({"coefficients": {}, "request_latency_ms": -1}))
+    assert _lat(hf_options(both)) == 0.002
+    assert _lat(HFOptions()) == 0.0
+    fit.write_text(json.dumps({"coefficients": coefficients, "request_latency_ms": -1}))
     with pytest.raises(UserError, match="request_latency_ms -1.0 is not >= 0"):
-        sim_request_latency_s(hf_options({"step_time_file": str(fit)}))
+        _lat(hf_options({"step_time_file": str(fit)}))
     for bad in ("-1", "nan", "inf"):
         with pytest.raises(UserError, match="request_latency_ms must be >= 0 and finite"):
             hf_options({"request_latency_ms": bad})

@@ -52,14 +52,12 @@ from superinfer.harness.suites_engines_options import (
     DEFAULT_LOADS,
     ENGINE_POLICIES,
     HF,
-    HF_BEFORE_RECORD,
     HF_SUPERINFER_OPTS,
     LLAMACPP,
     NATIVE,
     REAL_ENGINES,
     SGLANG,
     SGLANG_ARGS,
-    SGLANG_BEFORE_RECORD,
     SGLANG_SUPERINFER_OPTS,
     SIM_HF,
     SIM_OF,
@@ -87,7 +85,7 @@ __all__ = [
     "collect_step_logs",
     "lone_workload",
     "mix_workload",
-    "resimulate",
+    "sim_cells",
     "run_engines",
     "run_engines_suite",
 ]
@@ -263,7 +261,7 @@ def _step_lines(path: Path | None) -> int:
         return max(0, sum(1 for _ in f) - 1)
 
 
-def _sim_cells(
+def sim_cells(
     config: BenchConfig,
     engine: str,
     opts: SuiteOptions,
@@ -273,6 +271,7 @@ def _sim_cells(
     extra: Mapping[str, str] | None = None,
     req_frames: list[pd.DataFrame] | None = None,
     superinfer_options: Mapping[str, str] | None = None,
+    speeds: Mapping[str, float] | None = None,
 ) -> list[pd.DataFrame]:
     """The simulated rows of ``engine`` (``sim:hf-cpu`` or ``sim:sglang-cpu``) at the loads
     ``found`` for its real engine, one frame per (repeat, load), with step time ``fit_file``;
@@ -280,7 +279,13 @@ def _sim_cells(
     ``req_frames``: where each run's requests go (keyed like its summary), if given.
     ``superinfer`` runs with the options it has on the real engine (:data:`SGLANG_SUPERINFER_OPTS`
     through the SGLang plugin, :data:`HF_SUPERINFER_OPTS` on hf), then ``superinfer_options``
-    over them."""
+    over them. ``speeds``: each policy's cell runs at its real run's host speed
+    (``step_time_scale``; keys are step-log run names, ``<real engine>_<policy>_<load>_<repeat>``:
+    ``offline.calibrate_hf.run_speeds``).
+
+    Raises:
+        UserError: ``speeds`` lacks a run of these loads and repeats.
+    """
     limits = SIM_SGLANG_LIMITS if engine == SIM_SGLANG else {}
     frames = []
     cfg = replace(
@@ -300,15 +305,31 @@ def _sim_cells(
         for load in engine_loads(opts, engine, found):
             progress(f"{engine} at {load:g} req/s, repeat {rep}")
             wl = mix_workload(opts, load, config.seed + rep)
-            result = run_bench(cfg, workload=wl)
-            summary = result.summary.copy()
+            cells = [cfg] if speeds is None else _at_speed(cfg, engine, speeds, load, rep)
+            results = [run_bench(c, workload=wl) for c in cells]
+            summary = pd.concat([r.summary for r in results], ignore_index=True)
             summary["engine"] = engine
             frames.append(_keyed(summary, rep, load))
             if req_frames is not None:
-                req = result.requests.copy()
+                req = pd.concat([r.requests for r in results], ignore_index=True)
                 req["engine"] = engine
                 req_frames.append(_keyed(_engine_first(req), rep, load))
     return frames
+
+
+def _at_speed(
+    cfg: BenchConfig, engine: str, speeds: Mapping[str, float], load: float, rep: int
+) -> list[BenchConfig]:
+    """``cfg`` split into one config per policy, each at its real run's host speed."""
+    real = SIM_OF[engine]
+    out = []
+    for policy, ran in zip(ENGINE_POLICIES[engine], ENGINE_POLICIES[real], strict=True):
+        run = f"{real}_{ran}_{load:g}_{rep}"
+        if run not in speeds:
+            raise UserError(f"no host speed for run {run} (its step log is missing)")
+        scale = {"step_time_scale": repr(float(speeds[run]))}
+        out.append(replace(cfg, policies=(policy,), engine_options={**cfg.engine_options, **scale}))
+    return out
 
 
 def _knee(
@@ -468,7 +489,7 @@ def run_engines(
         if engine not in fit_files:
             real = SIM_OF[engine]
             raise UserError(f"{engine} is fitted on the lone {real} requests: run {real} too")
-        frames += _sim_cells(
+        frames += sim_cells(
             config,
             engine,
             opts,
@@ -483,66 +504,6 @@ def run_engines(
     lone = pd.concat(probes, ignore_index=True) if probes else pd.DataFrame()
     requests = pd.concat(req_frames, ignore_index=True) if req_frames else pd.DataFrame()
     return EnginesResult(summary, lone, info, requests)
-
-
-def resimulate(
-    src: Path,
-    engine: str,
-    extra: Mapping[str, str] | None = None,
-    fit: Path | None = None,
-    superinfer_options: Mapping[str, str] | None = None,
-) -> pd.DataFrame:
-    """Replay the simulated rows of ``engine`` (``sim:hf-cpu`` or ``sim:sglang-cpu``) against
-    the real rows of a finished suite run in ``src`` (its ``summary.csv``, ``manifest.json`` and
-    ``<real engine>_step_time.json``), with more simulator options ``extra`` (e.g.
-    ``mechanics=sglang``): the same arrivals per repeat, loads, SLOs and step-time fit (or the
-    fit in ``fit``, e.g. one from a later run's lone and batched passes), and ``superinfer``
-    with ``superinfer_options`` over the suite's (e.g. ``ttft_kv_reserve_requests``) and over
-    what ``superinfer`` ran with on the real engine (the manifest's ``superinfer_options``; an hf
-    run made before it was recorded: the options its config carried, over
-    :data:`HF_BEFORE_RECORD`; runs between 9816ae6 and 7fd49b0 ran 0.9 unrecorded, so replay
-    them with ``superinfer_options={"tpot_plan_share": "0.9"}``).
-
-    Returns:
-        ``src``'s summary rows of the real engine followed by the new simulated rows (the
-        columns of ``summary.csv``), for ``suites_engines_fidelity.fidelity``.
-
-    Raises:
-        UserError: ``src`` lacks a file, or ``engine`` is not a simulated CPU engine.
-    """
-    if engine not in SIM_OF:
-        raise UserError(f"{engine}: not a simulated CPU engine ({', '.join(SIM_OF)})")
-    real = SIM_OF[engine]
-    paths = [src / "summary.csv", src / "manifest.json", fit or src / f"{real}_step_time.json"]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise UserError(f"{missing[0]}: no such file (a `bench --suite engines` run folder?)")
-    summary = pd.read_csv(paths[0])
-    manifest = json.loads(paths[1].read_text())
-    known = {f.name for f in dataclasses.fields(SuiteOptions)}
-    kwargs: dict[str, Any] = {}
-    for key, value in manifest.get("options", {}).items():
-        if key in known:
-            if isinstance(value, list):
-                value = tuple(value)
-            elif isinstance(value, dict):
-                value = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
-            kwargs[key] = value
-    opts = SuiteOptions(**kwargs)
-    ran = summary[summary["engine"] == real]
-    found = {real: tuple(sorted(float(x) for x in ran["load"].unique()))}
-    config = BenchConfig(seed=int(manifest.get("seed", 0)))
-    ran_with = manifest.get("superinfer_options", {}).get(real)
-    if ran_with is None and engine == SIM_HF:  # an hf run from before the record
-        given = manifest.get("config", {}).get("policy_options", {}).get("superinfer", {})
-        ran_with = {**HF_BEFORE_RECORD, **given}
-    if engine == SIM_SGLANG:  # options a run from before them did not record, as it ran
-        ran_with = {**SGLANG_BEFORE_RECORD, **(ran_with or {})}
-    frames = _sim_cells(
-        config, engine, opts, paths[2], lambda _m: None, found, extra,
-        superinfer_options={**(ran_with or {}), **(superinfer_options or {})},
-    )  # fmt: skip
-    return pd.concat([ran, *frames], ignore_index=True)
 
 
 def collect_step_logs(work_dir: Path) -> pd.DataFrame:

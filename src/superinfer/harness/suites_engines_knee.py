@@ -268,6 +268,8 @@ def step_log_fit(
         "kv_spill": report["kv_spill"],
         "spread": report["spread"],
         "fit": report["fit"],
+        "total_scale": report["total_scale"],
+        "scaled_fit": report["scaled_fit"],
         "fit_by_kind": report["fit_by_kind"],
         "source": f"the {engine} runs' own step logs: {len(steps)} steps of {runs} runs, {what}",
         "lone": dict(lone),

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -547,17 +547,31 @@ class HFCPUStepTime:
             return {}
         return {"threshold_tokens": self.spill_tokens, "s_per_token": self.spill_s_per_token}
 
-    @classmethod
-    def from_file(cls, path: Path) -> HFCPUStepTime:
-        """Load the ``coefficients`` object of a calibration file (``superinfer calibrate``) and
-        its ``kv_spill`` object, if any (:meth:`spill_dict`).
+    def scaled(self, factor: float) -> HFCPUStepTime:
+        """This model with every step ``factor`` times as long: the coefficients and the spill
+        cost scaled, the threshold kept (a host running the same engine ``factor`` times slower;
+        ``harness.offline.calibrate_hf.run_speeds`` measures it per run).
 
         Raises:
-            ValueError: unreadable file, or no valid ``coefficients`` object in it, or an invalid
-                ``kv_spill``; the message names the file.
+            ValueError: ``factor`` is not finite and > 0.
+        """
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"step-time scale must be finite and > 0, got {factor}")
+        return replace(
+            self,
+            coefficients=tuple(c * factor for c in self.coefficients),
+            spill_s_per_token=self.spill_s_per_token * factor,
+        )
+
+    @classmethod
+    def from_calibration(cls, data: Mapping[str, Any]) -> HFCPUStepTime:
+        """The model of a calibration file's JSON object: its ``coefficients`` object and its
+        ``kv_spill`` object, if any (:meth:`spill_dict`).
+
+        Raises:
+            ValueError: no valid ``coefficients`` object, or an invalid ``kv_spill``.
         """
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
             model = cls.from_dict(data["coefficients"])
             spill = data.get("kv_spill") or {}
             if spill:
@@ -567,5 +581,19 @@ class HFCPUStepTime:
                     spill_s_per_token=float(spill["s_per_token"]),
                 )
             return model
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"bad calibration ({exc!r})") from None
+
+    @classmethod
+    def from_file(cls, path: Path) -> HFCPUStepTime:
+        """Load a calibration file (``superinfer calibrate``): :meth:`from_calibration` of its
+        JSON object.
+
+        Raises:
+            ValueError: unreadable file, or no valid ``coefficients`` object in it, or an invalid
+                ``kv_spill``; the message names the file.
+        """
+        try:
+            return cls.from_calibration(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise ValueError(f"{path}: not a step-time calibration ({exc})") from None

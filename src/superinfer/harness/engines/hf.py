@@ -18,12 +18,10 @@ CLI work without the ``hf`` extra.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,6 +34,7 @@ from superinfer.harness.engines.base import (
     RequestOutcome,
     requests_frame,
 )
+from superinfer.harness.engines.hf_sim import sim_step_time
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import policy_manager
 from superinfer.harness.workload.prompts import PromptBuilder, load_sharegpt_prompts
@@ -47,7 +46,6 @@ from superinfer.sim.hf_cpu import (
     shape_of,
 )
 from superinfer.sim.request import RequestSpec
-from superinfer.sim.step_spread import StepSpread
 
 if TYPE_CHECKING:
     from superinfer.adapters.hf.engine import EngineConfig, EngineSession, LoadedModel
@@ -63,8 +61,6 @@ __all__ = [
     "hf_options",
     "replay",
     "run_hf_cell",
-    "sim_step_spread",
-    "sim_step_time",
     "start_session",
     "step_profile",
     "steps_frame",
@@ -114,6 +110,8 @@ class HFOptions:
             as the client sees them (the server's request path outside its steps; the policy
             decides on the step times); ``None`` (default): the step-time file's
             ``request_latency_ms`` (``suites_engines_knee.request_path_ms``), else 0.
+        step_time_scale: ``sim:hf-cpu`` runs every step this many times as long as the fit says
+            (> 0; a real run's measured host speed: ``offline.calibrate_hf.run_speeds``).
     """
 
     page_size_tokens: int = 32
@@ -128,6 +126,7 @@ class HFOptions:
     step_spread: str = "none"
     step_spread_seed: int = 0
     request_latency_ms: float | None = None
+    step_time_scale: float = 1.0
 
 
 def hf_options(options: Mapping[str, str]) -> HFOptions:
@@ -165,6 +164,8 @@ def hf_options(options: Mapping[str, str]) -> HFOptions:
             raise UserError(f"--engine-option {key} must be >= 1, got {getattr(opts, key)}")
     if (lat := opts.request_latency_ms) is not None and not 0.0 <= lat < math.inf:
         raise UserError(f"--engine-option request_latency_ms must be >= 0 and finite, got {lat}")
+    if not 0.0 < opts.step_time_scale < math.inf:
+        raise UserError(f"--engine-option step_time_scale must be > 0, got {opts.step_time_scale}")
     return opts
 
 
@@ -528,71 +529,3 @@ def start_session(loaded: LoadedModel, hook: Any, opts: HFOptions) -> EngineSess
     session = EngineSession(loaded, hook, _engine_config(opts))
     session.start()
     return session
-
-
-# -- the simulator profile ---------------------------------------------------------------------
-
-
-def sim_step_time(opts: HFOptions) -> HFCPUStepTime:
-    """The ``sim:hf-cpu`` step-time model of ``opts.step_time_file`` (default coefficients when
-    unset).
-
-    Raises:
-        UserError: an unreadable or invalid calibration file.
-    """
-    if opts.step_time_file is None:
-        return HFCPUStepTime()
-    try:
-        return HFCPUStepTime.from_file(Path(opts.step_time_file))
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-
-
-def sim_request_latency_s(opts: HFOptions) -> float:
-    """``opts.request_latency_ms`` in s, else the ``request_latency_ms`` of
-    ``opts.step_time_file`` (a suite's fit), else 0.
-
-    Raises:
-        UserError: an unreadable file, or a value in it that is not a number >= 0.
-    """
-    ms = opts.request_latency_ms
-    if ms is None and opts.step_time_file is not None:
-        try:
-            data = json.loads(Path(opts.step_time_file).read_text(encoding="utf-8"))
-            ms = float(data.get("request_latency_ms", 0.0))
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
-            raise UserError(f"{opts.step_time_file}: {exc}") from None
-        if not 0.0 <= ms < math.inf:
-            raise UserError(f"{opts.step_time_file}: request_latency_ms {ms} is not >= 0")
-    return (ms or 0.0) / 1e3
-
-
-def sim_step_spread(opts: HFOptions) -> StepSpread | None:
-    """The measured spread ``sim:hf-cpu`` draws its steps from: the ``spread`` object of
-    ``opts.step_time_file`` when ``opts.step_spread`` is ``calibrated``; ``None`` with
-    ``step_spread=none`` (the default).
-
-    Raises:
-        UserError: ``step_spread=calibrated`` without a step-time file or with one that has no
-            ``spread`` object (calibrations written before it), an unreadable file or an invalid
-            ``spread`` object; the message names the file.
-    """
-    if opts.step_spread == "none":
-        return None
-    if opts.step_time_file is None:
-        raise UserError(
-            "--engine-option step_spread=calibrated needs step_time_file=PATH (a calibration "
-            "with a measured spread: superinfer calibrate --engine hf --steps ...)"
-        )
-    path = Path(opts.step_time_file)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8")).get("spread")
-        spread = None if data is None else StepSpread.from_dict(data)
-    except (OSError, ValueError, AttributeError) as exc:
-        raise UserError(f"{path}: bad step-time spread ({exc})") from None
-    if spread is None:
-        raise UserError(
-            f"{path}: no spread object (written before calibrations kept one); "
-            "step_spread=calibrated needs one: refit with superinfer calibrate --steps"
-        )
-    return spread

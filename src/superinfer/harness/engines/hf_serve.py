@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from superinfer.harness.engines.hf import HFOptions, hf_options, sim_step_time
+from superinfer.harness.engines.hf import HFOptions, hf_options
+from superinfer.harness.engines.hf_sim import sim_step_time
 from superinfer.harness.engines.isolated import IsolatedLatency
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import registered_policies

@@ -100,7 +100,8 @@ def engine_isolated_latency(config: BenchConfig, engine: str) -> IsolatedLatency
     """
     kind = engine_family(engine).step_model
     if kind == "hf-cpu":
-        from superinfer.harness.engines.hf import hf_options, sim_step_time
+        from superinfer.harness.engines.hf import hf_options
+        from superinfer.harness.engines.hf_sim import sim_step_time
 
         opts = hf_options(config.engine_options)
         where = opts.step_time_file or "the default sim:hf-cpu fit"

@@ -17,12 +17,8 @@ from superinfer.harness.engines.base import (
     RequestOutcome,
     requests_frame,
 )
-from superinfer.harness.engines.hf import (
-    hf_options,
-    sim_request_latency_s,
-    sim_step_spread,
-    sim_step_time,
-)
+from superinfer.harness.engines.hf import hf_options
+from superinfer.harness.engines.hf_sim import sim_profile
 from superinfer.harness.engines.registry import family_kinds
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import policy_manager
@@ -33,7 +29,6 @@ from superinfer.sim.hardware import get_gpu, get_model
 from superinfer.sim.hf_cpu import KV_BYTES_PER_TOKEN_FP32, hf_cpu_sim_config
 from superinfer.sim.profiles import get_profile
 from superinfer.sim.routers import ROUTERS
-from superinfer.sim.step_spread import SpreadStepTime
 
 __all__ = [
     "SIM_OPTION_KEYS",
@@ -226,11 +221,8 @@ def run_sim_hf_cpu_cell(
         UserError: a bad engine option or calibration file.
     """
     opts = hf_options(config.engine_options)
-    step_time = sim_step_time(opts)
-    spread = sim_step_spread(opts)
-    model = (
-        step_time if spread is None else SpreadStepTime(step_time, spread, opts.step_spread_seed)
-    )
+    profile = sim_profile(opts)  # the step-time file, read once
+    step_time, spread = profile.step_time, profile.spread
     sim_config = hf_cpu_sim_config(
         page_size_tokens=opts.page_size_tokens,
         num_blocks=opts.num_blocks,
@@ -240,9 +232,9 @@ def run_sim_hf_cpu_cell(
     )
     pm = policy_manager(policy, config.policy_options.get(policy), plugins=plugins)
     wall = time.perf_counter()
-    result = Simulator(sim_config, pm.hook, step_time=model).run(workload.requests)
+    result = Simulator(sim_config, pm.hook, step_time=profile.model()).run(workload.requests)
     wall = time.perf_counter() - wall
-    latency_s = sim_request_latency_s(opts)
+    latency_s = profile.request_latency_s
     df = sim_requests_frame(result, engine=engine, policy=policy, latency_s=latency_s)
     block_bytes = float(KV_BYTES_PER_TOKEN_FP32 * opts.page_size_tokens)
     peaks = {"all": max(result.peak_kv_blocks) * block_bytes}
@@ -266,6 +258,7 @@ def run_sim_hf_cpu_cell(
         "step_time": step_time.to_dict(),
         "kv_spill": step_time.spill_dict(),
         "step_spread_seed": None if spread is None else opts.step_spread_seed,
+        "step_time_scale": opts.step_time_scale,
         "step_time_file": opts.step_time_file,
         "mechanics": opts.mechanics,
         "request_latency_ms": round(latency_s * 1e3, 3),

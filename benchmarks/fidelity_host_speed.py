@@ -1,0 +1,168 @@
+"""How much of the simulated CPU engines' miss is the fit's total and the host's drift.
+
+Each real run of ``superinfer bench --suite engines`` ran on a shared 2-core VM whose speed moved
+between runs minutes apart (the same step shapes took up to 1.6x as long in one run as in the
+rest). The simulator replays every run with one fit of all the suite's steps, so a slow run's
+queue looks like a mechanism the simulator lacks. This replays each ``--src`` folder's simulated
+rows three ways (``suites_engines_replay.resimulate``, deterministic):
+
+* ``as_run``: with the folder's own fit (or ``FIT``), as ``fidelity_cpu.py --resim`` does;
+* ``refit``: with today's fit of the folder's step log (``offline.calibrate_hf.fit_steps``,
+  which scales the least squares to the steps' total time), the folder's other keys
+  (``request_latency_ms``) kept;
+* ``host_speed``: the refit, each cell at its real run's host speed (the run's measured step time
+  over the refit's prediction, summed over its steps: ``offline.calibrate_hf.run_speeds``);
+
+and writes into ``--out``:
+
+* ``host_speed.csv``: ``src, engine, run, host_speed`` (one row per real run, against the refit);
+* ``host_speed_fidelity.csv``: ``src, replay`` and the columns of ``fidelity_cpu.py``'s files,
+  every row of the three replays;
+* ``host_speed_summary.csv``: :data:`SUMMARY` (rows within issue 19's bounds of those judged,
+  per replay; the refit's ``total_scale``; the runs' host speeds).
+
+A host-speed replay is not a prediction (its factor is read off the run it replays); it tells
+the rows the mechanics miss from the rows a slower or faster host moved.
+
+Usage: ``python benchmarks/fidelity_host_speed.py --src DIR[=FIT] ... [--out DIR]``, ``FIT``: a
+step-time file to replay that folder with instead of its own (as ``fidelity_cpu.py --fit``); the
+refits go to a temporary folder the last line names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from superinfer.harness.errors import UserError
+from superinfer.harness.offline.calibrate_hf import fit_steps, sglang_iteration_steps
+from superinfer.harness.suites_engines_fidelity import fidelity, within_count
+from superinfer.harness.suites_engines_options import SIM_OF
+from superinfer.harness.suites_engines_replay import host_speeds, resimulate
+from superinfer.harness.suites_engines_report import aggregate
+
+#: ``fidelity_cpu.py``'s row columns.
+COLUMNS = ["engine", "policy", "load", "slo_class", "metric", "real", "simulated", "abs_err",
+           "rel_err", "bound", "within"]  # fmt: skip
+SUMMARY = ["src", "sim_engine", "judged", "within_as_run", "within_refit", "within_host_speed",
+           "total_scale", "speed_min", "speed_median", "speed_max"]  # fmt: skip
+#: The replays, in order.
+REPLAYS = ("as_run", "refit", "host_speed")
+
+
+def parse_src(text: str) -> tuple[Path, Path | None]:
+    """``DIR`` or ``DIR=FIT`` -> ``(folder, fit or None)``."""
+    folder, _, fit = text.partition("=")
+    return Path(folder), Path(fit) if fit else None
+
+
+def sim_engine_of(src: Path) -> str:
+    """The simulated engine whose real rows ``src/summary.csv`` holds (the first found).
+
+    Raises:
+        UserError: no summary, or no real engine of a simulated CPU engine in it.
+    """
+    try:
+        engines = set(pd.read_csv(src / "summary.csv", usecols=["engine"])["engine"])
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{src / 'summary.csv'}: {exc}") from None
+    for sim, real in SIM_OF.items():
+        if real in engines:
+            return sim
+    raise UserError(f"{src / 'summary.csv'}: no rows of {', '.join(SIM_OF.values())}")
+
+
+def refit(src: Path, fit: Path | None, real: str, out: Path) -> Path:
+    """Today's fit of ``src/steps.parquet`` written to ``out``, over the keys of ``src``'s own fit
+    (or ``fit``).
+
+    Raises:
+        UserError: no step log, an unreadable fit, or too few steps to fit.
+    """
+    own = fit or src / f"{real}_step_time.json"
+    try:
+        doc = json.loads(own.read_text(encoding="utf-8"))
+        steps = pd.read_parquet(src / "steps.parquet")
+    except (OSError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    if "gap_ms" in steps.columns:
+        steps = sglang_iteration_steps(steps)
+    _, report = fit_steps(steps)
+    keys = ("coefficients", "kv_spill", "spread", "fit", "total_scale", "scaled_fit")
+    doc.update({k: report[k] for k in keys})
+    out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def replay_all(src: Path, fit: Path | None, work: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """``(fidelity rows of the three replays, host speeds, summary row)`` of one folder; the refit
+    is written into ``work``.
+
+    Raises:
+        UserError: a missing file (the step log among them) or a bad fit.
+    """
+    sim = sim_engine_of(src)
+    real = SIM_OF[sim]
+    new = refit(src, fit, real, work / f"{src.name}_{real}_step_time.json")
+    frames = []
+    for replay, use, at_speed in (("as_run", fit, False), ("refit", new, False),
+                                  ("host_speed", new, True)):  # fmt: skip
+        summary = resimulate(src, sim, fit=use, host_speed=at_speed)
+        rows = fidelity(aggregate(summary)).rename(columns={"sim": "simulated"})[COLUMNS]
+        frames.append(rows.assign(src=src.name, replay=replay))
+    speeds = host_speeds(src, new)
+    table = pd.DataFrame(
+        {"src": src.name, "engine": real, "run": list(speeds), "host_speed": list(speeds.values())}
+    )
+    within = {f"within_{r}": within_count(f)[0] for r, f in zip(REPLAYS, frames, strict=True)}
+    s = table["host_speed"]
+    row = {"src": src.name, "sim_engine": sim, "judged": within_count(frames[0])[1], **within,
+           "total_scale": json.loads(new.read_text())["total_scale"], "speed_min": s.min(),
+           "speed_median": s.median(), "speed_max": s.max()}  # fmt: skip
+    out = pd.concat(frames, ignore_index=True)
+    return out[["src", "replay", *COLUMNS]], table, row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--src", action="append", required=True, metavar="DIR[=FIT]",
+                    help="a suite run folder with its steps.parquet, repeatable")  # fmt: skip
+    ap.add_argument("--out", type=Path, default=Path("results/fidelity"))
+    args = ap.parse_args(argv)
+    rows, speeds, summary = [], [], []
+    work = Path(tempfile.mkdtemp(prefix="host-speed-fits-"))
+    for text in args.src:
+        src, fit = parse_src(text)
+        try:
+            got, table, row = replay_all(src, fit, work)
+        except UserError as exc:
+            print(f"error: {src}: {exc}", file=sys.stderr)
+            return 2
+        rows.append(got)
+        speeds.append(table)
+        summary.append(row)
+        span = f"{row['speed_min']:.3f}-{row['speed_max']:.3f}"
+        print(f"{src.name}: {row['within_as_run']} -> {row['within_refit']} -> "
+              f"{row['within_host_speed']} of {row['judged']} rows within (total scale "
+              f"{row['total_scale']:.3f}, host speed {span})")  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "host_speed.csv": pd.concat(speeds, ignore_index=True),
+        "host_speed_fidelity.csv": pd.concat(rows, ignore_index=True),
+        "host_speed_summary.csv": pd.DataFrame(summary, columns=SUMMARY),
+    }
+    for name, frame in files.items():
+        frame.to_csv(args.out / name, index=False, float_format="%.6g")
+    total = pd.DataFrame(summary)
+    counts = " -> ".join(str(total[f"within_{r}"].sum()) for r in REPLAYS)
+    print(f"all: {counts} of {total['judged'].sum()} rows within (refits in {work})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

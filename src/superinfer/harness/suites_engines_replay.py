@@ -1,0 +1,116 @@
+"""Replays of a finished engines suite's simulated rows (issue 19's fidelity files).
+
+:func:`resimulate` runs ``sim:hf-cpu`` or ``sim:sglang-cpu`` again against the real rows of a
+``superinfer bench --suite engines`` run folder, so that a change to the simulator is scored on
+real runs already made (``benchmarks/fidelity_cpu.py --resim``); with ``host_speed`` each cell
+runs at the speed its real run's host had (:func:`offline.calibrate_hf.run_speeds`), which
+separates what the simulator's mechanics miss from what the host's drift between runs moved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from superinfer.harness.bench import BenchConfig
+from superinfer.harness.errors import UserError
+from superinfer.harness.offline.calibrate_hf import run_speeds
+from superinfer.harness.suites_engines import sim_cells
+from superinfer.harness.suites_engines_options import (
+    HF_BEFORE_RECORD,
+    SGLANG_BEFORE_RECORD,
+    SIM_HF,
+    SIM_OF,
+    SIM_SGLANG,
+    SuiteOptions,
+)
+from superinfer.sim.hf_cpu import HFCPUStepTime
+
+__all__ = ["host_speeds", "resimulate"]
+
+
+def host_speeds(src: Path, fit: Path) -> dict[str, float]:
+    """Each real run's host speed in the suite run folder ``src`` against the step-time file
+    ``fit``: ``offline.calibrate_hf.run_speeds`` of ``src/steps.parquet``.
+
+    Raises:
+        UserError: no step log in ``src`` (runs made before the suite kept one), or a bad file.
+    """
+    log = src / "steps.parquet"
+    if not log.is_file():
+        raise UserError(f"{log}: no such file (host speeds need the real runs' step logs)")
+    try:
+        steps = pd.read_parquet(log)
+        model = HFCPUStepTime.from_file(fit)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{log}: {exc}") from None
+    return run_speeds(steps, model)
+
+
+def resimulate(
+    src: Path,
+    engine: str,
+    extra: Mapping[str, str] | None = None,
+    fit: Path | None = None,
+    superinfer_options: Mapping[str, str] | None = None,
+    host_speed: bool = False,
+) -> pd.DataFrame:
+    """Replay the simulated rows of ``engine`` (``sim:hf-cpu`` or ``sim:sglang-cpu``) against
+    the real rows of a finished suite run in ``src`` (its ``summary.csv``, ``manifest.json`` and
+    ``<real engine>_step_time.json``), with more simulator options ``extra`` (e.g.
+    ``mechanics=sglang``): the same arrivals per repeat, loads, SLOs and step-time fit (or the
+    fit in ``fit``, e.g. one from a later run's lone and batched passes), and ``superinfer``
+    with ``superinfer_options`` over the suite's (e.g. ``ttft_kv_reserve_requests``) and over
+    what ``superinfer`` ran with on the real engine (the manifest's ``superinfer_options``; an hf
+    run made before it was recorded: the options its config carried, over
+    :data:`HF_BEFORE_RECORD`; runs between 9816ae6 and 7fd49b0 ran 0.9 unrecorded, so replay
+    them with ``superinfer_options={"tpot_plan_share": "0.9"}``). ``host_speed``: each
+    policy's cell runs at its real run's host speed (:func:`host_speeds`, ``step_time_scale``).
+
+    Returns:
+        ``src``'s summary rows of the real engine followed by the new simulated rows (the
+        columns of ``summary.csv``), for ``suites_engines_fidelity.fidelity``.
+
+    Raises:
+        UserError: ``src`` lacks a file (the step log, with ``host_speed``), or ``engine`` is
+            not a simulated CPU engine.
+    """
+    if engine not in SIM_OF:
+        raise UserError(f"{engine}: not a simulated CPU engine ({', '.join(SIM_OF)})")
+    real = SIM_OF[engine]
+    paths = [src / "summary.csv", src / "manifest.json", fit or src / f"{real}_step_time.json"]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise UserError(f"{missing[0]}: no such file (a `bench --suite engines` run folder?)")
+    summary = pd.read_csv(paths[0])
+    manifest = json.loads(paths[1].read_text())
+    known = {f.name for f in dataclasses.fields(SuiteOptions)}
+    kwargs: dict[str, Any] = {}
+    for key, value in manifest.get("options", {}).items():
+        if key in known:
+            if isinstance(value, list):
+                value = tuple(value)
+            elif isinstance(value, dict):
+                value = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
+            kwargs[key] = value
+    opts = SuiteOptions(**kwargs)
+    ran = summary[summary["engine"] == real]
+    found = {real: tuple(sorted(float(x) for x in ran["load"].unique()))}
+    config = BenchConfig(seed=int(manifest.get("seed", 0)))
+    ran_with = manifest.get("superinfer_options", {}).get(real)
+    if ran_with is None and engine == SIM_HF:  # an hf run from before the record
+        given = manifest.get("config", {}).get("policy_options", {}).get("superinfer", {})
+        ran_with = {**HF_BEFORE_RECORD, **given}
+    if engine == SIM_SGLANG:  # options a run from before them did not record, as it ran
+        ran_with = {**SGLANG_BEFORE_RECORD, **(ran_with or {})}
+    frames = sim_cells(
+        config, engine, opts, paths[2], lambda _m: None, found, extra,
+        superinfer_options={**(ran_with or {}), **(superinfer_options or {})},
+        speeds=host_speeds(src, paths[2]) if host_speed else None,
+    )  # fmt: skip
+    return pd.concat([ran, *frames], ignore_index=True)

@@ -1,0 +1,192 @@
+"""The step-time fit's total, each real run's host speed and replays at that speed (issue 19)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import runpy
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from superinfer.harness.bench import BenchConfig, run_bench
+from superinfer.harness.engines.hf import hf_options
+from superinfer.harness.engines.hf_sim import sim_profile
+from superinfer.harness.errors import UserError
+from superinfer.harness.offline.calibrate_hf import fit_steps, run_speeds
+from superinfer.harness.suites_engines import run_engines
+from superinfer.harness.suites_engines_options import suite_options
+from superinfer.harness.suites_engines_replay import host_speeds, resimulate
+from superinfer.sim.hf_cpu import HFCPUStepTime, shape_of_totals
+
+ROOT = Path(__file__).resolve().parents[2]
+TRUE = HFCPUStepTime((0.02, 0.004, 0.001, 0.0005, 0.00002, 0.0, 0.0, 0.0))
+
+
+def _steps(model: HFCPUStepTime, speeds: dict[str, float], n: int = 40) -> pd.DataFrame:
+    """A step log of ``n`` steps per run whose durations are ``model``'s times ``speeds[run]``."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for run, speed in speeds.items():
+        for i in range(n):
+            seqs = int(rng.integers(1, 8))
+            prefill = i % 4 == 0
+            tokens = int(rng.integers(32, 512)) if prefill else seqs
+            kv = tokens + int(rng.integers(0, 2000))
+            shape = shape_of_totals(tokens, seqs, seqs, kv)
+            rows.append({
+                "run": run, "kind": "prefill" if prefill else "decode", "num_tokens": tokens,
+                "num_seqs": seqs, "num_samples": seqs, "kv_tokens": kv,
+                "duration_ms": model.step_time_s(shape) * 1e3 * speed,
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_a_scaled_model_times_every_step_by_the_factor() -> None:
+    spilling = dataclasses.replace(TRUE, spill_tokens=1000.0, spill_s_per_token=1e-5)
+    shape = shape_of_totals(64, 2, 2, 1500)
+    assert spilling.scaled(1.5).step_time_s(shape) == pytest.approx(
+        1.5 * spilling.step_time_s(shape), rel=1e-12
+    )
+    assert spilling.scaled(1.5).spill_tokens == 1000.0
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="step-time scale must be finite and > 0"):
+            TRUE.scaled(bad)
+    doc = {"coefficients": TRUE.to_dict(), "kv_spill": spilling.spill_dict()}
+    assert HFCPUStepTime.from_calibration(doc) == spilling
+    with pytest.raises(ValueError, match="bad calibration"):
+        HFCPUStepTime.from_calibration({"kv_spill": {}})
+
+
+def test_run_speeds_are_each_runs_measured_over_predicted_time() -> None:
+    steps = _steps(TRUE, {"hf_fcfs_0.2_0": 1.0, "hf_fcfs_0.2_1": 1.25})
+    got = run_speeds(steps, TRUE)
+    assert list(got) == ["hf_fcfs_0.2_0", "hf_fcfs_0.2_1"]
+    assert got["hf_fcfs_0.2_0"] == pytest.approx(1.0, rel=1e-12)
+    assert got["hf_fcfs_0.2_1"] == pytest.approx(1.25, rel=1e-12)
+    # an SGLang log is timed per scheduler iteration: a busy gap (<= 20 ms) is added, an idle
+    # one is replaced by the median busy gap (here 2 ms)
+    one = _steps(TRUE, {"sglang_native_1_0": 1.0}, n=3)
+    one["gap_ms"] = [2.0, 2.0, 500.0]
+    total = one["duration_ms"].sum()
+    assert run_speeds(one, TRUE)["sglang_native_1_0"] == pytest.approx((total + 6.0) / total)
+    with pytest.raises(UserError, match="step log lacks column 'run'"):
+        run_speeds(steps.drop(columns="run"), TRUE)
+    with pytest.raises(UserError, match="run hf_fcfs_0.2_0: the step-time model predicts no time"):
+        run_speeds(steps, HFCPUStepTime((0.0,) * 8))
+
+
+def test_the_fit_predicts_the_steps_total_time() -> None:
+    """Exact data: the least squares finds the model and the scale is 1; one slow run pulls the
+    relative-error fit below the total, and the scale restores it exactly."""
+    exact = _steps(TRUE, {"a": 1.0})
+    model, report = fit_steps(exact)
+    assert report["total_scale"] == pytest.approx(1.0, abs=1e-9)
+    np.testing.assert_allclose(exact["predicted_ms"], exact["duration_ms"], rtol=1e-9)
+    assert model.step_time_s(shape_of_totals(300, 3, 3, 900)) == pytest.approx(
+        TRUE.step_time_s(shape_of_totals(300, 3, 3, 900)), rel=1e-9
+    )
+    mixed = _steps(TRUE, {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.6})
+    model, report = fit_steps(mixed)
+    assert report["total_scale"] > 1.0
+    assert mixed["predicted_ms"].sum() == pytest.approx(mixed["duration_ms"].sum(), rel=1e-12)
+    assert report["scaled_fit"]["mean_abs_rel_err"] == round(
+        float(((mixed["predicted_ms"] - mixed["duration_ms"]).abs() / mixed["duration_ms"]).mean()),
+        4,
+    )
+
+
+def _one_request_ttft(options: dict[str, str]) -> float:
+    config = BenchConfig(
+        engines=("sim:hf-cpu",), policies=("fcfs",), engine_options=options, seed=0,
+        duration_s=20.0, rate_scale=0.05,
+    )  # fmt: skip
+    return float(run_bench(config).requests["ttft_ms"].iloc[0])
+
+
+def test_step_time_scale_stretches_every_simulated_step(tmp_path: Path) -> None:
+    fit = tmp_path / "fit.json"
+    fit.write_text(json.dumps({"coefficients": TRUE.to_dict(), "request_latency_ms": 5.0}))
+    base = {"step_time_file": str(fit), "request_latency_ms": "0"}
+    # the first request arrives to an idle engine: its first token is its prefill steps alone
+    t1, t3 = _one_request_ttft(base), _one_request_ttft({**base, "step_time_scale": "3"})
+    assert t3 == pytest.approx(3 * t1, rel=1e-9)
+    profile = sim_profile(hf_options({"step_time_file": str(fit), "step_time_scale": "2"}))
+    assert profile.step_time == TRUE.scaled(2.0) and profile.request_latency_s == 0.005
+    for bad in ("0", "-1", "inf", "nan"):
+        with pytest.raises(UserError, match="step_time_scale must be > 0"):
+            hf_options({"step_time_scale": bad})
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pd.DataFrame]:
+    """A suite run folder of ``sim:hf-cpu`` rows posing as the real hf engine's (2 repeats at
+    0.2 req/s), with the fit and a step log whose runs took the fit's time, one 1.5x."""
+    tmp = tmp_path_factory.mktemp("suite")
+    calibration = tmp / "hf_step_time.json"
+    calibration.write_text(json.dumps({"coefficients": TRUE.to_dict()}))
+    opts = suite_options({
+        "suite.engines": "sim:hf-cpu", "suite.loads.hf": "0.2", "suite.duration_s": "15",
+        "suite.repeats": "2", "suite.hf_step_time_file": str(calibration),
+    })  # fmt: skip
+    sim = run_engines(BenchConfig(seed=3), opts, tmp / "work").summary
+    sim.assign(engine="hf").to_csv(tmp / "summary.csv", index=False)
+    manifest = {"seed": 3, "options": dataclasses.asdict(opts), "superinfer_options": {"hf": {}}}
+    (tmp / "manifest.json").write_text(json.dumps(manifest))
+    runs = {f"hf_{p}_0.2_{r}": 1.0 for r in (0, 1) for p in ("fcfs", "priority", "superinfer")}
+    _steps(TRUE, {**runs, "hf_priority_0.2_1": 1.5}).to_parquet(tmp / "steps.parquet")
+    return tmp, sim
+
+
+def test_a_replay_at_host_speed_runs_each_cell_at_its_runs_speed(
+    folder: tuple[Path, pd.DataFrame],
+) -> None:
+    src, sim = folder
+    assert host_speeds(src, src / "hf_step_time.json")["hf_priority_0.2_1"] == pytest.approx(1.5)
+    plain = resimulate(src, "sim:hf-cpu")
+    fast = resimulate(src, "sim:hf-cpu", host_speed=True)
+    key = ["engine", "policy", "repeat", "load", "slo_class"]
+    a = plain.set_index(key).sort_index()
+    b = fast.set_index(key).sort_index()
+    slow = b.index.get_level_values("policy") == "priority"
+    slow &= b.index.get_level_values("repeat") == 1
+    slow &= b.index.get_level_values("engine") == "sim:hf-cpu"
+    # every cell at speed 1.0 replays exactly as before (one policy per run_bench call)
+    pd.testing.assert_frame_equal(a[~slow], b[~slow], check_dtype=False)
+    assert (b.loc[slow, "e2e_p50_ms"] > a.loc[slow, "e2e_p50_ms"]).all()
+    shutil.copy(src / "steps.parquet", src / "steps.bak")
+    pd.read_parquet(src / "steps.parquet").query("run != 'hf_fcfs_0.2_1'").to_parquet(
+        src / "steps.parquet"
+    )
+    try:
+        with pytest.raises(UserError, match="no host speed for run hf_fcfs_0.2_1"):
+            resimulate(src, "sim:hf-cpu", host_speed=True)
+    finally:
+        shutil.move(src / "steps.bak", src / "steps.parquet")
+
+
+def test_fidelity_host_speed_writes_the_three_replays(
+    folder: tuple[Path, pd.DataFrame], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, _ = folder
+    mod = runpy.run_path(str(ROOT / "benchmarks" / "fidelity_host_speed.py"), run_name="t")
+    assert mod["main"](["--src", str(src), "--out", str(tmp_path)]) == 0
+    summary = pd.read_csv(tmp_path / "host_speed_summary.csv")
+    assert list(summary.columns) == mod["SUMMARY"] and len(summary) == 1
+    rows = pd.read_csv(tmp_path / "host_speed_fidelity.csv")
+    assert list(rows["replay"].unique()) == ["as_run", "refit", "host_speed"]
+    speeds = pd.read_csv(tmp_path / "host_speed.csv")
+    assert len(speeds) == 6 and set(speeds["engine"]) == {"hf"}
+    # against the refit, whose prediction totals the steps' time, the runs' predicted times
+    # (measured / speed) add up to the measured total; one run is 1.5x the others
+    measured = pd.read_parquet(src / "steps.parquet").groupby("run")["duration_ms"].sum()
+    speed = speeds.set_index("run")["host_speed"]
+    assert (measured / speed).sum() == pytest.approx(measured.sum(), rel=1e-5)
+    assert float(speed.max() / speed.min()) == pytest.approx(1.5, rel=1e-5)
+    assert summary["speed_max"].iloc[0] == pytest.approx(speed.max(), rel=1e-5)
+    assert "rows within" in capsys.readouterr().out
+    assert mod["main"](["--src", str(tmp_path / "nowhere"), "--out", str(tmp_path)]) == 2
