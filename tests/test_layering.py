@@ -111,6 +111,7 @@ HARNESS_RANKS = {
     "suites_engines_fidelity": 9,
     "suites_engines_checks": 9,
     "suites_engines_workload": 9,
+    "suites_engines_replay": 9,
 }
 
 

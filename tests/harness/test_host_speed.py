@@ -190,3 +190,87 @@ def test_fidelity_host_speed_writes_the_three_replays(
     assert summary["speed_max"].iloc[0] == pytest.approx(speed.max(), rel=1e-5)
     assert "rows within" in capsys.readouterr().out
     assert mod["main"](["--src", str(tmp_path / "nowhere"), "--out", str(tmp_path)]) == 2
+
+
+def test_the_suite_records_each_runs_host_speed_against_its_log_fit(tmp_path: Path) -> None:
+    from superinfer.harness.suites_engines import log_fit
+    from superinfer.harness.suites_engines_knee import MIN_LOG_STEPS
+
+    logs = tmp_path / "steps"
+    logs.mkdir()
+    lone = {"coefficients": TRUE.to_dict(), "source": "lone"}
+    info: dict = {}
+    said: list[str] = []
+    few = _steps(TRUE, {"hf_fcfs_0.3_0": 1.0}, n=10)
+    few.drop(columns="run").to_parquet(logs / "hf_fcfs_0.3_0.parquet")
+    assert log_fit("hf", lone, tmp_path, info, said.append) is lone  # too few steps
+    assert "host_speeds" not in info and not said
+    n = MIN_LOG_STEPS // 2
+    for run, speed in (("hf_fcfs_0.3_0", 1.0), ("hf_superinfer_0.3_0", 1.3)):
+        _steps(TRUE, {run: speed}, n=n).drop(columns="run").to_parquet(logs / f"{run}.parquet")
+    fit = log_fit("hf", lone, tmp_path, info, said.append)
+    assert fit["source"].startswith("the hf runs' own step logs") and fit["lone"] == lone
+    speeds = info["host_speeds"]["hf"]
+    assert list(speeds) == ["hf_fcfs_0.3_0", "hf_superinfer_0.3_0"]
+    assert speeds["hf_superinfer_0.3_0"] / speeds["hf_fcfs_0.3_0"] == pytest.approx(1.3)
+    # the fit keeps the total: the two runs' predicted times add up to what they took
+    took = {r: pd.read_parquet(logs / f"{r}.parquet")["duration_ms"].sum() for r in speeds}
+    assert sum(took[r] / speeds[r] for r in speeds) == pytest.approx(sum(took.values()))
+    # a log the fit cannot read: the lone fit, said once
+    pd.DataFrame({"duration_ms": [1.0] * MIN_LOG_STEPS}).to_parquet(logs / "hf_fcfs_0.3_1.parquet")
+    info = {}
+    assert log_fit("hf", lone, tmp_path, info, said.append) is lone
+    assert "host_speeds" not in info and "hf" in info["step_log_fit_failed"]
+    assert said == [f"hf: no fit on its step logs ({info['step_log_fit_failed']['hf']}); "
+                    "sim:hf-cpu takes the lone fit"]  # fmt: skip
+
+
+def test_checks_show_each_policys_mean_host_speed() -> None:
+    from superinfer.harness.suites_engines_checks import HOST_SPEED_COLUMNS, host_speed_frame
+    from superinfer.harness.suites_engines_report import aggregate, policy_checks
+
+    raw = {"hf": {"hf_fcfs_1_0": 1.2, "hf_fcfs_1_1": 1.0, "hf_superinfer_1_0": 0.9,
+                  "hf_superinfer_1_1": 0.95, "hf_fcfs_2_0": 1.5}}  # fmt: skip
+    speeds = host_speed_frame(raw)
+    assert list(speeds.columns) == HOST_SPEED_COLUMNS
+    assert speeds.iloc[0].tolist() == ["hf", "fcfs", 1.0, 0, "hf_fcfs_1_0", 1.2]
+    with pytest.raises(ValueError, match="run 'hf_fcfs_1' is not <hf>_<policy>_<load>_<repeat>"):
+        host_speed_frame({"hf": {"hf_fcfs_1": 1.0}})
+    rows = [("hf", p, r, load, "chat", att) for r in (0, 1) for load in (1.0, 2.0)
+            for p, att in (("fcfs", 0.7), ("superinfer", 0.9))]  # fmt: skip
+    summary = pd.DataFrame(rows, columns=["engine", "policy", "repeat", "load", "slo_class",
+                                          "slo_attainment"])  # fmt: skip
+    checks = policy_checks(aggregate(summary), {"hf": "fcfs"}, speeds).set_index("load")
+    assert checks.loc[1.0, "native_host_speed"] == pytest.approx(1.1)
+    assert checks.loc[1.0, "superinfer_host_speed"] == pytest.approx(0.925)
+    assert checks.loc[2.0, "native_host_speed"] == 1.5
+    assert math.isnan(checks.loc[2.0, "superinfer_host_speed"])  # no log of that run
+    plain = policy_checks(aggregate(summary), {"hf": "fcfs"})
+    assert plain["native_host_speed"].isna().all()
+
+
+def test_the_suite_folder_gets_host_speed_csv_and_a_report_line(
+    folder: tuple[Path, pd.DataFrame], tmp_path: Path
+) -> None:
+    from superinfer.harness.suites_engines_checks import host_speed_frame
+    from superinfer.harness.suites_engines_report import write_engines
+
+    src, _ = folder
+    summary = pd.read_csv(src / "summary.csv")  # hf rows at 0.2 req/s, repeats 0 and 1
+    raw = {"hf": {"hf_fcfs_0.2_0": 1.2, "hf_fcfs_0.2_1": 1.0, "hf_superinfer_0.2_0": 0.9,
+                  "hf_superinfer_0.2_1": 0.95}}  # fmt: skip
+    options = json.loads((src / "manifest.json").read_text())["options"]  # the report reads them
+    info = {"host_speeds": raw, "options": options}
+    files = write_engines(tmp_path, summary, pd.DataFrame(), info, {"hf": "fcfs"}, ["test"])
+    assert "host_speed.csv" in files.split(", ")
+    got = pd.read_csv(tmp_path / "host_speed.csv")
+    pd.testing.assert_frame_equal(got, host_speed_frame(raw), check_dtype=False)
+    checks = pd.read_csv(tmp_path / "checks.csv")
+    assert checks[["native_host_speed", "superinfer_host_speed"]].iloc[0].tolist() == pytest.approx(
+        [1.1, 0.925]
+    )
+    assert "`hf` 0.2 req/s: 1.100 / 0.925" in (tmp_path / "report.md").read_text()
+    bare = {"options": options}
+    again = write_engines(tmp_path, summary, pd.DataFrame(), bare, {"hf": "fcfs"}, ["test"])
+    assert "host_speed.csv" not in again and not (tmp_path / "host_speed.csv").exists()
+    assert "Host speed of the runs" not in (tmp_path / "report.md").read_text()

@@ -6,20 +6,26 @@ table."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import pandas as pd
 
 from superinfer.harness.suites_engines_fidelity import mean_of
 
 __all__ = [
+    "HOST_SPEED_COLUMNS",
     "ISSUE18_BAND",
     "ISSUE18_POINTS",
     "ISSUE18_TOK_S_RATIO",
     "ISSUE18_TTFT_P99_RATIO",
     "KNEE_BAND",
     "WIN_POINTS",
+    "host_speed_frame",
     "policy_checks",
 ]
+
+#: ``host_speed.csv``'s columns.
+HOST_SPEED_COLUMNS = ["engine", "policy", "load", "repeat", "run", "host_speed"]
 
 #: Native chat attainment band where superinfer must win by >= 10 points (issue 24).
 KNEE_BAND = (0.6, 0.85)
@@ -33,7 +39,35 @@ ISSUE18_TTFT_P99_RATIO = 0.6
 ISSUE18_TOK_S_RATIO = 0.95
 
 
-def policy_checks(agg: pd.DataFrame, natives: dict[str, str]) -> pd.DataFrame:
+def host_speed_frame(speeds: Mapping[str, Mapping[str, float]]) -> pd.DataFrame:
+    """``{engine: {run: factor}}`` (``offline.calibrate_hf.run_speeds`` per real engine, runs
+    named ``<engine>_<policy>_<load>_<repeat>``) as the rows of ``host_speed.csv``
+    (:data:`HOST_SPEED_COLUMNS`).
+
+    Raises:
+        ValueError: a run name not of that form.
+    """
+    rows = []
+    for engine, runs in speeds.items():
+        for run, factor in runs.items():
+            parts = run.split("_")
+            if len(parts) != 4 or parts[0] != engine:
+                raise ValueError(f"run {run!r} is not <{engine}>_<policy>_<load>_<repeat>")
+            rows.append((engine, parts[1], float(parts[2]), int(parts[3]), run, float(factor)))
+    return pd.DataFrame(rows, columns=HOST_SPEED_COLUMNS)
+
+
+def _mean_speed(speeds: pd.DataFrame | None, engine: str, policy: str, load: float) -> float:
+    if speeds is None or speeds.empty:
+        return math.nan
+    m = (speeds["engine"] == engine) & (speeds["policy"] == policy)
+    m &= (speeds["load"] - load).abs() < 1e-9
+    return float(speeds.loc[m, "host_speed"].mean()) if m.any() else math.nan
+
+
+def policy_checks(
+    agg: pd.DataFrame, natives: dict[str, str], speeds: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Per engine with a ``superinfer`` row and load: native and superinfer chat attainment (mean
     over repeats), the difference in points, what issue 24 requires there (>= +10 points where
     native attains 0.6-0.85, >= 0 elsewhere) and whether it holds; also the share of native's
@@ -41,7 +75,9 @@ def policy_checks(agg: pd.DataFrame, natives: dict[str, str]) -> pd.DataFrame:
     chat TTFT p99 and all-class output tokens/s over native's (ratios of the means over
     repeats), whether native's attainment is in issue 18's band (:data:`ISSUE18_BAND`) and,
     there, whether issue 18's three targets hold at once (``issue18_met``; empty outside the
-    band)."""
+    band); then native's and superinfer's mean host speed over the repeats
+    (``native_host_speed``, ``superinfer_host_speed``: ``speeds``, :func:`host_speed_frame`'s
+    rows; NaN without them), so a comparison made on a slower host for one policy shows."""
     rows = []
     for engine in agg["engine"].unique():
         native = natives.get(engine)
@@ -83,6 +119,8 @@ def policy_checks(agg: pd.DataFrame, natives: dict[str, str]) -> pd.DataFrame:
                     "output_tok_s_ratio": tok,
                     "in_issue18_band": band18,
                     "issue18_met": met18 if band18 else None,
+                    "native_host_speed": _mean_speed(speeds, engine, native, load),
+                    "superinfer_host_speed": _mean_speed(speeds, engine, "superinfer", load),
                 }
             )
     return pd.DataFrame(rows)

@@ -4,8 +4,10 @@ Files (:func:`write_engines`): ``summary.csv`` (every run's summary rows, ``engi
 repeat, load`` first), ``aggregate.csv`` (:func:`aggregate`: mean, min, max, sample std over the
 repeats of every metric), ``lone.csv`` (each real engine's lone requests), ``checks.csv``
 (:func:`policy_checks`: superinfer vs native chat attainment per load), ``fidelity.csv``
-(``suites_engines_fidelity``: simulated rows against their real rows), ``attainment_vs_load.png``,
-``report.md``, ``manifest.json`` and ``MANIFEST.md``.
+(``suites_engines_fidelity``: simulated rows against their real rows), ``host_speed.csv`` (each
+real run's host speed against its engine's step-log fit, when there is one:
+``suites_engines_checks.host_speed_frame``), ``attainment_vs_load.png``, ``report.md``,
+``manifest.json`` and ``MANIFEST.md``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, staged_dir, write_atomic
-from superinfer.harness.suites_engines_checks import policy_checks
+from superinfer.harness.suites_engines_checks import host_speed_frame, policy_checks
 from superinfer.harness.suites_engines_fidelity import (
     FIDELITY_BOUND,
     FIDELITY_BOUND_P99,
@@ -340,6 +342,7 @@ def render_engines_report(
             ],
             rows,
         )
+        lines += _speed_lines(checks)
     lines += [
         "## Simulated rows against their real rows",
         "",
@@ -461,6 +464,7 @@ OWNED = (
     "lone.csv",
     "checks.csv",
     "fidelity.csv",
+    "host_speed.csv",
     "sglang_step_time.json",
     "hf_step_time.json",
     "attainment_vs_load.png",
@@ -469,6 +473,23 @@ OWNED = (
     "report.md",
     "manifest.json",
 )
+
+
+def _speed_lines(checks: pd.DataFrame) -> list[str]:
+    """The checks' host speeds as one sentence (none without them)."""
+    known = checks.dropna(subset=["native_host_speed", "superinfer_host_speed"])
+    if known.empty:
+        return []
+    pairs = "; ".join(
+        f"`{r.engine}` {r.load:g} req/s: {r.native_host_speed:.3f} / {r.superinfer_host_speed:.3f}"
+        for r in known.itertuples()
+    )
+    return [
+        "Host speed of the runs compared (each run's step time over the step-log fit's, mean "
+        "over repeats; 1.10: 10 % slower; native / superinfer; `host_speed.csv`): "
+        f"{pairs}.",
+        "",
+    ]
 
 
 def write_engines(
@@ -488,7 +509,8 @@ def write_engines(
     (``EnginesResult.requests``), written as ``requests.parquet`` when there are any."""
     meta = manifest(info, command=command)
     agg = aggregate(summary)
-    checks, fid = policy_checks(agg, natives), fidelity(agg)
+    speeds = host_speed_frame(info.get("host_speeds", {}))
+    checks, fid = policy_checks(agg, natives, speeds), fidelity(agg)
     written = []
     with staged_dir(out_dir, owned=(*OWNED, "MANIFEST.md")) as stage:
         frames = {
@@ -497,6 +519,7 @@ def write_engines(
             "lone.csv": lone,
             "checks.csv": checks,
             "fidelity.csv": fid,
+            **({"host_speed.csv": speeds} if not speeds.empty else {}),
         }
         for name, frame in frames.items():
 

@@ -15,17 +15,36 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from superinfer.harness.errors import UserError
 from superinfer.sim.hf_cpu import HFCPUStepTime
 from superinfer.sim.step_spread import SpreadStepTime, StepSpread
 
 if TYPE_CHECKING:
-    from superinfer.harness.engines.hf import HFOptions
     from superinfer.sim.config import StepTimeModel
 
-__all__ = ["SimProfile", "sim_profile", "sim_step_time"]
+__all__ = ["ProfileOptions", "SimProfile", "sim_profile", "sim_step_time"]
+
+
+class ProfileOptions(Protocol):
+    """The engine options :func:`sim_profile` reads (``engines.hf.HFOptions`` has them; this
+    module does not import it, so ``engines.hf`` can import this one)."""
+
+    @property
+    def step_time_file(self) -> str | None: ...
+
+    @property
+    def step_time_scale(self) -> float: ...
+
+    @property
+    def step_spread(self) -> str: ...
+
+    @property
+    def step_spread_seed(self) -> int: ...
+
+    @property
+    def request_latency_ms(self) -> float | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +127,7 @@ def _latency_s(data: dict[str, Any], path: Path | None, given_ms: float | None) 
     return (ms or 0.0) / 1e3
 
 
-def sim_profile(opts: HFOptions) -> SimProfile:
+def sim_profile(opts: ProfileOptions) -> SimProfile:
     """The simulator's profile of ``opts.step_time_file`` (read once; the default coefficients of
     ``sim/hf_cpu.py`` when unset), adjusted by ``opts``: ``step_time_scale`` multiplies every
     step's time, ``step_spread=calibrated`` adds the file's ``spread``, ``request_latency_ms``
@@ -129,7 +148,7 @@ def sim_profile(opts: HFOptions) -> SimProfile:
     )
 
 
-def sim_step_time(opts: HFOptions) -> HFCPUStepTime:
+def sim_step_time(opts: ProfileOptions) -> HFCPUStepTime:
     """The fitted step-time model alone (:attr:`SimProfile.step_time`).
 
     Raises:
