@@ -35,6 +35,7 @@ __all__ = [
     "fill_step",
     "finish_aware",
     "finish_aware_fits",
+    "sglang_output_reserve",
     "step_blocks",
     "view_blocks",
 ]
@@ -44,6 +45,17 @@ _FP16 = KVPrecision.FP16
 #: SGLang clips a request's output cap to this many tokens when it budgets KV for admission
 #: (``CLIP_MAX_NEW_TOKENS``, ``sglang/srt/managers/schedule_policy.py``, 0.5.x).
 SGLANG_CLIP_MAX_NEW_TOKENS = 4096
+
+
+def sglang_output_reserve(max_output_tokens: int, generated_tokens: int) -> int:
+    """The output tokens SGLang's ``PrefillAdder`` budgets for a request (before its
+    ``new_token_ratio``): its remaining output cap, clipped to :data:`SGLANG_CLIP_MAX_NEW_TOKENS`,
+    never below 0 (``schedule_policy.py`` ``_get_running_request_total_token_offset`` and
+    ``add_one_req``, 0.5.23). One rule for the policy's admission charge (:func:`step_blocks`),
+    the SGLang adapter's view of the running batch (``adapters.sglang.view.reserved_blocks``) and
+    the simulator's (``sim.replica.Replica.reserved_blocks``)."""
+    left = max_output_tokens - generated_tokens
+    return max(min(left, SGLANG_CLIP_MAX_NEW_TOKENS), 0)
 
 
 def blocks_for_tokens(num_tokens: int, block_size_tokens: int) -> int:
@@ -89,10 +101,10 @@ def step_blocks(view: RequestView, num_tokens: int, state: StepState, *, admit: 
         return max(0, view_blocks(view, total, state) - held)
     need = max(0, view_blocks(view, view.computed_tokens + num_tokens, state) - held)
     if state.admission is AdmissionRule.RESERVE_RATIO:
-        left = min(view.max_output_tokens - view.generated_tokens, SGLANG_CLIP_MAX_NEW_TOKENS)
+        left = sglang_output_reserve(view.max_output_tokens, view.generated_tokens)
         # StepState.reserve_whole_prompt: the later prefill chunks too (SGLang's add_one_req)
         rest = view.pending_tokens - num_tokens if state.reserve_whole_prompt else 0
-        need += blocks_for_tokens(max(left, 0) + max(rest, 0), bs)
+        need += blocks_for_tokens(left + max(rest, 0), bs)
     return need
 
 

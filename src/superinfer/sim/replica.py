@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from superinfer.policy_core.batching import SGLANG_CLIP_MAX_NEW_TOKENS, blocks_for_tokens
+from superinfer.policy_core.batching import blocks_for_tokens, sglang_output_reserve
 from superinfer.policy_core.changes import ViewTracker
 from superinfer.policy_core.kv_bytes import KVPacking, kv_bytes_ratio
 from superinfer.policy_core.types import AdmissionRule, KVLocation, KVPrecision, StepState
@@ -154,7 +154,7 @@ class Replica:
         whole = self.profile.reserve_whole_prompt
         out = rest = 0
         for r in self.running.values():
-            out += min(r.spec.max_output_tokens - r.generated_tokens, SGLANG_CLIP_MAX_NEW_TOKENS)
+            out += sglang_output_reserve(r.spec.max_output_tokens, r.generated_tokens)
             if whole and (pending := r.pending_tokens) > 1:
                 rest += pending
         return blocks_for_tokens(rest + int(out * self.reserve_ratio), self.block_size_tokens)

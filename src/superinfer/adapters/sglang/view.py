@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from superinfer.adapters.sglang.config import CLOCK_MODES, AdapterConfig
-from superinfer.policy_core.batching import SGLANG_CLIP_MAX_NEW_TOKENS, blocks_for_tokens
+from superinfer.policy_core.batching import blocks_for_tokens, sglang_output_reserve
 from superinfer.policy_core.changes import ViewTracker
 from superinfer.policy_core.types import (
     SLO,
@@ -381,11 +381,9 @@ def reserved_blocks(
     out = 0.0
     rest = 0
     for req in [*running, *([chunked] if chunked is not None else [])]:
-        left = min(
-            req.sampling_params.max_new_tokens - len(req.output_ids), SGLANG_CLIP_MAX_NEW_TOKENS
-        )
+        left = sglang_output_reserve(req.sampling_params.max_new_tokens, len(req.output_ids))
         ratio = 1.0 if getattr(req.sampling_params, "ignore_eos", False) else new_token_ratio
-        out += max(left, 0) * ratio
+        out += left * ratio
     if chunked is not None:  # its prompt, and its output so far if resumed after a retraction
         ran = _chunks_ran(chunked)
         rest = max(len(chunked.origin_input_ids) + len(chunked.output_ids) - ran, 0)
