@@ -398,7 +398,7 @@ def _real_engine(
         if opts.lone:
             tell(f"{engine}: lone requests")
             wl = lone_workload(opts, opts.lone_gap_s[engine])
-            log = work_dir / "lone" / f"{engine}.parquet" if engine == SGLANG else None
+            log = _lone_log(work_dir, engine) if engine == SGLANG else None
             _, req, _ = _run_cell(config, engine, native, wl, handles[native], opts, steps_to=log)
             lones.append(req.assign(concurrency=1))
         if batched_sizes(opts) and any(SIM_OF.get(e) == engine for e in opts.engines):
@@ -477,7 +477,7 @@ def run_engines(
             continue
         fit = lone_step_fit(lones[-1], *FIT_CHUNK_AND_LABEL[engine], batched.get(engine))
         fit = log_fit(engine, fit, work_dir, info, tell)
-        if (log := work_dir / "lone" / f"{engine}.parquet").is_file():  # SGLang's request path
+        if (log := _lone_log(work_dir, engine)).is_file():  # SGLang's request path
             fit["request_latency_ms"] = request_path_ms(lones[-1], pd.read_parquet(log)) or 0.0
         fit_files[sim] = work_dir / f"{engine}_step_time.json"
         fit_files[sim].write_text(json.dumps(fit, indent=2) + "\n")
@@ -527,6 +527,12 @@ def log_fit(
         info.setdefault("step_log_fit_failed", {})[engine] = str(exc)
         tell(f"{engine}: no fit on its step logs ({exc}); {SIM_FOR[engine]} takes the lone fit")
         return lone
+
+
+def _lone_log(work_dir: Path, engine: str) -> Path:
+    """Where ``engine``'s lone pass keeps its step log (SGLang only: its request path is read
+    from it, ``suites_engines_knee.request_path_ms``), apart from the runs' ``steps/``."""
+    return work_dir / "lone" / f"{engine}.parquet"
 
 
 def collect_step_logs(work_dir: Path) -> pd.DataFrame:
