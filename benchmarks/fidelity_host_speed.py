@@ -90,9 +90,10 @@ def refit(src: Path, fit: Path | None, real: str, out: Path) -> Path:
         steps = pd.read_parquet(src / "steps.parquet")
     except (OSError, ValueError) as exc:
         raise UserError(str(exc)) from None
+    steps = steps[steps["run"].astype(str).str.startswith(f"{real}_")]  # this engine's runs
     if "gap_ms" in steps.columns:
         steps = sglang_iteration_steps(steps)
-    _, report = fit_steps(steps)
+    _, report = fit_steps(steps.copy())
     keys = ("coefficients", "kv_spill", "spread", "fit", "total_scale", "scaled_fit")
     doc.update({k: report[k] for k in keys})
     out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
@@ -115,7 +116,7 @@ def replay_all(src: Path, fit: Path | None, work: Path) -> tuple[pd.DataFrame, p
         summary = resimulate(src, sim, fit=use, host_speed=at_speed)
         rows = fidelity(aggregate(summary)).rename(columns={"sim": "simulated"})[COLUMNS]
         frames.append(rows.assign(src=src.name, replay=replay))
-    speeds = host_speeds(src, new)
+    speeds = host_speeds(src, new, real)
     table = pd.DataFrame(
         {"src": src.name, "engine": real, "run": list(speeds), "host_speed": list(speeds.values())}
     )

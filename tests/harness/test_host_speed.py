@@ -146,7 +146,13 @@ def test_a_replay_at_host_speed_runs_each_cell_at_its_runs_speed(
     folder: tuple[Path, pd.DataFrame],
 ) -> None:
     src, sim = folder
-    assert host_speeds(src, src / "hf_step_time.json")["hf_priority_0.2_1"] == pytest.approx(1.5)
+    assert host_speeds(src, src / "hf_step_time.json", "hf")["hf_priority_0.2_1"] == pytest.approx(
+        1.5
+    )
+    with pytest.raises(UserError, match="no run of sglang"):
+        host_speeds(src, src / "hf_step_time.json", "sglang")
+    with pytest.raises(UserError, match="host_speed sets each cell's step_time_scale"):
+        resimulate(src, "sim:hf-cpu", {"step_time_scale": "2"}, host_speed=True)
     plain = resimulate(src, "sim:hf-cpu")
     fast = resimulate(src, "sim:hf-cpu", host_speed=True)
     key = ["engine", "policy", "repeat", "load", "slo_class"]
@@ -193,8 +199,8 @@ def test_fidelity_host_speed_writes_the_three_replays(
 
 
 def test_the_suite_records_each_runs_host_speed_against_its_log_fit(tmp_path: Path) -> None:
-    from superinfer.harness.suites_engines import log_fit
-    from superinfer.harness.suites_engines_knee import MIN_LOG_STEPS
+    from superinfer.harness.suites_engines import collect_step_logs
+    from superinfer.harness.suites_engines_knee import MIN_LOG_STEPS, log_fit
 
     logs = tmp_path / "steps"
     logs.mkdir()
@@ -203,12 +209,14 @@ def test_the_suite_records_each_runs_host_speed_against_its_log_fit(tmp_path: Pa
     said: list[str] = []
     few = _steps(TRUE, {"hf_fcfs_0.3_0": 1.0}, n=10)
     few.drop(columns="run").to_parquet(logs / "hf_fcfs_0.3_0.parquet")
-    assert log_fit("hf", lone, tmp_path, info, said.append) is lone  # too few steps
+    assert (
+        log_fit("hf", lone, collect_step_logs(tmp_path), info, said.append) is lone
+    )  # too few steps
     assert "host_speeds" not in info and not said
     n = MIN_LOG_STEPS // 2
     for run, speed in (("hf_fcfs_0.3_0", 1.0), ("hf_superinfer_0.3_0", 1.3)):
         _steps(TRUE, {run: speed}, n=n).drop(columns="run").to_parquet(logs / f"{run}.parquet")
-    fit = log_fit("hf", lone, tmp_path, info, said.append)
+    fit = log_fit("hf", lone, collect_step_logs(tmp_path), info, said.append)
     assert fit["source"].startswith("the hf runs' own step logs") and fit["lone"] == lone
     speeds = info["host_speeds"]["hf"]
     assert list(speeds) == ["hf_fcfs_0.3_0", "hf_superinfer_0.3_0"]
@@ -219,7 +227,7 @@ def test_the_suite_records_each_runs_host_speed_against_its_log_fit(tmp_path: Pa
     # a log the fit cannot read: the lone fit, said once
     pd.DataFrame({"duration_ms": [1.0] * MIN_LOG_STEPS}).to_parquet(logs / "hf_fcfs_0.3_1.parquet")
     info = {}
-    assert log_fit("hf", lone, tmp_path, info, said.append) is lone
+    assert log_fit("hf", lone, collect_step_logs(tmp_path), info, said.append) is lone
     assert "host_speeds" not in info and "hf" in info["step_log_fit_failed"]
     assert said == [f"hf: no fit on its step logs ({info['step_log_fit_failed']['hf']}); "
                     "sim:hf-cpu takes the lone fit"]  # fmt: skip
@@ -274,3 +282,77 @@ def test_the_suite_folder_gets_host_speed_csv_and_a_report_line(
     again = write_engines(tmp_path, summary, pd.DataFrame(), bare, {"hf": "fcfs"}, ["test"])
     assert "host_speed.csv" not in again and not (tmp_path / "host_speed.csv").exists()
     assert "Host speed of the runs" not in (tmp_path / "report.md").read_text()
+
+
+def test_bad_steps_and_mixed_logs_give_one_line_errors_or_the_right_runs(
+    folder: tuple[Path, pd.DataFrame], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps = _steps(TRUE, {"hf_fcfs_0.2_0": 1.0}, n=5)
+    late = steps.assign(duration_ms=[*steps["duration_ms"][:-1], math.nan])
+    with pytest.raises(UserError, match="a step without a duration_ms"):
+        run_speeds(late, TRUE)
+    shapeless = steps.astype({"kv_tokens": float}).assign(kv_tokens=math.nan)
+    with pytest.raises(UserError, match="a step without a shape"):
+        run_speeds(shapeless, TRUE)
+    # a suite that ran hf and SGLang keeps both in one log: hf's speeds ignore SGLang's gaps
+    src, _ = folder
+    mixed = tmp_path / "mixed"
+    shutil.copytree(src, mixed)
+    hf = pd.read_parquet(src / "steps.parquet")
+    sglang = _steps(TRUE, {"sglang_native_1_0": 1.0}, n=5).assign(gap_ms=10.0)
+    pd.concat([hf, sglang], ignore_index=True).to_parquet(mixed / "steps.parquet")
+    fit = src / "hf_step_time.json"
+    assert host_speeds(mixed, fit, "hf") == pytest.approx(host_speeds(src, fit, "hf"))
+    assert host_speeds(mixed, fit, "sglang")["sglang_native_1_0"] > 1.0  # its gaps count
+    # the suite keeps a good step-log fit when only the host speeds fail
+    from superinfer.harness.offline import calibrate_hf
+    from superinfer.harness.suites_engines import collect_step_logs
+    from superinfer.harness.suites_engines_knee import MIN_LOG_STEPS, log_fit
+
+    logs = tmp_path / "work" / "steps"
+    logs.mkdir(parents=True)
+    _steps(TRUE, {"x": 1.0}, n=MIN_LOG_STEPS).drop(columns="run").to_parquet(
+        logs / "hf_fcfs_0.3_0.parquet"
+    )
+
+    def broken(*_a: object) -> dict[str, float]:
+        raise UserError("no speeds")
+
+    monkeypatch.setattr(calibrate_hf, "run_speeds", broken)
+    info: dict = {}
+    said: list[str] = []
+    got = log_fit("hf", {"source": "lone"}, collect_step_logs(tmp_path / "work"), info, said.append)
+    assert got["source"].startswith("the hf runs' own step logs")
+    assert info == {"host_speed_failed": {"hf": "no speeds"}} and said == [
+        "hf: no host speeds (no speeds)"
+    ]
+
+
+def test_host_speed_names_policies_with_underscores_and_loads_as_the_runs_print_them() -> None:
+    from superinfer.harness.suites_engines_checks import host_speed_frame, host_speed_table
+    from superinfer.harness.suites_engines_report import aggregate, policy_checks
+
+    frame = host_speed_frame({"hf": {"hf_my_policy_0.333333_2": 1.25}})
+    assert frame.iloc[0].tolist() == [
+        "hf",
+        "my_policy",
+        0.333333,
+        2,
+        "hf_my_policy_0.333333_2",
+        1.25,
+    ]
+    for bad in ("hf_fcfs_x_0", "hf__1_0", "sglang_fcfs_1_0", "hf_fcfs_1"):
+        with pytest.raises(ValueError, match=f"run '{bad}' is not <hf>_<policy>_<load>_<repeat>"):
+            host_speed_frame({"hf": {bad: 1.0}})
+    info: dict = {"host_speeds": {"hf": {"hf_fcfs_1": 1.0}}}
+    assert host_speed_table(info).empty and "hf_fcfs_1" in info["host_speed_failed"]["names"]
+    # a load given with more digits than a run name keeps (f"{load:g}") still finds its runs
+    load = 0.3333333
+    speeds = host_speed_frame(
+        {"hf": {f"hf_fcfs_{load:g}_0": 1.2, f"hf_superinfer_{load:g}_0": 0.9}}
+    )
+    rows = [("hf", p, 0, load, "chat", a) for p, a in (("fcfs", 0.7), ("superinfer", 0.9))]
+    summary = pd.DataFrame(rows, columns=["engine", "policy", "repeat", "load", "slo_class",
+                                          "slo_attainment"])  # fmt: skip
+    checks = policy_checks(aggregate(summary), {"hf": "fcfs"}, speeds)
+    assert checks[["native_host_speed", "superinfer_host_speed"]].iloc[0].tolist() == [1.2, 0.9]

@@ -40,14 +40,13 @@ import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, run_bench
 from superinfer.harness.errors import UserError
-from superinfer.harness.offline.calibrate_hf import run_speeds
 from superinfer.harness.policies import policy_manager, resolve_policy_opts
 from superinfer.harness.suites_engines_knee import (
     SGLANG_CHUNK_TOKENS,
+    log_fit,
     lone_step_fit,
     pilot_knee,
     request_path_ms,
-    step_log_fit,
 )
 from superinfer.harness.suites_engines_options import (
     DEFAULT_LOADS,
@@ -76,7 +75,7 @@ from superinfer.harness.suites_engines_workload import (
     mix_workload,
 )
 from superinfer.harness.workload.workload import Workload
-from superinfer.sim.hf_cpu import SIM_HF_CPU, HFCPUStepTime
+from superinfer.sim.hf_cpu import SIM_HF_CPU
 
 __all__ = [
     "EnginesResult",
@@ -84,7 +83,6 @@ __all__ = [
     "batched_sizes",
     "batched_workload",
     "collect_step_logs",
-    "log_fit",
     "lone_workload",
     "mix_workload",
     "sim_cells",
@@ -476,7 +474,7 @@ def run_engines(
         if sim is None or sim in fit_files or not opts.lone or sim not in opts.engines:
             continue
         fit = lone_step_fit(lones[-1], *FIT_CHUNK_AND_LABEL[engine], batched.get(engine))
-        fit = log_fit(engine, fit, work_dir, info, tell)
+        fit = log_fit(engine, fit, collect_step_logs(work_dir), info, tell)
         if (log := _lone_log(work_dir, engine)).is_file():  # SGLang's request path
             fit["request_latency_ms"] = request_path_ms(lones[-1], pd.read_parquet(log)) or 0.0
         fit_files[sim] = work_dir / f"{engine}_step_time.json"
@@ -501,32 +499,6 @@ def run_engines(
     lone = pd.concat(probes, ignore_index=True) if probes else pd.DataFrame()
     requests = pd.concat(req_frames, ignore_index=True) if req_frames else pd.DataFrame()
     return EnginesResult(summary, lone, info, requests)
-
-
-def log_fit(
-    engine: str,
-    lone: dict[str, Any],
-    work_dir: Path,
-    info: dict[str, Any],
-    tell: Callable[[str], None],
-) -> dict[str, Any]:
-    """The step time of ``engine``'s simulation: fitted on its runs' step logs in ``work_dir``
-    (``suites_engines_knee.step_log_fit``), else the ``lone`` fit (too few steps, or a fit that
-    fails: said in ``info["step_log_fit_failed"]``). With a log fit, each run's host speed against
-    it goes to ``info["host_speeds"][engine]`` (``offline.calibrate_hf.run_speeds``)."""
-    try:
-        logs = collect_step_logs(work_dir)
-        fit = step_log_fit(logs, engine, lone, iterations=engine == SGLANG)
-        if fit is None:
-            return lone
-        own = logs[logs["run"].str.startswith(f"{engine}_")]
-        speeds = run_speeds(own, HFCPUStepTime.from_calibration(fit))
-        info.setdefault("host_speeds", {})[engine] = speeds
-        return fit
-    except UserError as exc:  # the real runs are kept; the simulation takes the lone fit
-        info.setdefault("step_log_fit_failed", {})[engine] = str(exc)
-        tell(f"{engine}: no fit on its step logs ({exc}); {SIM_FOR[engine]} takes the lone fit")
-        return lone
 
 
 def _lone_log(work_dir: Path, engine: str) -> Path:
@@ -563,7 +535,7 @@ def run_engines_suite(
     """
     import tempfile
 
-    from superinfer.harness.suites_engines_checks import host_speed_frame
+    from superinfer.harness.suites_engines_checks import host_speed_table
     from superinfer.harness.suites_engines_report import aggregate, policy_checks, write_engines
 
     opts = suite_options(config.engine_options)
@@ -587,5 +559,5 @@ def run_engines_suite(
         out_dir, result.summary, result.lone, result.info, NATIVE, command or [],
         steps=collect_step_logs(work), requests=result.requests,
     )  # fmt: skip
-    speeds = host_speed_frame(result.info.get("host_speeds", {}))
+    speeds = host_speed_table(result.info)
     return policy_checks(aggregate(result.summary), NATIVE, speeds), files

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 
@@ -21,6 +22,7 @@ __all__ = [
     "KNEE_BAND",
     "WIN_POINTS",
     "host_speed_frame",
+    "host_speed_table",
     "policy_checks",
 ]
 
@@ -50,18 +52,35 @@ def host_speed_frame(speeds: Mapping[str, Mapping[str, float]]) -> pd.DataFrame:
     rows = []
     for engine, runs in speeds.items():
         for run, factor in runs.items():
-            parts = run.split("_")
-            if len(parts) != 4 or parts[0] != engine:
-                raise ValueError(f"run {run!r} is not <{engine}>_<policy>_<load>_<repeat>")
-            rows.append((engine, parts[1], float(parts[2]), int(parts[3]), run, float(factor)))
+            parts = run.removeprefix(f"{engine}_").rsplit("_", 2)
+            try:
+                if not run.startswith(f"{engine}_") or len(parts) != 3 or not parts[0]:
+                    raise ValueError
+                policy, load, repeat = parts[0], float(parts[1]), int(parts[2])
+            except ValueError:
+                raise ValueError(
+                    f"run {run!r} is not <{engine}>_<policy>_<load>_<repeat>"
+                ) from None
+            rows.append((engine, policy, load, repeat, run, float(factor)))
     return pd.DataFrame(rows, columns=HOST_SPEED_COLUMNS)
+
+
+def host_speed_table(info: dict[str, Any]) -> pd.DataFrame:
+    """:func:`host_speed_frame` of a suite's ``info["host_speeds"]`` (empty without them); a run
+    name it cannot read leaves the table empty and says why in ``info["host_speed_failed"]``, so
+    the suite's other files are still written."""
+    try:
+        return host_speed_frame(info.get("host_speeds", {}))
+    except ValueError as exc:
+        info.setdefault("host_speed_failed", {})["names"] = str(exc)
+        return pd.DataFrame(columns=HOST_SPEED_COLUMNS)
 
 
 def _mean_speed(speeds: pd.DataFrame | None, engine: str, policy: str, load: float) -> float:
     if speeds is None or speeds.empty:
         return math.nan
     m = (speeds["engine"] == engine) & (speeds["policy"] == policy)
-    m &= (speeds["load"] - load).abs() < 1e-9
+    m &= speeds["load"].map(lambda x: f"{x:g}") == f"{load:g}"  # as the run's name has it
     return float(speeds.loc[m, "host_speed"].mean()) if m.any() else math.nan
 
 

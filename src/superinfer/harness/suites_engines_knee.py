@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from superinfer.harness.errors import UserError
-from superinfer.harness.suites_engines_options import SIM_SGLANG_LIMITS
+from superinfer.harness.suites_engines_options import SIM_OF, SIM_SGLANG_LIMITS
 from superinfer.sim.hf_cpu import FEATURES
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "MIN_LOG_STEPS",
     "find_knee",
     "knee_loads",
+    "log_fit",
     "lone_step_fit",
     "request_path_ms",
     "pilot_knee",
@@ -247,7 +248,9 @@ def step_log_fit(
     ``calibrate --steps``'s (``offline.calibrate_hf.fit_steps``): coefficients, the spill term
     where the steps show one (``kv_spill``) and the steps' spread (``spread``, used only with
     ``step_spread=calibrated``). On the hf knee runs a fit on the runs' own steps put 255 of 288
-    replayed rows within issue 19's bounds; the lone fit's rows, 14 of 108 (``results/fidelity``).
+    replayed rows within issue 19's bounds (254 with the fit that keeps the steps' total time,
+    ``fit_steps``; ``results/fidelity/host_speed_summary.csv``); the lone fit's rows, 14 of 108
+    (``results/fidelity``).
     """
     from superinfer.harness.offline.calibrate_hf import fit_steps, sglang_iteration_steps
 
@@ -328,3 +331,46 @@ def request_path_ms(lone: pd.DataFrame, steps: pd.DataFrame) -> float | None:
         if status == "finished" and math.isfinite(float(ttft) - ms)
     ]
     return round(max(0.0, float(np.median(gaps))), 1) if gaps else None
+
+
+def log_fit(
+    engine: str,
+    lone: dict[str, Any],
+    logs: pd.DataFrame,
+    info: dict[str, Any],
+    tell: Callable[[str], None],
+) -> dict[str, Any]:
+    """The step time of ``engine``'s simulation: fitted on its runs' step logs ``logs``
+    (:func:`step_log_fit`), else the ``lone`` fit (too few steps, or a fit that
+    fails: said in ``info["step_log_fit_failed"]`` and through ``tell``). With a log fit, each
+    run's host speed against it goes to ``info["host_speeds"][engine]``
+    (``offline.calibrate_hf.run_speeds``); if that fails, the fit stays and the reason goes to
+    ``info["host_speed_failed"][engine]``.
+
+    Args:
+        engine: the real engine (``hf`` or ``sglang``).
+        lone: its fit on the lone requests (:func:`lone_step_fit`).
+        logs: the runs' step logs (``suites_engines.collect_step_logs``).
+        info: the suite's info dict, added to.
+        tell: progress messages.
+    """
+    from superinfer.harness.offline.calibrate_hf import run_speeds
+    from superinfer.sim.hf_cpu import HFCPUStepTime
+
+    sim = {real: sim for sim, real in SIM_OF.items()}[engine]
+    try:
+        fit = step_log_fit(logs, engine, lone, iterations=engine == "sglang")
+    except UserError as exc:  # the real runs are kept; the simulation takes the lone fit
+        info.setdefault("step_log_fit_failed", {})[engine] = str(exc)
+        tell(f"{engine}: no fit on its step logs ({exc}); {sim} takes the lone fit")
+        return lone
+    if fit is None:
+        return lone
+    try:
+        own = logs[logs["run"].str.startswith(f"{engine}_")]
+        speeds = run_speeds(own, HFCPUStepTime.from_calibration(fit))
+        info.setdefault("host_speeds", {})[engine] = speeds
+    except (UserError, ValueError) as exc:
+        info.setdefault("host_speed_failed", {})[engine] = str(exc)
+        tell(f"{engine}: no host speeds ({exc})")
+    return fit

@@ -34,22 +34,33 @@ from superinfer.sim.hf_cpu import HFCPUStepTime
 __all__ = ["host_speeds", "resimulate"]
 
 
-def host_speeds(src: Path, fit: Path) -> dict[str, float]:
-    """Each real run's host speed in the suite run folder ``src`` against the step-time file
-    ``fit``: ``offline.calibrate_hf.run_speeds`` of ``src/steps.parquet``.
+def host_speeds(src: Path, fit: Path, engine: str) -> dict[str, float]:
+    """Each run of the real ``engine`` in the suite run folder ``src`` and its host speed against
+    the step-time file ``fit``: ``offline.calibrate_hf.run_speeds`` of that engine's runs in
+    ``src/steps.parquet`` (a suite that ran hf and SGLang keeps both in one log).
 
     Raises:
-        UserError: no step log in ``src`` (runs made before the suite kept one), or a bad file.
+        UserError: no step log in ``src`` (runs made before the suite kept one) or no run of
+            ``engine`` in it, an unreadable log or fit (naming the file), or a bad step.
     """
     log = src / "steps.parquet"
     if not log.is_file():
         raise UserError(f"{log}: no such file (host speeds need the real runs' step logs)")
     try:
         steps = pd.read_parquet(log)
+        mine = steps[steps["run"].astype(str).str.startswith(f"{engine}_")]
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"{log}: cannot read its runs ({exc})") from None
+    if mine.empty:
+        raise UserError(f"{log}: no run of {engine}")
+    try:
         model = HFCPUStepTime.from_file(fit)
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
+        raise UserError(str(exc)) from None  # names the file
+    try:
+        return run_speeds(mine, model)
+    except UserError as exc:
         raise UserError(f"{log}: {exc}") from None
-    return run_speeds(steps, model)
 
 
 def resimulate(
@@ -108,9 +119,11 @@ def resimulate(
         ran_with = {**HF_BEFORE_RECORD, **given}
     if engine == SIM_SGLANG:  # options a run from before them did not record, as it ran
         ran_with = {**SGLANG_BEFORE_RECORD, **(ran_with or {})}
+    if host_speed and "step_time_scale" in (extra or {}):
+        raise UserError("host_speed sets each cell's step_time_scale: do not give one too")
     frames = sim_cells(
         config, engine, opts, paths[2], lambda _m: None, found, extra,
         superinfer_options={**(ran_with or {}), **(superinfer_options or {})},
-        speeds=host_speeds(src, paths[2]) if host_speed else None,
+        speeds=host_speeds(src, paths[2], real) if host_speed else None,
     )  # fmt: skip
     return pd.concat([ran, *frames], ignore_index=True)

@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, staged_dir, write_atomic
-from superinfer.harness.suites_engines_checks import host_speed_frame, policy_checks
+from superinfer.harness.suites_engines_checks import host_speed_table, policy_checks
 from superinfer.harness.suites_engines_fidelity import (
     FIDELITY_BOUND,
     FIDELITY_BOUND_P99,
@@ -507,9 +507,9 @@ def write_engines(
     ``steps``: the real runs' step logs (``suites_engines.collect_step_logs``), written as
     ``steps.parquet`` when there are any; ``requests``: every run's requests
     (``EnginesResult.requests``), written as ``requests.parquet`` when there are any."""
+    speeds = host_speed_table(info)
     meta = manifest(info, command=command)
     agg = aggregate(summary)
-    speeds = host_speed_frame(info.get("host_speeds", {}))
     checks, fid = policy_checks(agg, natives, speeds), fidelity(agg)
     written = []
     with staged_dir(out_dir, owned=(*OWNED, "MANIFEST.md")) as stage:

@@ -54,7 +54,7 @@ class SimProfile:
     Attributes:
         step_time: the fitted model, its coefficients and spill cost times
             ``step_time_scale``.
-        spread: the measured measured/predicted ratios each step draws from
+        spread: the measured / predicted ratios each step draws from
             (``step_spread=calibrated``), else ``None``.
         spread_seed: the seed of those draws.
         request_latency_s: added to each request's first token and finish as the client sees

@@ -171,11 +171,12 @@ def fit_steps(steps: pd.DataFrame) -> tuple[HFCPUStepTime, dict[str, Any]]:
 
     The least squares on relative error (``HFCPUStepTime.fit``) lands below the mean of the
     right-skewed step times and sets slow outliers aside, so it predicts less total time than the
-    steps took (1.4-7.2 % on the 20 step logs of results/fidelity/host_speed_summary.csv); a
-    queue's waits follow the total, so the fitted model is then scaled (coefficients and spill
-    cost) to predict exactly the steps' total time (``total_scale``). Replaying the 15 SGLang and
-    5 hf suite folders there (results/fidelity/README.md, "Host speed"), this scaling put 29 more
-    of 1,152 judged rows within issue 19's bounds.
+    steps took (they took 1.4-7.2 % more on the 20 step logs of
+    results/fidelity/host_speed_summary.csv); a queue's waits follow the total, so the fitted
+    model is then scaled (coefficients and spill cost) to predict exactly the steps' total time
+    (``total_scale``). Replaying the 15 SGLang and 5 hf suite folders there
+    (results/fidelity/README.md, "Host speed"), this scaling put 29 more of 1,152 judged rows
+    within issue 19's bounds.
 
     Returns:
         The model and the JSON-able fit report: coefficients, the spill term (``kv_spill``, empty
@@ -252,9 +253,11 @@ def run_speeds(steps: pd.DataFrame, model: HFCPUStepTime) -> dict[str, float]:
 
     A queue's waits follow the total work, so a sum, not a median, is what a replay must match.
     An SGLang step log (``gap_ms`` present) is timed per scheduler iteration first
-    (:func:`sglang_iteration_steps`), as its fit was. Against today's fit of each suite's own
-    log, the 285 SGLang runs of results/engines-cpu span 0.86-1.59, runs of one suite minutes
-    apart included (results/fidelity/host_speed.csv; README.md there, "Host speed").
+    (:func:`sglang_iteration_steps`), as its fit was. Give it one engine's runs (an SGLang
+    log's median busy gap would otherwise be added to the other engine's steps). Against
+    today's fit of each suite's own log, the 285 SGLang runs of results/fidelity/host_speed.csv
+    span 0.86-1.59, runs of one suite minutes apart included (README.md there, "Host speed");
+    those of results/engines-cpu/sglang-host-speed-knee 0.65-1.59.
 
     Args:
         steps: a suite's ``steps.parquet`` (the columns :func:`fit_steps` reads, and ``run``:
@@ -265,7 +268,8 @@ def run_speeds(steps: pd.DataFrame, model: HFCPUStepTime) -> dict[str, float]:
         ``{run: factor}`` in ``run`` order; 1.1: that run's steps took 10 % longer than the fit.
 
     Raises:
-        UserError: a missing column, or a run whose steps the model predicts no time for.
+        UserError: a missing column, a step with a missing (NaN) shape or duration, or a run
+            whose steps the model predicts no time for.
     """
     if "gap_ms" in steps.columns:
         steps = sglang_iteration_steps(steps)
@@ -274,6 +278,10 @@ def run_speeds(steps: pd.DataFrame, model: HFCPUStepTime) -> dict[str, float]:
         runs = steps["run"].astype(str).to_numpy()
     except KeyError as exc:
         raise UserError(f"step log lacks column {exc}") from None
+    except ValueError as exc:  # int(NaN) in a step's shape
+        raise UserError(f"step log has a step without a shape ({exc})") from None
+    if steps["duration_ms"].isna().any():
+        raise UserError("step log has a step without a duration_ms")
     measured = pd.Series([s.duration_s for s in samples]).groupby(runs, sort=False).sum()
     predicted = pd.Series([model.step_time_s(s.shape) for s in samples])
     predicted = predicted.groupby(runs, sort=False).sum()
