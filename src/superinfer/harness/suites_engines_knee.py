@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from superinfer.harness.errors import UserError
-from superinfer.harness.suites_engines_options import SIM_OF, SIM_SGLANG_LIMITS
+from superinfer.harness.suites_engines_options import SGLANG, SIM_OF, SIM_SGLANG_LIMITS
 from superinfer.sim.hf_cpu import FEATURES
 
 __all__ = [
@@ -359,7 +359,7 @@ def log_fit(
 
     sim = {real: sim for sim, real in SIM_OF.items()}[engine]
     try:
-        fit = step_log_fit(logs, engine, lone, iterations=engine == "sglang")
+        fit = step_log_fit(logs, engine, lone, iterations=engine == SGLANG)
     except UserError as exc:  # the real runs are kept; the simulation takes the lone fit
         info.setdefault("step_log_fit_failed", {})[engine] = str(exc)
         tell(f"{engine}: no fit on its step logs ({exc}); {sim} takes the lone fit")
