@@ -7,9 +7,10 @@ queue looks like a mechanism the simulator lacks. This replays each ``--src`` fo
 rows three ways (``suites_engines_replay.resimulate``, deterministic):
 
 * ``as_run``: with the folder's own fit (or ``FIT``), as ``fidelity_cpu.py --resim`` does;
-* ``refit``: with today's fit of the folder's step log (``offline.calibrate_hf.fit_steps``,
-  which scales the least squares to the steps' total time), the folder's other keys
-  (``request_latency_ms``) kept;
+* ``refit``: with today's fit of the folder's step log, as the suite fits it
+  (``suites_engines_knee.step_log_fit``: ``offline.calibrate_hf.fit_steps``, which scales the
+  least squares to the steps' total time), the folder's other keys (``request_latency_ms``)
+  kept;
 * ``host_speed``: the refit, each cell at its real run's host speed (the run's measured step time
   over the refit's prediction, summed over its steps: ``offline.calibrate_hf.run_speeds``);
 
@@ -36,13 +37,14 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from superinfer.harness.errors import UserError
-from superinfer.harness.offline.calibrate_hf import fit_steps, sglang_iteration_steps
 from superinfer.harness.suites_engines_fidelity import fidelity, within_count
-from superinfer.harness.suites_engines_options import SIM_OF
+from superinfer.harness.suites_engines_knee import step_log_fit
+from superinfer.harness.suites_engines_options import SGLANG, SIM_OF
 from superinfer.harness.suites_engines_replay import host_speeds, resimulate
 from superinfer.harness.suites_engines_report import aggregate
 
@@ -77,9 +79,10 @@ def sim_engine_of(src: Path) -> str:
     raise UserError(f"{src / 'summary.csv'}: no rows of {', '.join(SIM_OF.values())}")
 
 
-def refit(src: Path, fit: Path | None, real: str, out: Path) -> Path:
-    """Today's fit of ``src/steps.parquet`` written to ``out``, over the keys of ``src``'s own fit
-    (or ``fit``).
+def refit(src: Path, fit: Path | None, real: str, out: Path) -> dict[str, Any]:
+    """Today's fit of ``real``'s runs in ``src/steps.parquet``, as the suite fits them
+    (``suites_engines_knee.step_log_fit``), over the keys of ``src``'s own fit (or ``fit``);
+    written to ``out`` and returned.
 
     Raises:
         UserError: no step log, an unreadable fit, or too few steps to fit.
@@ -90,14 +93,12 @@ def refit(src: Path, fit: Path | None, real: str, out: Path) -> Path:
         steps = pd.read_parquet(src / "steps.parquet")
     except (OSError, ValueError) as exc:
         raise UserError(str(exc)) from None
-    steps = steps[steps["run"].astype(str).str.startswith(f"{real}_")]  # this engine's runs
-    if "gap_ms" in steps.columns:
-        steps = sglang_iteration_steps(steps)
-    _, report = fit_steps(steps.copy())
-    keys = ("coefficients", "kv_spill", "spread", "fit", "total_scale", "scaled_fit")
-    doc.update({k: report[k] for k in keys})
+    got = step_log_fit(steps, real, {}, iterations=real == SGLANG)
+    if got is None:
+        raise UserError(f"{src / 'steps.parquet'}: too few steps of {real} to fit")
+    doc.update({k: v for k, v in got.items() if k != "lone"})
     out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    return out
+    return doc
 
 
 def replay_all(src: Path, fit: Path | None, work: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
@@ -109,22 +110,23 @@ def replay_all(src: Path, fit: Path | None, work: Path) -> tuple[pd.DataFrame, p
     """
     sim = sim_engine_of(src)
     real = SIM_OF[sim]
-    new = refit(src, fit, real, work / f"{src.name}_{real}_step_time.json")
+    new = work / f"{src.name}_{real}_step_time.json"
+    total_scale = refit(src, fit, real, new)["total_scale"]
+    speeds = host_speeds(src, new, real)
     frames = []
-    for replay, use, at_speed in (("as_run", fit, False), ("refit", new, False),
-                                  ("host_speed", new, True)):  # fmt: skip
-        summary = resimulate(src, sim, fit=use, host_speed=at_speed)
+    for replay, use, at in (("as_run", fit, None), ("refit", new, None),
+                            ("host_speed", new, speeds)):  # fmt: skip
+        summary = resimulate(src, sim, fit=use, speeds=at)
         rows = fidelity(aggregate(summary)).rename(columns={"sim": "simulated"})[COLUMNS]
         frames.append(rows.assign(src=src.name, replay=replay))
-    speeds = host_speeds(src, new, real)
     table = pd.DataFrame(
         {"src": src.name, "engine": real, "run": list(speeds), "host_speed": list(speeds.values())}
     )
     within = {f"within_{r}": within_count(f)[0] for r, f in zip(REPLAYS, frames, strict=True)}
     s = table["host_speed"]
     row = {"src": src.name, "sim_engine": sim, "judged": within_count(frames[0])[1], **within,
-           "total_scale": json.loads(new.read_text())["total_scale"], "speed_min": s.min(),
-           "speed_median": s.median(), "speed_max": s.max()}  # fmt: skip
+           "total_scale": total_scale, "speed_min": s.min(), "speed_median": s.median(),
+           "speed_max": s.max()}  # fmt: skip
     out = pd.concat(frames, ignore_index=True)
     return out[["src", "replay", *COLUMNS]], table, row
 

@@ -152,9 +152,10 @@ def test_a_replay_at_host_speed_runs_each_cell_at_its_runs_speed(
     with pytest.raises(UserError, match="no run of sglang"):
         host_speeds(src, src / "hf_step_time.json", "sglang")
     with pytest.raises(UserError, match="host_speed sets each cell's step_time_scale"):
-        resimulate(src, "sim:hf-cpu", {"step_time_scale": "2"}, host_speed=True)
+        resimulate(src, "sim:hf-cpu", {"step_time_scale": "2"}, speeds={})
     plain = resimulate(src, "sim:hf-cpu")
-    fast = resimulate(src, "sim:hf-cpu", host_speed=True)
+    fit = src / "hf_step_time.json"
+    fast = resimulate(src, "sim:hf-cpu", speeds=host_speeds(src, fit, "hf"))
     key = ["engine", "policy", "repeat", "load", "slo_class"]
     a = plain.set_index(key).sort_index()
     b = fast.set_index(key).sort_index()
@@ -170,7 +171,7 @@ def test_a_replay_at_host_speed_runs_each_cell_at_its_runs_speed(
     )
     try:
         with pytest.raises(UserError, match="no host speed for run hf_fcfs_0.2_1"):
-            resimulate(src, "sim:hf-cpu", host_speed=True)
+            resimulate(src, "sim:hf-cpu", speeds=host_speeds(src, fit, "hf"))
     finally:
         shutil.move(src / "steps.bak", src / "steps.parquet")
 

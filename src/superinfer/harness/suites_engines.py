@@ -59,6 +59,7 @@ from superinfer.harness.suites_engines_options import (
     SGLANG,
     SGLANG_ARGS,
     SGLANG_SUPERINFER_OPTS,
+    SIM_FOR,
     SIM_HF,
     SIM_OF,
     SIM_SGLANG,
@@ -93,8 +94,6 @@ __all__ = [
 
 # -- running ------------------------------------------------------------------------------------
 
-#: Real engine -> its simulated row.
-SIM_FOR = {real: sim for sim, real in SIM_OF.items()}
 #: Real engine -> (prefill tokens per pass, label) of its ``lone_step_fit``: SGLang's
 #: ``--chunked-prefill-size``, the hf engine's ``max_batch_tokens``.
 FIT_CHUNK_AND_LABEL = {SGLANG: (SGLANG_CHUNK_TOKENS, "SGLang"), HF: (SIM_HF_CPU.token_budget, "hf")}

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from superinfer.harness.errors import UserError
-from superinfer.harness.suites_engines_options import SGLANG, SIM_OF, SIM_SGLANG_LIMITS
+from superinfer.harness.suites_engines_options import SGLANG, SIM_FOR, SIM_SGLANG_LIMITS
 from superinfer.sim.hf_cpu import FEATURES
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "MIN_LOG_STEPS",
     "find_knee",
     "knee_loads",
+    "engine_runs",
     "log_fit",
     "lone_step_fit",
     "request_path_ms",
@@ -234,6 +235,13 @@ def with_seq_cost(
 MIN_LOG_STEPS = 200
 
 
+def engine_runs(steps: pd.DataFrame, engine: str) -> pd.DataFrame:
+    """The rows of ``engine``'s runs in a suite's step log (its ``run`` column,
+    ``<engine>_<policy>_<load>_<repeat>``: ``suites_engines.collect_step_logs``); a suite that
+    ran hf and SGLang keeps both in one log."""
+    return steps[steps["run"].astype(str).str.startswith(f"{engine}_")]
+
+
 def step_log_fit(
     steps: pd.DataFrame, engine: str, lone: Mapping[str, Any], *, iterations: bool
 ) -> dict[str, Any] | None:
@@ -256,7 +264,7 @@ def step_log_fit(
 
     if steps.empty:
         return None
-    steps = steps[steps["run"].str.startswith(f"{engine}_")]
+    steps = engine_runs(steps, engine)
     if len(steps) < MIN_LOG_STEPS:
         return None
     _, report = fit_steps(sglang_iteration_steps(steps) if iterations else steps.copy())
@@ -357,18 +365,16 @@ def log_fit(
     from superinfer.harness.offline.calibrate_hf import run_speeds
     from superinfer.sim.hf_cpu import HFCPUStepTime
 
-    sim = {real: sim for sim, real in SIM_OF.items()}[engine]
     try:
         fit = step_log_fit(logs, engine, lone, iterations=engine == SGLANG)
     except UserError as exc:  # the real runs are kept; the simulation takes the lone fit
         info.setdefault("step_log_fit_failed", {})[engine] = str(exc)
-        tell(f"{engine}: no fit on its step logs ({exc}); {sim} takes the lone fit")
+        tell(f"{engine}: no fit on its step logs ({exc}); {SIM_FOR[engine]} takes the lone fit")
         return lone
     if fit is None:
         return lone
     try:
-        own = logs[logs["run"].str.startswith(f"{engine}_")]
-        speeds = run_speeds(own, HFCPUStepTime.from_calibration(fit))
+        speeds = run_speeds(engine_runs(logs, engine), HFCPUStepTime.from_calibration(fit))
         info.setdefault("host_speeds", {})[engine] = speeds
     except (UserError, ValueError) as exc:
         info.setdefault("host_speed_failed", {})[engine] = str(exc)

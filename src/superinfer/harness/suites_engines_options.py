@@ -17,6 +17,7 @@ __all__ = [
     "ENGINE_POLICIES",
     "NATIVE",
     "REAL_ENGINES",
+    "SIM_FOR",
     "SIM_OF",
     "SuiteOptions",
     "engine_loads",
@@ -40,6 +41,8 @@ ENGINE_POLICIES: Mapping[str, tuple[str, ...]] = {
 NATIVE = {engine: policies[0] for engine, policies in ENGINE_POLICIES.items()}
 #: Simulated engine -> the real engine whose loads it replays and whose rows it models.
 SIM_OF = {"sim:hf-cpu": "hf", "sim:sglang-cpu": "sglang"}
+#: Real engine -> its simulated row.
+SIM_FOR = {real: sim for sim, real in SIM_OF.items()}
 #: Total offered load (chat + batch req/s) per real engine: around each one's knee, from short
 #: pilots of its native policy (results/engines-cpu/report.md says which).
 DEFAULT_LOADS: Mapping[str, tuple[float, ...]] = {

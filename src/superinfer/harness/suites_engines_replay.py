@@ -2,8 +2,8 @@
 
 :func:`resimulate` runs ``sim:hf-cpu`` or ``sim:sglang-cpu`` again against the real rows of a
 ``superinfer bench --suite engines`` run folder, so that a change to the simulator is scored on
-real runs already made (``benchmarks/fidelity_cpu.py --resim``); with ``host_speed`` each cell
-runs at the speed its real run's host had (:func:`offline.calibrate_hf.run_speeds`), which
+real runs already made (``benchmarks/fidelity_cpu.py --resim``); with the runs' speeds
+(:func:`host_speeds`) each cell runs at the speed its real run's host had, which
 separates what the simulator's mechanics miss from what the host's drift between runs moved.
 """
 
@@ -21,6 +21,7 @@ from superinfer.harness.bench import BenchConfig
 from superinfer.harness.errors import UserError
 from superinfer.harness.offline.calibrate_hf import run_speeds
 from superinfer.harness.suites_engines import sim_cells
+from superinfer.harness.suites_engines_knee import engine_runs
 from superinfer.harness.suites_engines_options import (
     HF_BEFORE_RECORD,
     SGLANG_BEFORE_RECORD,
@@ -47,8 +48,7 @@ def host_speeds(src: Path, fit: Path, engine: str) -> dict[str, float]:
     if not log.is_file():
         raise UserError(f"{log}: no such file (host speeds need the real runs' step logs)")
     try:
-        steps = pd.read_parquet(log)
-        mine = steps[steps["run"].astype(str).str.startswith(f"{engine}_")]
+        mine = engine_runs(pd.read_parquet(log), engine)
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"{log}: cannot read its runs ({exc})") from None
     if mine.empty:
@@ -69,7 +69,7 @@ def resimulate(
     extra: Mapping[str, str] | None = None,
     fit: Path | None = None,
     superinfer_options: Mapping[str, str] | None = None,
-    host_speed: bool = False,
+    speeds: Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
     """Replay the simulated rows of ``engine`` (``sim:hf-cpu`` or ``sim:sglang-cpu``) against
     the real rows of a finished suite run in ``src`` (its ``summary.csv``, ``manifest.json`` and
@@ -80,16 +80,17 @@ def resimulate(
     what ``superinfer`` ran with on the real engine (the manifest's ``superinfer_options``; an hf
     run made before it was recorded: the options its config carried, over
     :data:`HF_BEFORE_RECORD`; runs between 9816ae6 and 7fd49b0 ran 0.9 unrecorded, so replay
-    them with ``superinfer_options={"tpot_plan_share": "0.9"}``). ``host_speed``: each
-    policy's cell runs at its real run's host speed (:func:`host_speeds`, ``step_time_scale``).
+    them with ``superinfer_options={"tpot_plan_share": "0.9"}``). ``speeds``: each policy's
+    cell runs at its real run's host speed (``{run: factor}``, :func:`host_speeds` against the
+    same fit; ``step_time_scale``).
 
     Returns:
         ``src``'s summary rows of the real engine followed by the new simulated rows (the
         columns of ``summary.csv``), for ``suites_engines_fidelity.fidelity``.
 
     Raises:
-        UserError: ``src`` lacks a file (the step log, with ``host_speed``), or ``engine`` is
-            not a simulated CPU engine.
+        UserError: ``src`` lacks a file, ``engine`` is not a simulated CPU engine, ``speeds``
+            lacks a run or comes with a ``step_time_scale`` in ``extra``.
     """
     if engine not in SIM_OF:
         raise UserError(f"{engine}: not a simulated CPU engine ({', '.join(SIM_OF)})")
@@ -119,11 +120,11 @@ def resimulate(
         ran_with = {**HF_BEFORE_RECORD, **given}
     if engine == SIM_SGLANG:  # options a run from before them did not record, as it ran
         ran_with = {**SGLANG_BEFORE_RECORD, **(ran_with or {})}
-    if host_speed and "step_time_scale" in (extra or {}):
+    if speeds is not None and "step_time_scale" in (extra or {}):
         raise UserError("host_speed sets each cell's step_time_scale: do not give one too")
     frames = sim_cells(
         config, engine, opts, paths[2], lambda _m: None, found, extra,
         superinfer_options={**(ran_with or {}), **(superinfer_options or {})},
-        speeds=host_speeds(src, paths[2], real) if host_speed else None,
+        speeds=speeds,
     )  # fmt: skip
     return pd.concat([ran, *frames], ignore_index=True)

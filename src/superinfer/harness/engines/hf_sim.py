@@ -92,7 +92,7 @@ def _step_time(data: dict[str, Any], path: Path | None, scale: float) -> HFCPUSt
             model = HFCPUStepTime.from_calibration(data)
         except ValueError as exc:
             raise UserError(f"{path}: not a step-time calibration ({exc})") from None
-    return model if scale == 1.0 else model.scaled(scale)
+    return model.scaled(scale)  # 1.0: the same coefficients, exactly
 
 
 def _spread(data: dict[str, Any], path: Path | None, wanted: bool) -> StepSpread | None:
