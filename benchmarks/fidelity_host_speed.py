@@ -10,7 +10,9 @@ rows three ways (``suites_engines_replay.resimulate``, deterministic):
 * ``refit``: with today's fit of the folder's step log, as the suite fits it
   (``suites_engines_knee.step_log_fit``: ``offline.calibrate_hf.fit_steps``, which scales the
   least squares to the steps' total time), the folder's other keys (``request_latency_ms``)
-  kept;
+  kept; a fit without a request path gets the one the suite measures today
+  (``suites_engines_knee.request_path_ms``) where the folder kept the lone pass's step log
+  (``lone_steps.parquet``; ``sglang-view-knee``'s fit was made before the suite measured it);
 * ``host_speed``: the refit, each cell at its real run's host speed (the run's measured step time
   over the refit's prediction, summed over its steps: ``offline.calibrate_hf.run_speeds``);
 
@@ -20,7 +22,8 @@ and writes into ``--out``:
 * ``host_speed_fidelity.csv``: ``src, replay`` and the columns of ``fidelity_cpu.py``'s files,
   every row of the three replays;
 * ``host_speed_summary.csv``: :data:`SUMMARY` (rows within issue 19's bounds of those judged,
-  per replay; the refit's ``total_scale``; the runs' host speeds).
+  per replay; the refit's ``total_scale``; the runs' host speeds; the refit's
+  ``request_latency_ms``).
 
 A host-speed replay is not a prediction (its factor is read off the run it replays); it tells
 the rows the mechanics miss from the rows a slower or faster host moved.
@@ -43,7 +46,7 @@ import pandas as pd
 
 from superinfer.harness.errors import UserError
 from superinfer.harness.suites_engines_fidelity import fidelity, within_count
-from superinfer.harness.suites_engines_knee import step_log_fit
+from superinfer.harness.suites_engines_knee import request_path_ms, step_log_fit
 from superinfer.harness.suites_engines_options import SGLANG, SIM_OF
 from superinfer.harness.suites_engines_replay import host_speeds, resimulate
 from superinfer.harness.suites_engines_report import aggregate
@@ -52,7 +55,8 @@ from superinfer.harness.suites_engines_report import aggregate
 COLUMNS = ["engine", "policy", "load", "slo_class", "metric", "real", "simulated", "abs_err",
            "rel_err", "bound", "within"]  # fmt: skip
 SUMMARY = ["src", "sim_engine", "judged", "within_as_run", "within_refit", "within_host_speed",
-           "total_scale", "speed_min", "speed_median", "speed_max"]  # fmt: skip
+           "total_scale", "speed_min", "speed_median", "speed_max",
+           "request_latency_ms"]  # fmt: skip
 #: The replays, in order.
 REPLAYS = ("as_run", "refit", "host_speed")
 
@@ -97,8 +101,32 @@ def refit(src: Path, fit: Path | None, real: str, out: Path) -> dict[str, Any]:
     if got is None:
         raise UserError(f"{src / 'steps.parquet'}: too few steps of {real} to fit")
     doc.update({k: v for k, v in got.items() if k != "lone"})
+    if "request_latency_ms" not in doc and (ms := lone_request_path(src, real)) is not None:
+        doc["request_latency_ms"] = ms
     out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return doc
+
+
+def lone_request_path(src: Path, real: str) -> float | None:
+    """The request path of ``real``'s server, ms, measured as the suite measures it today
+    (``suites_engines_knee.request_path_ms``) on ``src``'s lone requests (``lone.csv``, those
+    sent one at a time: ``concurrency`` 1) and the lone pass's step log (``lone_steps.parquet``);
+    ``None`` when the folder kept no such log or the pairing is not safe.
+
+    Raises:
+        UserError: an unreadable ``lone.csv`` or step log.
+    """
+    log = src / "lone_steps.parquet"
+    if not log.is_file():
+        return None
+    try:
+        lone = pd.read_csv(src / "lone.csv")
+        steps = pd.read_parquet(log)
+    except (OSError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    if "concurrency" in lone.columns:
+        lone = lone[lone["concurrency"] == 1]
+    return request_path_ms(lone[lone["engine"] == real], steps)
 
 
 def replay_all(src: Path, fit: Path | None, work: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
@@ -111,7 +139,7 @@ def replay_all(src: Path, fit: Path | None, work: Path) -> tuple[pd.DataFrame, p
     sim = sim_engine_of(src)
     real = SIM_OF[sim]
     new = work / f"{src.name}_{real}_step_time.json"
-    total_scale = refit(src, fit, real, new)["total_scale"]
+    doc = refit(src, fit, real, new)
     speeds = host_speeds(src, new, real)
     frames = []
     for replay, use, at in (("as_run", fit, None), ("refit", new, None),
@@ -125,8 +153,8 @@ def replay_all(src: Path, fit: Path | None, work: Path) -> tuple[pd.DataFrame, p
     within = {f"within_{r}": within_count(f)[0] for r, f in zip(REPLAYS, frames, strict=True)}
     s = table["host_speed"]
     row = {"src": src.name, "sim_engine": sim, "judged": within_count(frames[0])[1], **within,
-           "total_scale": total_scale, "speed_min": s.min(), "speed_median": s.median(),
-           "speed_max": s.max()}  # fmt: skip
+           "total_scale": doc["total_scale"], "speed_min": s.min(), "speed_median": s.median(),
+           "speed_max": s.max(), "request_latency_ms": doc.get("request_latency_ms")}  # fmt: skip
     out = pd.concat(frames, ignore_index=True)
     return out[["src", "replay", *COLUMNS]], table, row
 

@@ -357,3 +357,40 @@ def test_host_speed_names_policies_with_underscores_and_loads_as_the_runs_print_
                                           "slo_attainment"])  # fmt: skip
     checks = policy_checks(aggregate(summary), {"hf": "fcfs"}, speeds)
     assert checks[["native_host_speed", "superinfer_host_speed"]].iloc[0].tolist() == [1.2, 0.9]
+
+
+def test_the_refit_measures_the_request_path_on_the_lone_log_the_folder_kept(
+    tmp_path: Path,
+) -> None:
+    mod = runpy.run_path(str(ROOT / "benchmarks" / "fidelity_host_speed.py"), run_name="t")
+    lone_request_path = mod["lone_request_path"]
+    # two lone requests sent one at a time and a batched probe of two (concurrency 2), whose
+    # prefills the lone pass's log does not pair with: it must be left out, or no pairing
+    pd.DataFrame(
+        {
+            "engine": ["sglang"] * 4,
+            "concurrency": [1, 1, 2, 2],
+            "arrival_s": [1.0, 6.0, 11.0, 11.0],
+            "prompt_tokens": [160, 900, 64, 64],
+            "status": ["finished"] * 4,
+            "ttft_ms": [95.0, 410.0, 120.0, 125.0],
+        }
+    ).to_csv(tmp_path / "lone.csv", index=False)
+    assert lone_request_path(tmp_path, "sglang") is None  # no lone log kept: nothing measured
+    steps = pd.DataFrame(
+        {
+            "kind": ["prefill", "decode", "prefill", "prefill", "decode"],
+            "num_prefill_tokens": [160, 0, 512, 388, 0],
+            "prefix_tokens": [0, 0, 0, 512, 0],
+            "duration_ms": [80.0, 40.0, 200.0, 190.0, 45.0],
+            "gap_ms": [900.0, 1.0, 500.0, 2.0, 1.0],
+        }
+    )
+    steps.to_parquet(tmp_path / "lone_steps.parquet")
+    # 95 - 80 = 15 and 410 - (200 + 2 + 190) = 18: their median
+    assert lone_request_path(tmp_path, "sglang") == 16.5
+    assert lone_request_path(tmp_path, "hf") is None  # another engine's lone requests: none
+    (tmp_path / "lone.csv").write_text("engine,concurrency\n\x00", encoding="utf-8")
+    (tmp_path / "lone_steps.parquet").write_text("not parquet", encoding="utf-8")
+    with pytest.raises(UserError):
+        lone_request_path(tmp_path, "sglang")
