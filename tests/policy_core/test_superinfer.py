@@ -19,6 +19,7 @@ from superinfer.policy_core.types import (
     RequestView,
     ScheduleDecision,
     StepState,
+    StepStats,
 )
 from superinfer.policy_core.validation import check_decision
 from tests.factories import BATCH, CHAT, make_state, make_view
@@ -857,3 +858,73 @@ class TestExtremeSLOs:
         assert [(r.status, r.generated_tokens) for r in result.requests] == [
             (RequestStatus.FINISHED, 20 + i) for i in range(12)
         ]
+
+
+class TestYieldDecodes:
+    """A chat prompt that a step's decodes would push into one more budget-bound step gets
+    their tokens instead, from the decodes that can wait a step (``yield_decodes``)."""
+
+    def _decide(
+        self, prompt: int, decodes: list[RequestView], arrival_s: float = 9.6, **options: object
+    ) -> tuple[ScheduleDecision, int]:
+        p = policy(**{"yield_decodes": True, **options})
+        long = make_view("long", prompt=prompt, arrival_s=arrival_s)
+        for d in decodes:
+            arrive(p, make_view(d.request_id, prompt=d.prompt_tokens, slo=d.slo))
+        arrive(p, long)
+        state = make_state(running=decodes, waiting=[long], free_blocks=1000, total_blocks=1000)
+        return decide(p, state), p.stats()["decodes_yielded"]
+
+    @staticmethod
+    def _decodes(*chat_generated: int, batch: int = 1) -> list[RequestView]:
+        """``batch`` batch decodes, then a chat decode per ``chat_generated`` (first token at
+        9.95 s: banked allowance ``0.1 * generated - 0.05`` s at 10.0 s)."""
+        out = [decoding(f"bat{i}", 32, 5, slo=BATCH) for i in range(batch)]
+        return out + [decoding(f"chat{g}", 32, g) for g in chat_generated]
+
+    def test_the_batch_decodes_go_first_then_the_chat_with_the_most_allowance(self) -> None:
+        # 2,048 - 3 decodes = 2,045 tokens now; 4,092 - 2,045 = 2,047 left: two more steps of
+        # 2,045 with the decodes, one of 2,048 without. k = 2,047 - 2,045 = 2 tokens now
+        # (then 2,045 left: one step with every decode). The batch decode and the chat that
+        # banked 4.95 s (50 tokens) wait; the one with 2.95 s (30 tokens) runs
+        d, yielded = self._decide(4092, self._decodes(30, 50))
+        assert dict(d.num_tokens) == {"long": 2047, "chat30": 1} and yielded == 2
+        plain, none = self._decide(4092, self._decodes(30, 50), yield_decodes=False)
+        assert dict(plain.num_tokens) == {"bat0": 1, "chat30": 1, "chat50": 1, "long": 2045}
+        assert none == 0
+
+    def test_nothing_moves_when_no_step_is_saved(self) -> None:
+        # 4,090 - 2,045 = 2,045 left: one more step with the decodes anyway
+        d, yielded = self._decide(4090, self._decodes(30, 50))
+        assert d.num_tokens["long"] == 2045 and yielded == 0
+
+    def test_a_chat_decode_without_allowance_for_two_steps_does_not_wait(self) -> None:
+        # k = 2,048 - 2,045 = 3 tokens; a step of 2,048 tokens is predicted at
+        # A + B * 2,048 = 0.2248 s, so a decode must have banked 0.4496 s: 3 tokens (0.25 s)
+        # have not, and the batch decode and the 50-token chat are 2 of the 3 needed
+        d, yielded = self._decide(4093, self._decodes(3, 50))
+        assert d.num_tokens["long"] == 2045 and yielded == 0
+
+    def test_nothing_moves_for_a_first_token_late_even_so(self) -> None:
+        # due 10.2 s; the step ends at 10.0 + A + B * 2,048 = 10.2248 s before the rest
+        d, yielded = self._decide(
+            4092, self._decodes(30, 50), arrival_s=9.2, best_effort_demotion=False
+        )
+        assert d.num_tokens["long"] == 2045 and yielded == 0
+
+
+def test_the_boost_credit_counts_on_the_long_run_mean_step() -> None:
+    def stats(duration_s: float, steps: int = 1) -> StepStats:
+        return StepStats(10.0, 0, duration_s, steps, 0, 1, 1, 0, 0, 100)
+
+    slow = policy(credit_step_memory=4)
+    for d in (0.2, 0.1, 0.3):  # a repeated decision counts its mean step: 0.3 / 3 = 0.1
+        slow.on_step_finished(stats(d, steps=3 if d == 0.3 else 1))
+    # 0.2, then 0.2 + (0.1 - 0.2) / 4 = 0.175, then 0.175 + (0.1 - 0.175) / 4 = 0.15625
+    assert slow._credit_step_s == pytest.approx(0.15625, abs=1e-15)
+    assert slow._step_ewma_s == pytest.approx(0.95 * (0.95 * 0.2 + 0.05 * 0.1) + 0.05 * 0.1)
+    plain = policy()  # 0: no mean of its own, the boost reads the step-time average
+    plain.on_step_finished(stats(0.2))
+    assert plain._credit_step_s == 0.0 and plain._step_ewma_s == 0.2
+    with pytest.raises(ValueError, match="credit_step_memory must be >= 0, got -1"):
+        policy(credit_step_memory=-1)

@@ -124,6 +124,8 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "ttft_seat_reserve",
         "serial_whole_prefills",
         "ttft_reserve_idle_s",
+        "credit_step_memory",
+        "yield_decodes",
     ]
     assert list(policy_options(SuperInferPolicy)) == expected
     assert list(policy_options(OraclePolicy)) == [*expected, "output_tokens"]

@@ -239,7 +239,7 @@ class _StepBudget(_Running):
         if chunk <= allow:
             return allow
         credit = _INF
-        typical = self._typical_step_s()
+        typical = self._credit_step_s or self._typical_step_s()
         for e in decodes:
             v = e.view
             tpot = e.tpot_s

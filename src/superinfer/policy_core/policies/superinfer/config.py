@@ -237,6 +237,17 @@ class SuperInferConfig(BasePolicy):
         "only while a TTFT-class request arrived within this many seconds; after that a request "
         "without a TTFT target is admitted as before any chat (inf: for good)",
     )
+    credit_step_memory: int = _opt(
+        0,
+        "steps over which the TTFT boost averages the step time it expects a decode's future "
+        "tokens to take (an exponential mean of weight 1/N per step); 0: the policy's step-time "
+        "average of about 20 steps, as before",
+    )
+    yield_decodes: bool = _opt(
+        False,
+        "leave decodes that can wait a step out of a budget-bound step so that a TTFT-class "
+        "prefill that would otherwise miss its first-token deadline ends a step sooner",
+    )
     name: str = "superinfer"
 
     def __post_init__(self) -> None:
@@ -251,6 +262,7 @@ class SuperInferConfig(BasePolicy):
         self._replicas: dict[int, _Replica] = {}
         self._seq = 0
         self._step_ewma_s = 0.0
+        self._credit_step_s = 0.0  # credit_step_memory's mean step time, s (0: none yet)
         self._counters = {
             "saw_cpu_tier": 0,
             "swap_out_bytes": 0,
@@ -262,6 +274,7 @@ class SuperInferConfig(BasePolicy):
             "aged": 0,
             "rejected": 0,
             "first_token_trims": 0,
+            "decodes_yielded": 0,
             "hopeless_kept": 0,
             "fcfs_aged": 0,
         }
@@ -324,6 +337,8 @@ class SuperInferConfig(BasePolicy):
         ):
             if not 0.0 < getattr(self, key) <= 1.0:
                 raise ValueError(f"{n}: {key} must be in (0, 1], got {getattr(self, key)}")
+        if self.credit_step_memory < 0:
+            raise ValueError(f"{n}: credit_step_memory must be >= 0, got {self.credit_step_memory}")
         if not 0.0 <= self.credit_quantile <= 1.0:
             raise ValueError(f"{n}: credit_quantile must be in [0, 1], got {self.credit_quantile}")
         for key in ("rotation_watermark", "kv_watermark"):

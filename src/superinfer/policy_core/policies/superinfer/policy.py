@@ -71,6 +71,10 @@ class SuperInferPolicy(_Rotation):
             per_step = stats.duration_s / stats.num_steps
             ewma = self._step_ewma_s
             self._step_ewma_s = per_step if ewma == 0.0 else 0.95 * ewma + 0.05 * per_step
+            if self.credit_step_memory:  # the long-run mean the TTFT boost's credit counts on
+                w = 1.0 / self.credit_step_memory
+                mean = self._credit_step_s
+                self._credit_step_s = per_step if mean == 0.0 else mean + w * (per_step - mean)
 
     # -- the decision ---------------------------------------------------------------------------
 
@@ -118,8 +122,7 @@ class SuperInferPolicy(_Rotation):
         rep.prefill_chunk_tokens = float(prefill_allow)
         rep.num_decodes = len(decodes)
         self._allocate_prefill(rep, step, lanes, min(prefill_allow, step.budget), cpu)
-        if self.first_token_guard:
-            self._guard_first_tokens(rep, step, decodes)
+        self._protect_first_tokens(rep, step, decodes)
         if cpu and self.rotation:
             self._rotate_proactively(rep, step)
         self._shed(rep, step)
