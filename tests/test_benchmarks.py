@@ -382,3 +382,20 @@ def test_sglang_kv_reserve_sweep_sweeps_any_option_with_others_fixed(capsys) -> 
     # a bad --set is one line, exit 2
     assert mod["main"](["--src", "x", "--set", "no_equals_sign"]) == 2
     assert capsys.readouterr().err.startswith("error: --reserve")
+
+
+def test_long_prompt_chunks_sorts_a_prefill_by_how_it_ran() -> None:
+    import runpy
+
+    kind_of = runpy.run_path(str(ROOT / "benchmarks" / "long_prompt_chunks.py"), run_name="t")[
+        "kind_of"
+    ]
+    # (instant s, its tokens, the step's tokens, the budget); arrived at 10.0 s
+    assert kind_of([], 10.0) == "never"
+    assert kind_of([(10.01, 2048, 2048, 2048), (10.4, 2041, 2048, 2048)], 10.0) == "two steps"
+    full = [(10.01, 2042, 2048, 2048), (10.4, 2042, 2048, 2048), (10.8, 1, 1361, 2048)]
+    assert kind_of(full, 10.0) == "budget-bound"
+    small = [(10.01, 500, 520, 2048), (10.1, 2048, 2048, 2048), (10.5, 1500, 1520, 2048)]
+    assert kind_of(small, 10.0) == "time-bound"
+    assert kind_of(full, 9.8) == "budget-bound +queued"  # first chunk 0.21 s after arrival
+    assert kind_of(full[:2], 9.87) == "two steps"  # 0.14 s: not queued
