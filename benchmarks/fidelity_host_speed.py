@@ -89,7 +89,8 @@ def refit(src: Path, fit: Path | None, real: str, out: Path) -> dict[str, Any]:
     written to ``out`` and returned.
 
     Raises:
-        UserError: no step log, an unreadable fit, or too few steps to fit.
+        UserError: no step log, an unreadable fit, too few steps to fit, or an unreadable
+            ``lone.csv`` or lone step log (:func:`lone_request_path`).
     """
     own = fit or src / f"{real}_step_time.json"
     try:
@@ -111,10 +112,12 @@ def lone_request_path(src: Path, real: str) -> float | None:
     """The request path of ``real``'s server, ms, measured as the suite measures it today
     (``suites_engines_knee.request_path_ms``) on ``src``'s lone requests (``lone.csv``, those
     sent one at a time: ``concurrency`` 1) and the lone pass's step log (``lone_steps.parquet``);
-    ``None`` when the folder kept no such log or the pairing is not safe.
+    ``None`` when the folder kept no such log, the pairing is not safe, or no lone request
+    finished.
 
     Raises:
-        UserError: an unreadable ``lone.csv`` or step log.
+        UserError: an unreadable ``lone.csv`` or step log, or a ``lone.csv`` without an
+            ``engine`` column.
     """
     log = src / "lone_steps.parquet"
     if not log.is_file():
@@ -124,6 +127,8 @@ def lone_request_path(src: Path, real: str) -> float | None:
         steps = pd.read_parquet(log)
     except (OSError, ValueError) as exc:
         raise UserError(str(exc)) from None
+    if "engine" not in lone.columns:
+        raise UserError(f"{src / 'lone.csv'}: no engine column")
     if "concurrency" in lone.columns:
         lone = lone[lone["concurrency"] == 1]
     return request_path_ms(lone[lone["engine"] == real], steps)

@@ -928,3 +928,27 @@ def test_the_boost_credit_counts_on_the_long_run_mean_step() -> None:
     assert plain._credit_step_s == 0.0 and plain._step_ewma_s == 0.2
     with pytest.raises(ValueError, match="credit_step_memory must be >= 0, got -1"):
         policy(credit_step_memory=-1)
+
+
+def test_a_yield_keeps_the_engines_reserve_and_the_kv_watermark() -> None:
+    import dataclasses
+
+    # 20 batch decodes leave 2,028 tokens of the 2,048 to a 4,061-token chat (127 blocks of 16);
+    # 2,033 left: one step more with them. k = 2,033 - 2,028 = 5, and 2,028 + 5 tokens take a
+    # 128th block
+    p_views = [decoding(f"bat{i}", 32, 5, slo=BATCH) for i in range(20)]
+
+    def run(reserved: int) -> dict[str, int]:
+        p = policy(yield_decodes=True)
+        long = make_view("long", prompt=4061, arrival_s=9.6)
+        for d in p_views:
+            arrive(p, make_view(d.request_id, prompt=32, slo=BATCH))
+        arrive(p, long)
+        state = make_state(running=p_views, waiting=[long], free_blocks=1000, total_blocks=1000)
+        return dict(decide(p, dataclasses.replace(state, reserved_hbm_blocks=reserved)).num_tokens)
+
+    assert run(0)["long"] == 2033 and len(run(0)) == 16  # 5 decodes wait a step
+    # admitting the chat leaves 1,000 - 127 = 873 free blocks; the engine's reserve (863) and
+    # the 1 % watermark (10) take all of them, so the 128th block does not fit: no yield
+    assert run(863) == {**{d.request_id: 1 for d in p_views}, "long": 2028}
+    assert run(862)["long"] == 2033  # one block above the floors: it fits

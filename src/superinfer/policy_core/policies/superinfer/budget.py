@@ -215,7 +215,9 @@ class _StepBudget(_Running):
         The chunk it needs is ``ceil(pending / steps)`` with ``steps`` the whole steps that fit
         in its slack after its prefill compute (all of ``pending`` with ``ttft_boost_whole``
         when the credit covers it). A decode's credit is its banked allowance plus
-        ``(tpot - typical step) * r``, ``tpot`` the planned TPOT, for the ``r`` tokens it will
+        ``(tpot - typical step) * r`` (the typical step: the mean of ``credit_step_memory``
+        step reports when set, else the policy's recent step-time average), ``tpot`` the
+        planned TPOT, for the ``r`` tokens it will
         still produce with probability ``1 - credit_quantile`` (the estimator's conditional
         quantile): a longer step now is repaid by the faster steps it still has to come.
         """

@@ -239,9 +239,10 @@ class SuperInferConfig(BasePolicy):
     )
     credit_step_memory: int = _opt(
         0,
-        "steps over which the TTFT boost averages the step time it expects a decode's future "
-        "tokens to take (an exponential mean of weight 1/N per step); 0: the policy's step-time "
-        "average of about 20 steps, as before",
+        "step reports over which the TTFT boost averages the step time it expects a decode's "
+        "future tokens to take (an exponential mean of weight 1/N per on_step_finished; a "
+        "repeated decode-only decision reports once); 0: the policy's step-time average of "
+        "about 20 reports, as before",
     )
     yield_decodes: bool = _opt(
         False,

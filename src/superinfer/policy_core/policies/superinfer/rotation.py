@@ -4,7 +4,7 @@ worse tiers swapped out proactively, promoted swapped requests prefetched."""
 
 from __future__ import annotations
 
-from superinfer.policy_core.batching import step_blocks
+from superinfer.policy_core.batching import finish_aware, step_blocks
 from superinfer.policy_core.policies.superinfer.budget import _StepBudget
 from superinfer.policy_core.policies.superinfer.records import (
     _INF,
@@ -226,8 +226,10 @@ class _Rotation(_StepBudget):
         step: those without a TPOT target first, then those whose banked TPOT allowance
         (planned TPOT x tokens so far, less the time since their first token) covers twice
         the step, the most first. Each left out gives back its token, its KV blocks and its
-        tier's stride charge; the prefill is charged its ``k`` tokens, their blocks (only if
-        they fit) and its tier's stride.
+        tier's stride charge; the prefill is charged its ``k`` tokens and its tier's stride, and
+        their blocks only if they fit above the floors ``_place`` keeps (the engine's reserve
+        once anything is admitted, the KV watermark for a request admitted in this step; never
+        for an admission the engine checks by SGLang's finish-aware rule).
         """
         state = step.state
         if not state.mixed_batches or not decodes or step.budget > 0:
@@ -278,13 +280,20 @@ class _Rotation(_StepBudget):
         v = urgent.view
         n = tokens[urgent.rid]
         admitting = urgent.rid in step.admit
+        if admitting and finish_aware(state):
+            return 0  # the engine admits it by its own check of the chunk (SGLang 0.3.1+)
         grow = step_blocks(v, n + k, state, admit=admitting) - step_blocks(
             v, n, state, admit=admitting
         )
         free.sort(key=lambda f: (f[0], f[1]))
         left_out = [e for _, _, e in free[:k]]
         freed = sum(step.new_blocks.get(e.rid, 0) for e in left_out)
-        if grow > step.free + freed:
+        # the floors ``_place`` keeps: the engine's reserve once anything is admitted, and the
+        # KV watermark for a request admitted in this step
+        floor = state.reserved_hbm_blocks if step.admit else 0
+        if admitting:
+            floor += int(self.kv_watermark * state.total_hbm_blocks)
+        if grow > step.free + freed - floor:
             return 0
         weights, passes = self._weights, rep.passes
         for e in left_out:
