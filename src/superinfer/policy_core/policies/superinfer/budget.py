@@ -200,6 +200,18 @@ class _StepBudget(_Running):
                     break
         return None if best is None else entries[best[2]]
 
+    def _banked_s(self, e: _Entry, now: float) -> float | None:
+        """A decode's banked TPOT allowance at ``now``, s: its planned TPOT (the target times
+        ``tpot_plan_share``) times its tokens so far, less the time since its first token;
+        ``None`` for one without a TPOT target, best effort, or without a first token (what the
+        TTFT boost's credit starts from, and what ``yield_decodes`` asks of a decode that
+        waits a step)."""
+        v = e.view
+        tpot = e.tpot_s
+        if tpot is None or e.best_effort or v.first_token_s is None:
+            return None
+        return tpot * self.tpot_plan_share * v.generated_tokens - (now - v.first_token_s)
+
     def _ttft_boost(
         self,
         rep: _Replica,
@@ -243,13 +255,11 @@ class _StepBudget(_Running):
         credit = _INF
         typical = self._credit_step_s or self._typical_step_s()
         for e in decodes:
-            v = e.view
-            tpot = e.tpot_s
-            if tpot is None or e.best_effort or v.first_token_s is None:
+            c = self._banked_s(e, now)
+            if c is None:
                 continue
-            tpot *= self.tpot_plan_share
-            later = self.credit_tokens(v)
-            c = tpot * v.generated_tokens - (now - v.first_token_s)
+            tpot = e.tpot_s * self.tpot_plan_share  # type: ignore[operator]  # banked: has one
+            later = self.credit_tokens(e.view)
             c += max(tpot - typical, 0.0) * (later - 1)
             if c < credit:
                 credit = c

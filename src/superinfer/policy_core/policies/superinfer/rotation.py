@@ -213,12 +213,14 @@ class _Rotation(_StepBudget):
         returns the decodes left out.
 
         With a ``B``-token budget and ``d`` decodes in every step, a prompt of ``p`` tokens needs
-        ``ceil(p / (B - d))`` steps where ``ceil(p / B)`` would do: the Azure hour's 1,475 chats
-        of 4,004-4,191 prompt tokens take two 2,048-token steps on an idle vLLM replica but
-        three beside a few decodes, the third often shared with later chats' prefills
-        (``conv-1080``, 4,089 tokens: 2,040 + 2,040 + 9 beside 8 decodes, TTFT 1,061 ms;
-        ``benchmarks/trace_request_steps.py``). When the prefill got every token the step had
-        left, the rest after this step needs ``m = ceil(r / (B - d))`` more steps; taking
+        ``ceil(p / (B - d))`` steps where ``ceil(p / B)`` would do: 1,213 of the Azure hour's
+        1,475 chats of 4,004-4,191 prompt tokens fit two 2,048-token steps of an idle vLLM
+        replica but can take three beside a few decodes, the third in the two traced shared
+        with later chats' prefills (``conv-1080``, 4,089 tokens: 2,040 + 2,040 + 9 beside 8
+        decodes, TTFT 1,061 ms; ``conv-494``; ``benchmarks/trace_request_steps.py``). When the
+        step's budget is used up, the rest after this step needs ``m = ceil(r / (B - d))`` more
+        steps if the prefill gets every token the later steps leave (another prefill in this
+        step may take some, and then no step is saved); taking
         ``k = min(r - (m - 1) * (B - d), d)`` more tokens now (and the rest of the saving in
         the next steps, which decide alike) saves one, if ``ceil((r - k) / B) < m``. It is done
         unless the first token would be late even so (``prefill_s`` of the rest in
@@ -251,7 +253,9 @@ class _Rotation(_StepBudget):
                 urgent, deadline = e, e.arrival_s + e.ttft_s
         if urgent is None:
             return 0
-        n_dec = sum(1 for e in decodes if tokens.get(e.rid) == 1 and e.rid not in step.prefills)
+        # the decodes this step runs (one token each; a prefill's last token is not one)
+        running = [e for e in decodes if tokens.get(e.rid) == 1 and e.rid not in step.prefills]
+        n_dec = len(running)
         per = budget - n_dec
         rest = urgent.view.pending_tokens - tokens[urgent.rid]
         if per <= 0 or rest <= 0:
@@ -265,15 +269,11 @@ class _Rotation(_StepBudget):
             return 0  # late even so
         wait_s = 2.0 * model.step_s(prefill + k, n_dec - k)
         free: list[tuple[float, int, _Entry]] = []
-        for i, e in enumerate(decodes):
-            if tokens.get(e.rid) != 1 or e.rid in step.prefills:
-                continue
-            v = e.view
-            if e.tpot_s is None or e.best_effort or v.first_token_s is None:
+        for i, e in enumerate(running):
+            banked = self._banked_s(e, now)
+            if banked is None:
                 free.append((-_INF, i, e))
-                continue
-            banked = e.tpot_s * self.tpot_plan_share * v.generated_tokens - (now - v.first_token_s)
-            if banked >= wait_s:
+            elif banked >= wait_s:
                 free.append((-banked, i, e))
         if len(free) < k:
             return 0
