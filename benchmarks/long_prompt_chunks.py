@@ -1,7 +1,7 @@
 """How the headline hour's long chat prompts were prefilled: every chat of a prompt-length band,
 sorted by how its prefill ran and whether it met its SLO (issue 18).
 
-    PYTHONPATH=src python benchmarks/long_prompt_chunks.py [--policy-opt KEY=VALUE ...]
+    PYTHONPATH=src python benchmarks/long_prompt_chunks.py [--policy-opt KEY=VALUE ...] [--out F]
 
 runs ``superinfer`` on the headline workload (``superinfer bench``'s defaults: the Azure hour,
 Llama-3.1-70B on 4 x A100 TP4; ``--engine``, ``--rate-scale``) and records, for each chat of
@@ -15,14 +15,18 @@ Llama-3.1-70B on 4 x A100 TP4; ``--engine``, ``--rate-scale``) and records, for 
 * ``time-bound``: three or more, some not filling the budget (TPOT protection sized them);
 
 with ``+queued`` when its first chunk came more than 0.15 s after its arrival. Prints a table of
-kind x met / missed. Prints only; deterministic (a simulated run).
+kind x met / missed; with ``--out FILE.csv`` also writes it (columns ``kind, met, missed``,
+one row per kind, ``+queued`` kept apart). Deterministic (a simulated run).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from superinfer.adapters.manager import available_policies
 from superinfer.harness.bench import run_bench
@@ -53,6 +57,7 @@ def main() -> None:
     ap.add_argument("--min-tokens", type=int, default=4000)
     ap.add_argument("--max-tokens", type=int, default=4200)
     ap.add_argument("--policy-opt", action="append", default=[], help="KEY=VALUE (repeatable)")
+    ap.add_argument("--out", type=Path, help="also write the table here (CSV)")
     args = ap.parse_args()
     cls: Any = available_policies()["superinfer"].load()
     original = cls.schedule
@@ -88,8 +93,13 @@ def main() -> None:
         counts[kind_of(chunks.get(rid, []), float(arrival)), bool(met)] += 1
     print(f"{len(band)} feasible chats of {args.min_tokens + 1}-{args.max_tokens} prompt tokens")
     print("| kind | met | missed |\n|---|---:|---:|")
-    for kind in sorted({k for k, _ in counts}):
-        print(f"| {kind} | {counts[kind, True]} | {counts[kind, False]} |")
+    rows = [(k, counts[k, True], counts[k, False]) for k in sorted({k for k, _ in counts})]
+    for kind, met, missed in rows:
+        print(f"| {kind} | {met} | {missed} |")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows, columns=["kind", "met", "missed"]).to_csv(args.out, index=False)
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
