@@ -284,8 +284,11 @@ def _calibrate_gpu(out: str | None, install: bool) -> None:
               "ms, TPOT 100 ms, priority 0), batch (deadline 600 s, priority 1)]")
 @click.option("--default-class", default="batch", show_default=True,
               help="hf: class of a request that names none.")
+@click.option("--drain-s", type=float, default=30.0, show_default=True,
+              help="hf: on SIGTERM or Ctrl-C, how long requests in flight may run on before "
+              "they are failed ('server shutdown'), s.")
 @engine_option("hf: engine setting, repeatable (num_blocks, max_batch_tokens, max_num_seqs, "
-                "page_size_tokens, num_threads).")
+                "page_size_tokens, num_threads, step_time_file).")
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 # fmt: on
@@ -319,14 +322,15 @@ def _serve_hf(ctx: click.Context, **p: Any) -> None:
     serve_hf(
         policy=p["policy"], policy_options=key_values(p["policy_opts"], "--policy-opt"),
         host=p["host"], port=p["port"], priority_convention=p["priority_convention"],
-        slo_classes=p["slo_classes"], default_class=p["default_class"],
+        slo_classes=p["slo_classes"], default_class=p["default_class"], drain_s=p["drain_s"],
         engine_options=key_values(p["engine_options"], "--engine-option"),
         log=lambda line: click.echo(line, err=True),
     )  # fmt: skip
 
 
 def _serve_sglang(ctx: click.Context, **p: Any) -> None:
-    for name in ("priority_convention", "slo_classes", "default_class", "engine_options"):
+    for name in ("priority_convention", "slo_classes", "default_class", "drain_s",
+                 "engine_options"):  # fmt: skip
         if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT:
             flag = {"slo_classes": "slo-class", "engine_options": "engine-option"}.get(name, name)
             raise UserError(f"--{flag.replace('_', '-')} applies to serve --engine hf only")

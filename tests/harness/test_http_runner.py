@@ -529,6 +529,19 @@ def test_serve_options_fail_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None
     assert str(err) == "default class 'gold' is not a class (batch, chat)"
     err = run("--engine", "hf", "--", "--model-path", "m")
     assert isinstance(err, UserError) and "takes no --config and no engine ARGS" in str(err)
+    err = run("--engine", "hf", "--engine-option", "stall_s=5")  # a bench option: not ignored
+    assert isinstance(err, UserError) and str(err) == (
+        "--engine-option stall_s: a benchmark setting, not used by serve --engine hf (serve "
+        "takes num_blocks, max_batch_tokens, max_num_seqs, page_size_tokens, num_threads, "
+        "step_time_file)"
+    )
+    err = run("--engine", "hf", "--drain-s", "0")
+    assert (
+        isinstance(err, UserError)
+        and str(err) == "drain_s must be a number of seconds > 0, got 0.0"
+    )
+    err = run("--engine", "sglang", "--drain-s", "5")
+    assert isinstance(err, UserError) and str(err) == "--drain-s applies to serve --engine hf only"
 
     # sglang: --host / --port are handed on to SGLang's launcher
     import superinfer.adapters.sglang.launch as launch

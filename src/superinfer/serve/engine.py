@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
+from starlette.responses import JSONResponse
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
 from superinfer.adapters.hf.engine import EngineSession, LoadedModel
@@ -19,10 +21,20 @@ from superinfer.serve.config import ServeConfig
 from superinfer.serve.metrics import TPOT_BUCKETS_S, TTFT_BUCKETS_S, EngineCollector
 from superinfer.serve.parsing import Params, RequestError, parse_request
 
-__all__ = ["CLIENT_DISCONNECTED", "ClassStats", "Ended", "Live", "ServingEngine", "failure_kind"]
+__all__ = [
+    "CLIENT_DISCONNECTED",
+    "SERVER_SHUTDOWN",
+    "ClassStats",
+    "Ended",
+    "Live",
+    "ServingEngine",
+    "failure_kind",
+]
 
 #: Reason of a request whose client went away before its answer was complete.
 CLIENT_DISCONNECTED = "client disconnected"
+#: Failure reason of a request still running when the shutdown's drain time ran out.
+SERVER_SHUTDOWN = "server shutdown"
 #: Reason prefix of a request failed because the policy raised on it (hf adapter).
 POLICY_ERROR = "policy error"
 
@@ -86,6 +98,10 @@ class ServingEngine:
         self.eos_token_ids = _eos_ids(loaded)
         self._live: dict[str, Live] = {}
         self._stats: dict[str, ClassStats] = {}
+        #: requests answered before the engine, by (HTTP status, field; "" if none)
+        self.refused: dict[tuple[int, str], int] = {}
+        #: the server is shutting down: a request cancelled now is failed ``server shutdown``
+        self.draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(self))
@@ -114,6 +130,19 @@ class ServingEngine:
         with binding.lock:
             return binding.policy_errors
 
+    def refuse(self, err: RequestError) -> JSONResponse:
+        """Count a request answered with ``err`` before it reached the engine (a malformed or
+        unsupported field, another model, a stopped engine) in ``superinfer_requests_refused``
+        by status and field, and return its response: every request the server receives is
+        counted once, here or as ended by the engine."""
+        key = (err.status, re.sub(r"\[\d+\]", "[]", err.param or ""))
+        self.refused[key] = self.refused.get(key, 0) + 1
+        return err.response()
+
+    def limits(self) -> tuple[int, int]:
+        """``(context length, KV blocks of the pool)``, what a request must fit."""
+        return self.loaded.max_model_len_tokens, self.session.binding.capacity_blocks
+
     def live_requests(self) -> int:
         """Requests handed to the engine whose end the server has not yet recorded."""
         return len(self._live)
@@ -139,6 +168,7 @@ class ServingEngine:
             tokenizer=self.tokenizer,
             max_model_len_tokens=self.loaded.max_model_len_tokens,
             eos_token_ids=self.eos_token_ids,
+            model=self.config.served_model_name,
         )
 
     def submit(self, params: Params, slo: SLO) -> Live:
@@ -196,14 +226,26 @@ class ServingEngine:
                     self.cancel(live)
                     return None
 
-    def cancel(self, live: Live, reason: str = CLIENT_DISCONNECTED) -> None:
-        """Drop a request whose client went away: the engine frees its KV at its next loop
-        iteration; it is counted ``failed`` with ``reason``, and a waiting route gets an
-        :class:`Ended` with it."""
+    def cancel(self, live: Live, reason: str | None = None) -> None:
+        """Drop a request whose client went away (or that the shutdown cuts): the engine
+        frees its KV at its next loop iteration; it is counted ``failed`` with ``reason``
+        (default :data:`CLIENT_DISCONNECTED`, :data:`SERVER_SHUTDOWN` while ``draining``), and
+        a waiting route gets an :class:`Ended` with it."""
+        if reason is None:
+            reason = SERVER_SHUTDOWN if self.draining else CLIENT_DISCONNECTED
         if not live.ended:
             self.session.cancel(live.request_id)
             self._finish(live, "failed", reason)
             live.events.put_nowait(Ended("failed", reason))
+
+    def cancel_all(self) -> int:
+        """Fail every request in flight with :data:`SERVER_SHUTDOWN` (the shutdown's drain time
+        ran out, or a second SIGINT forced it); each route then answers its client with the
+        failure. Returns how many were cut."""
+        cut = [live for live in list(self._live.values()) if not live.ended]
+        for live in cut:
+            self.cancel(live, SERVER_SHUTDOWN)
+        return len(cut)
 
     def take(self, live: Live, out: GenerationOutput) -> tuple[list[int], str | None]:
         """Fold an engine output into the request: the new tokens, and the finish reason once it

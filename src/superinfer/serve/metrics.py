@@ -98,3 +98,13 @@ class EngineCollector:
         )
         errors.add_metric([], float(engine.policy_errors))
         yield errors
+        refused = CounterMetricFamily(
+            "superinfer_requests_refused",
+            "Requests answered before they reached the engine (malformed or unsupported "
+            "fields, another model, a stopped engine), per HTTP status and field (list indices "
+            "as [])",
+            labels=["status", "param"],
+        )
+        for (status, param), count in sorted(engine.refused.items()):
+            refused.add_metric([str(status), param], float(count))
+        yield refused

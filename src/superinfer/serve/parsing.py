@@ -48,6 +48,7 @@ class RequestError(Exception):
         message: one line naming the field.
         param: the offending field, if one.
         kind: OpenAI error ``type``.
+        code: OpenAI error ``code`` (e.g. ``model_not_found``), if one.
     """
 
     def __init__(
@@ -56,12 +57,15 @@ class RequestError(Exception):
         message: str,
         param: str | None = None,
         kind: str = "invalid_request_error",
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.code = code
 
     def response(self, code: str | None = None) -> JSONResponse:
-        """The OpenAI-shaped error body."""
+        """The OpenAI-shaped error body (``code``: this error's own unless given)."""
+        code = code if code is not None else self.code
         body = {"message": self.message, "type": self.kind, "param": self.param, "code": code}
         return JSONResponse({"error": body}, status_code=self.status)
 
@@ -75,6 +79,18 @@ def _positive(value: Any, where: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise RequestError(400, f"{where} must be > 0, got {value!r}", where)
     return float(value)
+
+
+def _text(value: str, where: str) -> str:
+    """``value`` if it encodes to UTF-8; a lone surrogate (``"\\ud800"`` is valid JSON but no
+    text) raises a :class:`RequestError` naming ``where`` instead of failing in the tokenizer."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(
+            400, f"{where}: not valid text (a lone surrogate at character {exc.start})", where
+        ) from None
+    return value
 
 
 def _slo_from_spec(spec: Any, where: str, config: ServeConfig) -> SLO:
@@ -139,6 +155,8 @@ def resolve_slo(body: Mapping[str, Any], headers: Mapping[str, str], config: Ser
             priority that is not an integer.
     """
     custom = body.get("custom_params")
+    if custom is not None and not isinstance(custom, dict):
+        raise RequestError(400, "custom_params must be an object", "custom_params")
     if "slo" in body:
         slo = _slo_from_spec(body["slo"], "slo", config)
     elif isinstance(custom, dict) and "slo" in custom:
@@ -210,7 +228,9 @@ def _eos_after_bans(
         return ()
     min_tokens = body.get("min_tokens") or 0
     if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
-        raise RequestError(400, f"min_tokens must be an integer >= 0, got {min_tokens!r}")
+        raise RequestError(
+            400, f"min_tokens must be an integer >= 0, got {min_tokens!r}", "min_tokens"
+        )
     if min_tokens >= max_tokens:
         return ()
     if min_tokens:
@@ -265,7 +285,7 @@ def prompt_ids(body: Mapping[str, Any], tokenizer: Any) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        ids = list(tokenizer(_text(prompt, "prompt"), add_special_tokens=False)["input_ids"])
     elif isinstance(prompt, list) and all(
         isinstance(t, int) and not isinstance(t, bool) for t in prompt
     ):
@@ -311,7 +331,12 @@ def chat_ids(body: Mapping[str, Any], tokenizer: Any) -> list[int]:
             raise RequestError(
                 400, f"messages[{i}].content must be a string", f"messages[{i}].content"
             )
-        clean.append({"role": msg["role"], "content": content})
+        clean.append(
+            {
+                "role": _text(msg["role"], f"messages[{i}].role"),
+                "content": _text(content, f"messages[{i}].content"),
+            }
+        )
     text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -326,16 +351,29 @@ def parse_request(
     tokenizer: Any,
     max_model_len_tokens: int,
     eos_token_ids: tuple[int, ...],
+    model: str | None = None,
 ) -> Params:
     """The engine request of an OpenAI body: its token ids, output cap (OpenAI's defaults: to
     the end of the context for chat, 16 otherwise), active end-of-sequence tokens and stream
     settings.
 
+    Args:
+        model: the served model's id; a body naming another ``model`` is answered 404
+            (``model_not_found``, as OpenAI and vLLM answer), one without ``model`` is served.
+
     Raises:
-        RequestError: a malformed or unsupported field (HTTP 400).
+        RequestError: a malformed or unsupported field (HTTP 400), another model (HTTP 404).
     """
     if not isinstance(body, dict):
         raise RequestError(400, "the body must be a JSON object")
+    name = body.get("model")
+    if name is not None and not isinstance(name, str):
+        raise RequestError(400, f"model must be a string, got {name!r}", "model")
+    if model is not None and name is not None and name != model:
+        raise RequestError(
+            404, f"the model {name!r} does not exist (this server serves {model!r})", "model",
+            code="model_not_found",
+        )  # fmt: skip
     _unsupported(body)
     ids = chat_ids(body, tokenizer) if chat else prompt_ids(body, tokenizer)
     room = max_model_len_tokens - len(ids)

@@ -65,13 +65,27 @@ class EngineStream(StreamingResponse):
             self._on_close()
 
 
-def rejection(ended: Ended) -> JSONResponse:
+def rejection(
+    ended: Ended, live: Live | None = None, limits: tuple[int, int] | None = None
+) -> JSONResponse:
     """The HTTP error of a request the engine ended without output: 400 for a request no load
-    change can serve (:data:`_CLIENT_ERRORS`), 500 (type and code ``policy_error``) for one the
-    policy raised on, else 503."""
+    change can serve (:data:`_CLIENT_ERRORS`; with ``live`` and ``limits``, ``(context length
+    in tokens, KV blocks of the pool)``, the message gives the request's size against the limit
+    it exceeds, and ``param`` is ``max_tokens``), 500 (type and code ``policy_error``) for one
+    the policy raised on, else 503 (the reason is the ``code``)."""
     if ended.status == "rejected":
         status = 400 if ended.reason in _CLIENT_ERRORS else 503
-        err = RequestError(status, f"request rejected: {ended.reason}", kind="rejected")
+        detail, param = "", None
+        if status == 400 and live is not None and limits is not None:
+            total = live.prompt_tokens + live.max_tokens
+            size = f"prompt {live.prompt_tokens} + max_tokens {live.max_tokens} = {total} tokens"
+            if ended.reason == "exceeds_max_model_len":
+                detail = f" ({size}, over the context's {limits[0]})"
+            else:
+                detail = f" ({size}: more KV than the pool's {limits[1]} blocks hold)"
+            param = "max_tokens"
+        message = f"request rejected: {ended.reason}{detail}"
+        err = RequestError(status, message, param, kind="rejected")
         return err.response(code=ended.reason)
     if ended.reason.startswith(POLICY_ERROR):
         err = RequestError(500, f"request failed: {ended.reason}", kind="policy_error")
@@ -167,7 +181,7 @@ async def whole(
             engine.end(live, event)
             if event.reason == CLIENT_DISCONNECTED:
                 return Response(status_code=499)  # nobody reads it
-            return rejection(event)
+            return rejection(event, live, engine.limits())
         _, finish = engine.take(live, event)
         if finish is None:
             event = await engine.next_event(live)  # a disconnect arrives as an Ended

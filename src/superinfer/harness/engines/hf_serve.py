@@ -15,7 +15,18 @@ from superinfer.harness.workload.slo_options import parse_slo
 from superinfer.policy_core.slo_forms import SLO_FORMS
 from superinfer.policy_core.types import SLO
 
-__all__ = ["serve_hf"]
+__all__ = ["SERVE_ENGINE_OPTIONS", "serve_hf"]
+
+#: The ``--engine-option`` keys ``serve --engine hf`` uses: the engine's limits and threads, and
+#: the step-time calibration its engine-relative SLOs read.
+SERVE_ENGINE_OPTIONS = (
+    "num_blocks",
+    "max_batch_tokens",
+    "max_num_seqs",
+    "page_size_tokens",
+    "num_threads",
+    "step_time_file",
+)
 
 
 def _isolated(opts: HFOptions) -> Callable[[int], tuple[float, float]]:
@@ -37,6 +48,7 @@ def serve_hf(
     default_class: str,
     engine_options: Mapping[str, str],
     log: Callable[[str], None],
+    drain_s: float = 30.0,
 ) -> None:
     """Build the server's configuration, then serve until interrupted.
 
@@ -48,8 +60,10 @@ def serve_hf(
         priority_convention: ``vllm`` (lower is more urgent) or ``sglang``.
         slo_classes: ``--slo-class`` strings defining or changing classes.
         default_class: class of a request that names none.
-        engine_options: ``--engine-option`` settings (``engines.hf.HFOptions``).
+        engine_options: ``--engine-option`` settings: those of :data:`SERVE_ENGINE_OPTIONS`
+            (``engines.hf.HFOptions``; the others shape a benchmark run, not a server).
         log: called with each log line.
+        drain_s: on shutdown, how long requests in flight may run on, s (``ServeConfig``).
 
     Raises:
         UserError: the hf or serve extra or the model missing, or a bad option.
@@ -76,7 +90,12 @@ def serve_hf(
             classes[name] = dataclasses.replace(base, **changes)  # type: ignore[arg-type]
         except ValueError as exc:
             raise UserError(f"--slo-class {name}: {exc}") from None
-    opts = hf_options(engine_options)
+    opts = hf_options(engine_options)  # a bad key or value: its error first
+    if other := sorted(set(engine_options) - set(SERVE_ENGINE_OPTIONS)):
+        raise UserError(
+            f"--engine-option {other[0]}: a benchmark setting, not used by serve --engine hf "
+            f"(serve takes {', '.join(SERVE_ENGINE_OPTIONS)})"
+        )
     try:
         config = ServeConfig(
             host=host or "127.0.0.1",
@@ -86,6 +105,7 @@ def serve_hf(
             default_class=default_class,
             priority_convention=priority_convention,
             isolated_latency=_isolated(opts),
+            drain_s=drain_s,
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None
