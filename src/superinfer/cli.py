@@ -225,6 +225,15 @@ def calibrate(engine: str, engine_options: tuple[str, ...], seed: int, steps_fil
             f"(--engine hf), refits an SGLang step log (--engine sglang) or the published "
             f"measurements (--engine published), not {engine!r}"
         )
+    if steps_file is not None and engine in ("gpu", "published"):
+        raise UserError(f"--steps applies to calibrate --engine hf or sglang, not {engine}")
+    if out is not None:  # a bad place fails now, not after the measurement or the fit
+        from superinfer.harness.report.results import check_out_dir, check_out_file
+
+        if engine in ("hf", "sglang"):
+            check_out_file(Path(out))
+        else:
+            check_out_dir(Path(out))
     targets[engine]()
 
 
@@ -362,7 +371,10 @@ def _serve_sglang(ctx: click.Context, **p: Any) -> None:
 def report_cmd(run_dirs: tuple[Path, ...], out: Path | None, sweep: Path | None) -> None:
     """Rebuild one run's report.md and plots, or compare several runs side by side."""
     from superinfer.harness.report.markdown import compare_runs, rebuild_report
+    from superinfer.harness.report.results import check_out_dir
 
+    if out is not None:
+        check_out_dir(out)  # a file, or under one: one line before any work
     if len(run_dirs) == 1:
         written = rebuild_report(run_dirs[0], out_dir=out, sweep=sweep)
     else:

@@ -61,13 +61,19 @@ def conform(engine: str, policies: str | None, scenarios: str | None, url: str |
         conform_rows,
         default_policies,
         open_target,
+        read_matrix,
         takes_kv_policy,
         write_matrix,
     )
     from superinfer.harness.conform.scenarios import scenario_names
     from superinfer.harness.engines.base import BenchConfig
     from superinfer.harness.errors import UserError
+    from superinfer.harness.report.results import check_out_dir
 
+    for flag, value in (("--scenarios", scenarios), ("--policy", policies)):
+        if value is not None and not split_names(value):  # as bench's --policies ""
+            raise UserError(f"{flag} {value!r} names nothing (leave it out for all)")
+    read_matrix(check_out_dir(Path(out)))  # before any scenario runs
     names = list(split_names(scenarios)) or None
     if names:
         unknown = [n for n in names if n not in scenario_names()]

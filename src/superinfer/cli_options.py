@@ -49,8 +49,11 @@ def engine_option(help: str) -> Callable[[Any], Any]:
 
 
 def seed_option(help: str = "Seed of every random choice.") -> Callable[[Any], Any]:
-    """``--seed N`` (default 0)."""
-    return click.option("--seed", default=0, show_default=True, type=int, help=help)
+    """``--seed N`` (default 0; numpy's generators take seeds >= 0 only, so a negative one is a
+    usage error here, not a traceback in the middle of a run)."""
+    return click.option(
+        "--seed", default=0, show_default=True, type=click.IntRange(min=0), help=help
+    )
 
 
 def cluster_options(gpu: str, helps: tuple[str, str, str]) -> Callable[[Any], Any]:

@@ -63,6 +63,9 @@ def test_grid_expands_in_file_order_and_resolves_native(tmp_path: Path) -> None:
         ("[grid]\npolicy = ['fifo']\n", "unknown policy 'fifo'; registered: "),
         ("[cells]\ntp = 1\n", "unknown key 'cells'; a spec has out, [cell], [grid]"),
         ("[cell]\ntp = \n", "Invalid value (at line 2, column 6)"),
+        # a helper's audit (2026-12-05): both ran silently
+        ("", "no [cell] or [grid] settings; a spec sets what its cells run"),
+        ("[cell]\ntp = 4\n[grid]\ntp = [4, 8]\n", "tp is set in both [cell] and [grid]; keep one"),
     ],
 )
 def test_spec_errors_name_the_file_and_field(tmp_path: Path, text: str, message: str) -> None:

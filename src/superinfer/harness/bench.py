@@ -434,12 +434,17 @@ def bench_config(params: Mapping[str, Any], *, given: Collection[str]) -> BenchC
     if from_spec:
         _check_spec_bench(spec, from_spec, _split(options["engines"]))
     engine_ids = _split(options["engines"])
+    if not engine_ids:
+        where = "--engine" if "engines" in given or not from_spec else "the spec's bench.engines"
+        raise UserError(f"{where} {options['engines']!r} names no engine")
     trace, workload = p["trace"], p["workload"]
     if trace is None and workload is None:
         # the real CPU engine replays a shaped slice of the Azure trace (engines.registry)
         kind, name = default_source(engine_ids)
         trace, workload = (name, None) if kind == "trace" else (None, name)
     shaping = shaping_defaults(engine_ids)
+    if workload is not None:  # a spec sets its own window: the trace's default start is not it
+        shaping["start_s"] = 0.0
     keys = ("rate_scale", "duration_s", "start_s", "length_scale")
     shaping.update({k: p[k] for k in (*keys, "max_prompt_tokens", "max_output_tokens")
                     if p[k] is not None})  # fmt: skip

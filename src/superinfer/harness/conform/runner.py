@@ -140,8 +140,11 @@ def _sim_target(engine: str, policy: str, base: BenchConfig) -> Target:
         def options(kv: int) -> dict[str, str]:
             return {**CPU_OPTIONS, "num_blocks": str(math.ceil(kv / block))}
     else:
-        profile = get_profile(engine)
-        budget = profile.limits(get_gpu(base.gpu))[0]
+        try:
+            profile, gpu = get_profile(engine), get_gpu(base.gpu)
+        except KeyError as exc:  # an unknown sim:* id or GPU: its one-line message
+            raise UserError(exc.args[0]) from None
+        budget = profile.limits(gpu)[0]
         scale = Scale(cap=4, budget=budget, kv_tokens=32 * budget, sets_kv=True)
         block = profile.block_size_tokens
 
@@ -337,15 +340,40 @@ def conform_rows(
     return rows
 
 
+def read_matrix(out: Path) -> pd.DataFrame | None:
+    """The matrix already in ``out/matrix.csv`` (``None`` if there is none), read before the
+    scenarios run so a damaged one fails first, not after them.
+
+    Raises:
+        UserError: the file is not a CSV with the :data:`MATRIX_COLUMNS`; one line naming it.
+    """
+    path = out / "matrix.csv"
+    if not path.is_file():
+        return None
+    try:
+        old = pd.read_csv(path, keep_default_na=False)
+    except (ValueError, UnicodeDecodeError) as exc:  # pandas' ParserError is a ValueError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{path}: not a readable matrix ({first}); move it away") from None
+    missing = [c for c in MATRIX_COLUMNS if c not in old.columns]
+    if missing:
+        raise UserError(f"{path}: no column {missing[0]!r}, not a conformance matrix; move it away")
+    return old
+
+
 def write_matrix(rows: Sequence[dict[str, object]], out: Path) -> pd.DataFrame:
     """Merge ``rows`` into ``out/matrix.csv`` (rows of the same engine x policy replaced) and
     write ``out/matrix.md`` (scenarios as rows, engine / policy as columns); returns the
-    matrix."""
+    matrix.
+
+    Raises:
+        UserError: an existing ``matrix.csv`` that is not one (:func:`read_matrix`).
+    """
+    old = read_matrix(out)
     out.mkdir(parents=True, exist_ok=True)
     new = pd.DataFrame(list(rows), columns=list(MATRIX_COLUMNS))
     path = out / "matrix.csv"
-    if path.is_file():
-        old = pd.read_csv(path, keep_default_na=False)
+    if old is not None:
         keys = set(zip(new["engine"], new["policy"], strict=True))
         keep = [(e, p) not in keys for e, p in zip(old["engine"], old["policy"], strict=True)]
         new = pd.concat([old[keep], new], ignore_index=True)

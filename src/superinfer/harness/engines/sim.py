@@ -23,11 +23,11 @@ from superinfer.harness.engines.registry import family_kinds
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import policy_manager
 from superinfer.harness.workload.workload import Workload
-from superinfer.sim.config import SimConfig, SimResult
+from superinfer.sim.config import SimConfig, SimResult, kv_capacity_blocks
 from superinfer.sim.engine import Simulator
-from superinfer.sim.hardware import get_gpu, get_model
+from superinfer.sim.hardware import GPUSpec, ModelSpec, get_gpu, get_model
 from superinfer.sim.hf_cpu import KV_BYTES_PER_TOKEN_FP32, hf_cpu_sim_config
-from superinfer.sim.profiles import get_profile
+from superinfer.sim.profiles import EngineProfile, get_profile
 from superinfer.sim.routers import ROUTERS
 
 __all__ = [
@@ -104,6 +104,24 @@ def sim_requests_frame(
     return out
 
 
+def check_kv_fits(
+    profile: EngineProfile, model: ModelSpec, gpu: GPUSpec, tp: int, flag: str
+) -> None:
+    """Fail before any simulation when ``model``'s FP16 weights at TP ``tp`` leave ``gpu`` no
+    memory for KV (``sim.config.kv_capacity_blocks``, which would raise mid-run).
+
+    Raises:
+        UserError: naming ``flag`` (``--tp`` or a spec's ``tp``), the model, GPU and TP.
+    """
+    try:
+        kv_capacity_blocks(profile, model, gpu, tp)
+    except ValueError:
+        raise UserError(
+            f"{flag} {tp}: {model.name}'s weights leave no KV memory on {gpu.name} at TP{tp}; "
+            "use a larger TP"
+        ) from None
+
+
 def run_sim_cell(
     config: BenchConfig,
     engine: str,
@@ -139,6 +157,8 @@ def run_sim_cell(
         raise UserError(f"--replicas must be >= 1, got {config.replicas}")
     if config.tp < 1 or model.num_kv_heads % config.tp:
         raise UserError(f"--tp must divide {model.name}'s {model.num_kv_heads} KV heads")
+    if "num_gpu_blocks" not in opts:
+        check_kv_fits(profile, model, gpu, config.tp, "--tp")
     if config.router not in ROUTERS:
         raise UserError(f"unknown router {config.router!r}; known: {', '.join(ROUTERS)}")
     sim_config = SimConfig(

@@ -33,7 +33,7 @@ from superinfer.harness.engines.isolated import (
     resolve_requests,
 )
 from superinfer.harness.engines.registry import engine_family, parse_stack
-from superinfer.harness.engines.sim import run_sim_cell
+from superinfer.harness.engines.sim import check_kv_fits, run_sim_cell
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import registered_policies
 from superinfer.harness.report.metrics import summarize
@@ -253,13 +253,14 @@ def check_cell(cell: CellSpec) -> None:
     """Fail fast, before any simulation, on a cell that cannot run.
 
     Raises:
-        UserError: unknown engine, policy, model, GPU or router; a bad TP degree, replica count,
-            rate scale or window.
+        UserError: unknown engine, policy, model, GPU or router; a bad TP degree (one that does
+            not divide the KV heads, or whose weights leave no KV memory), replica count, rate
+            scale, seed, CPU-tier ratio or window.
     """
     try:
-        get_profile(cell.engine)
+        profile = get_profile(cell.engine)
         model = get_model(cell.model)
-        get_gpu(cell.gpu)
+        gpu = get_gpu(cell.gpu)
     except KeyError as exc:
         raise UserError(exc.args[0]) from None
     registered = registered_policies()
@@ -270,16 +271,24 @@ def check_cell(cell: CellSpec) -> None:
         raise UserError(f"replicas must be >= 1, got {cell.replicas}")
     if cell.tp < 1 or model.num_kv_heads % cell.tp:
         raise UserError(f"tp must divide {model.name}'s {model.num_kv_heads} KV heads")
+    check_kv_fits(profile, model, gpu, cell.tp, "tp")
     if cell.router not in ROUTERS:
         raise UserError(f"unknown router {cell.router!r}; known: {', '.join(ROUTERS)}")
     if cell.stack != parse_stack(cell.stack):  # a bad part raises its own one-line error
         raise UserError(f"stack {cell.stack!r} is not canonical: {parse_stack(cell.stack)!r}")
     if not cell.rate_scale > 0:
         raise UserError(f"rate_scale must be > 0, got {cell.rate_scale}")
+    if cell.seed < 0:  # numpy's generators take seeds >= 0 only
+        raise UserError(f"seed must be >= 0, got {cell.seed}")
+    ratio = cell.cpu_kv_ratio
+    if ratio is not None and not (math.isfinite(ratio) and ratio >= 0):
+        raise UserError(f"cpu_kv_ratio must be >= 0 and finite, got {ratio}")
     if cell.duration_s is not None and not cell.duration_s > 0:
         raise UserError(f"duration_s must be > 0, got {cell.duration_s}")
-    if cell.start_s < 0 or cell.warmup_s < 0:
-        raise UserError("start_s and warmup_s must be >= 0")
+    for name in ("start_s", "warmup_s"):
+        value = getattr(cell, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise UserError(f"{name} must be >= 0 and finite, got {value}")
     for cls, target in cell.targets:
         if not 0 < target <= 1:
             raise UserError(f"target of {cls!r} must be in (0, 1], got {target}")

@@ -133,8 +133,10 @@ class SweepSpec:
 def _check_value(path: Path, table: str, name: str, value: Any) -> Any:
     hint = str(CELL_FIELDS[name])
     where = f"{path}: [{table}] {name}"
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None:
         raise UserError(f"{where}: no value")
+    if isinstance(value, float) and math.isnan(value):
+        raise UserError(f"{where}: nan is not a value")
     if hint.startswith("int") and (isinstance(value, bool) or not isinstance(value, int)):
         raise UserError(f"{where}: expected an integer, got {value!r}")
     if hint.startswith("float"):
@@ -158,7 +160,8 @@ def load_sweep_spec(path: str | Path) -> SweepSpec:
 
     Raises:
         UserError: unreadable file, bad TOML (with its line), an unknown table or field, a
-            value of the wrong type, or an empty grid axis.
+            value of the wrong type, an empty grid axis, a field in both tables, or a spec that
+            sets nothing.
     """
     path = Path(path)
     try:
@@ -170,6 +173,8 @@ def load_sweep_spec(path: str | Path) -> SweepSpec:
     unknown = sorted(set(data) - {"out", "cell", "grid"})
     if unknown:
         raise UserError(f"{path}: unknown key {unknown[0]!r}; a spec has out, [cell], [grid]")
+    if not data.get("cell") and not data.get("grid"):  # would run one default cell, unasked
+        raise UserError(f"{path}: no [cell] or [grid] settings; a spec sets what its cells run")
     base_items = data.get("cell", {})
     grid_items = data.get("grid", {})
     for table, items in (("cell", base_items), ("grid", grid_items)):
@@ -181,6 +186,8 @@ def load_sweep_spec(path: str | Path) -> SweepSpec:
     for name, values in grid_items.items():
         if not isinstance(values, list) or not values:
             raise UserError(f"{path}: [grid] {name}: expected a non-empty list of values")
+        if name in base_items:  # the axis would silently override the [cell] value
+            raise UserError(f"{path}: {name} is set in both [cell] and [grid]; keep one")
         grid.append((name, tuple(_check_value(path, "grid", name, v) for v in values)))
     out = data.get("out")
     if out is not None and not isinstance(out, str):

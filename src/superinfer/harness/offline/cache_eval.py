@@ -122,8 +122,8 @@ class CacheEvalConfig:
         for f in self.capacity_fracs:
             if not 0 < f <= 1:
                 raise UserError(f"capacity fractions must be in (0, 1], got {f}")
-        if self.cpu_ratio < 0:
-            raise UserError(f"--cpu-ratio must be >= 0, got {self.cpu_ratio}")
+        if not (math.isfinite(self.cpu_ratio) and self.cpu_ratio >= 0):
+            raise UserError(f"--cpu-ratio must be >= 0 and finite, got {self.cpu_ratio}")
         if self.jobs < 1:
             raise UserError(f"--jobs must be >= 1, got {self.jobs}")
 
@@ -322,16 +322,27 @@ def write_cache_report(out_dir: Path, trace: BlockTrace | None = None) -> None:
     manifest only (``trace`` is ignored: kept for callers).
 
     Raises:
-        DataError: a file of the directory is missing.
+        DataError: a file of the directory missing or unreadable, ``hit_rates.csv`` without
+            one of :data:`HIT_RATE_COLUMNS`, a manifest without ``config.capacity_fracs``;
+            the message names the file.
     """
-    try:
-        meta = json.loads((out_dir / "manifest.json").read_text(encoding="utf-8"))
-        table = pd.read_csv(out_dir / "hit_rates.csv")
-        detail = pd.read_csv(out_dir / "hit_rates_detail.csv")
-        minutes = pd.read_csv(out_dir / "hit_rates_by_minute.csv")
+    name = "manifest.json"
+    try:  # each file named in its error
+        meta = json.loads((out_dir / name).read_text(encoding="utf-8"))
+        name = "hit_rates.csv"
+        table = pd.read_csv(out_dir / name)
+        name = "hit_rates_detail.csv"
+        detail = pd.read_csv(out_dir / name)
+        name = "hit_rates_by_minute.csv"
+        minutes = pd.read_csv(out_dir / name)
     except (OSError, ValueError) as exc:
-        raise DataError(f"{out_dir}: not a cache-eval directory ({exc})") from None
-    fracs = meta["config"]["capacity_fracs"]
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"{out_dir / name}: not a cache-eval directory ({why})") from None
+    if missing := [c for c in HIT_RATE_COLUMNS if c not in table.columns]:
+        raise DataError(f"{out_dir / 'hit_rates.csv'}:1: field {missing[0]!r}: missing column")
+    fracs = (meta.get("config") or {}).get("capacity_fracs") if isinstance(meta, dict) else None
+    if not isinstance(fracs, list) or not fracs:
+        raise DataError(f"{out_dir / 'manifest.json'}: no config.capacity_fracs (not cache-eval's)")
     target = 0.1 if 0.1 in fracs else sorted(fracs)[0]
     targets = targets_table(table)
     write_atomic(out_dir / "targets.csv", partial(_write_csv, targets))

@@ -352,7 +352,8 @@ def load_sweep(path: Path) -> pd.DataFrame:
     """Read a load-sweep CSV.
 
     Raises:
-        UserError: unreadable, or a column of :data:`SWEEP_COLUMNS` missing.
+        UserError: unreadable, a column of :data:`SWEEP_COLUMNS` missing, no rows, or a
+            ``rate_scale`` or ``slo_attainment`` that is not a number (named with its line).
     """
     try:
         sweep = pd.read_csv(path)
@@ -361,6 +362,17 @@ def load_sweep(path: Path) -> pd.DataFrame:
     missing = [c for c in SWEEP_COLUMNS if c not in sweep]
     if missing:
         raise UserError(f"{path}:1: field {missing[0]!r}: missing column of a load sweep")
+    if sweep.empty:
+        raise UserError(f"{path}: no rows (a load sweep has one per load, engine, policy, class)")
+    for column in ("rate_scale", "slo_attainment"):
+        values = pd.to_numeric(sweep[column], errors="coerce")
+        bad = values.isna() & sweep[column].notna()
+        if bad.any():
+            i = int(bad.to_numpy().argmax())
+            raise UserError(
+                f"{path}:{i + 2}: field {column!r}: {sweep[column].iloc[i]!r} is not a number"
+            )
+        sweep[column] = values
     return sweep
 
 
@@ -373,20 +385,23 @@ def load_run(path: Path) -> RunData:
     """
     if not path.is_dir():
         raise UserError(f"{path}: not a run directory")
-    try:
-        summary = pd.read_csv(path / "summary.csv")
-        requests = pd.read_parquet(path / "requests.parquet")
-        meta = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-        timeline = (
-            pd.read_parquet(path / "timeline.parquet")
-            if (path / "timeline.parquet").is_file()
-            else None
-        )
+    name = "summary.csv"
+    try:  # each file named in its error
+        summary = pd.read_csv(path / name)
+        name = "requests.parquet"
+        requests = pd.read_parquet(path / name)
+        name = "manifest.json"
+        meta = json.loads((path / name).read_text(encoding="utf-8"))
+        name = "timeline.parquet"
+        timeline = pd.read_parquet(path / name) if (path / name).is_file() else None
     except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a complete run directory ({exc})") from None
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{path / name}: not a complete run directory ({why})") from None
     missing = [c for c in SUMMARY_COLUMNS if c not in summary]
     if missing:
         raise UserError(f"{path / 'summary.csv'}:1: field {missing[0]!r}: missing column")
+    if summary.empty:
+        raise UserError(f"{path / 'summary.csv'}: no rows (a run writes one per policy and class)")
     try:
         summary = _numbers_as_floats(summary)
     except ValueError as exc:

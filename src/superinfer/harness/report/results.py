@@ -32,6 +32,7 @@ from superinfer.harness.report.metrics import SUMMARY_COLUMNS, metrics_long
 __all__ = [
     "RUN_FILES",
     "check_out_dir",
+    "check_out_file",
     "git_sha",
     "manifest",
     "staged_dir",
@@ -90,6 +91,26 @@ def check_out_dir(path: Path, flag: str = "--out") -> Path:
     except OSError as exc:
         raise UserError(f"{flag} {path}: cannot write in {parent} ({exc.strerror})") from None
     os.rmdir(probe)
+    return path
+
+
+def check_out_file(path: Path, flag: str = "--out") -> Path:
+    """``path`` if a file can be written there (replaced if it exists); checked before any
+    work.
+
+    Raises:
+        UserError: ``path`` is a directory, a component of it is a file, or its directory cannot
+            be written; one line naming ``flag``.
+    """
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a directory (give a file name)")
+    parent = path.resolve().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"{flag} {path}: cannot write in {parent}")
     return path
 
 

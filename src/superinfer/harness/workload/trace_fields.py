@@ -138,12 +138,17 @@ def check_hashes(
     return tuple(hashes)
 
 
-def csv_records(path: Path, text: str) -> Iterator[tuple[int, dict[str, str]]]:
-    """``(line, {column: cell})`` per non-blank data row; the header is line 1.
+def csv_records(
+    path: Path, text: str, columns: tuple[str, ...] = ()
+) -> Iterator[tuple[int, dict[str, str]]]:
+    """``(line, {column: cell})`` per non-blank data row; the header is line 1 and must name
+    every one of ``columns`` (checked before any row, so a missing column is what is reported).
 
     Raises:
-        TraceFormatError: empty file, duplicate header names, a row with fewer fields than the
-            header, or a CSV syntax error.
+        TraceFormatError: empty file, duplicate header names, a missing column, a row with
+            fewer fields than the
+            header or with a value past its last column (empty trailing fields pass), or a CSV
+            syntax error.
     """
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
@@ -154,11 +159,13 @@ def csv_records(path: Path, text: str) -> Iterator[tuple[int, dict[str, str]]]:
         dupes = sorted({h for h in header if header.count(h) > 1})
         if dupes:
             raise TraceFormatError(path, 1, dupes[0], "column named twice in the header")
+        require_columns(path, header, columns)
         for row in reader:
             line = reader.line_num
             if not row or all(not cell.strip() for cell in row):
                 continue  # blank line
-            if len(row) < len(header):
+            extra = any(cell.strip() for cell in row[len(header) :])  # trailing commas pass
+            if len(row) < len(header) or extra:
                 raise TraceFormatError(
                     path, line, None, f"{len(row)} fields, header has {len(header)}"
                 )

@@ -185,9 +185,7 @@ def load_azure_csv(path: Path) -> list[TraceRow]:
     text = read_trace_text(path)
     rows: list[TraceRow] = []
     last = float("-inf")
-    for line, rec in csv_records(path, text):
-        if not rows:
-            require_columns(path, list(rec), _AZURE_COLUMNS)
+    for line, rec in csv_records(path, text, _AZURE_COLUMNS):
         stamp = rec["TIMESTAMP"]
         try:
             arrival = parse_azure_timestamp(stamp)
@@ -274,9 +272,7 @@ def load_sharegpt_lengths_csv(path: Path) -> list[LengthRow]:
     """
     text = read_trace_text(path)
     rows: list[LengthRow] = []
-    for line, rec in csv_records(path, text):
-        if not rows:
-            require_columns(path, list(rec), _SHAREGPT_COLUMNS)
+    for line, rec in csv_records(path, text, _SHAREGPT_COLUMNS):
         prompt = positive_int(path, line, "num_prefill_tokens", rec["num_prefill_tokens"])
         output = positive_int(path, line, "num_decode_tokens", rec["num_decode_tokens"])
         if "num_total_tokens" in rec:
@@ -534,7 +530,7 @@ def load_table(
     text = read_trace_text(path)
     records: Iterator[tuple[int, dict[str, object]]]
     if fmt == "csv":
-        records = ((line, dict(rec)) for line, rec in csv_records(path, text))
+        records = ((line, dict(rec)) for line, rec in csv_records(path, text, cmap.columns()))
     else:
         records = (
             (line, json_object(path, line, body))
@@ -546,8 +542,6 @@ def load_table(
     untimed: list[LengthRow] = []
     last = float("-inf")
     for line, rec in records:
-        if fmt == "csv" and not timed and not untimed:
-            require_columns(path, list(rec), cmap.columns())
         arrival, row = _table_row(path, line, rec, cmap, count)
         if arrival is None:
             untimed.append(row)
