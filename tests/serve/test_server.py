@@ -328,6 +328,7 @@ def test_another_model_is_a_404_and_every_refused_request_is_counted(smollm2: An
             ("POST", "/v1/chat/completions", chat, {"content-type": "application/json"}),
             ("POST", "/v1/completions", "not json", {}),
             ("POST", "/v1/completions", {"prompt": "x", "n": 2}, {}),
+            ("POST", "/v1/completions", '{"prompt": "' + "a" * (1 << 20) + '"}', {}),
         )
         ((_, _, metrics_text),) = call(engine, ("GET", "/metrics", None, {}))
     (s1, _, t1), (s2, _, t2) = answers[:2]
@@ -337,6 +338,11 @@ def test_another_model_is_a_404_and_every_refused_request_is_counted(smollm2: An
         "type": "invalid_request_error", "param": "model", "code": "model_not_found",
     })  # fmt: skip
     assert s2 == 400 and json.loads(t2)["error"]["param"] == "messages[0].content"
+    s5, _, t5 = answers[4]
+    assert (s5, json.loads(t5)["error"]["message"]) == (
+        413,
+        "the body is 1,048,590 bytes, over the limit of 1,048,576 (the context holds far less)",
+    )
     refused = {
         (s.labels["status"], s.labels["param"]): s.value
         for family in text_string_to_metric_families(metrics_text)
@@ -346,5 +352,5 @@ def test_another_model_is_a_404_and_every_refused_request_is_counted(smollm2: An
     }
     assert refused == {
         ("400", ""): 1.0, ("400", "messages[].content"): 1.0, ("400", "n"): 1.0,
-        ("404", "model"): 1.0,
+        ("404", "model"): 1.0, ("413", ""): 1.0,
     }  # fmt: skip

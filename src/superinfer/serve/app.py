@@ -32,6 +32,10 @@ __all__ = ["build_app", "serve_forever", "watch_disconnect"]
 
 #: How often ``serve_forever`` checks that the engine loop still runs, s.
 HEALTH_POLL_S = 0.5
+#: Largest request body served, bytes: SmolLM2's 8,192-token context is at most tens of KB of
+#: text or token ids; tokenizing a 4.8 MB prompt held the event loop (every route) for 1.8 s
+#: before it was refused as too long (a helper's audit, 2026-12-05). Larger: HTTP 413.
+MAX_BODY_BYTES = 1 << 20
 #: How long past ``ServeConfig.drain_s`` uvicorn waits before it cancels the routes itself, s
 #: (the routes answer the failed requests in that time).
 _DRAIN_BACKSTOP_S = 5.0
@@ -112,6 +116,12 @@ def build_app(engine: ServingEngine) -> Starlette:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def generate(request: Request, chat: bool) -> Response:
+        raw = await request.body()
+        if len(raw) > MAX_BODY_BYTES:  # tokenizing it would stall every other request
+            return engine.refuse(
+                RequestError(413, f"the body is {len(raw):,} bytes, over the limit of "
+                             f"{MAX_BODY_BYTES:,} (the context holds far less)")
+            )  # fmt: skip
         try:
             body = await request.json()
         except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to parse
