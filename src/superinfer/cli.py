@@ -4,7 +4,6 @@ one harness call and prints what it did)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,82 +180,6 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
         f"wrote {out_dir}/ (summary.csv, metrics.csv, requests.parquet, timeline.parquet{extra}, "
         f"manifest.json, report.md, {len(plots)} plots)"
     )
-
-
-# -- calibrate --------------------------------------------------------------------------------
-
-# fmt: off
-@cli.command()
-@click.option("--engine", default="gpu", show_default=True,
-              help="gpu, hf, sglang or published. gpu: fit the simulated GPU engines' step-time "
-              "model to the measured kernel timings in shared/data/profiling; hf: measure the real "
-              "CPU engine, fit sim:hf-cpu; sglang: fit sim:sglang-cpu to a real SGLang server's "
-              "step log (--steps).")
-@engine_option("hf: engine setting, repeatable (as for bench).")
-@seed_option("hf: seed of the prompt order.")
-@click.option("--steps", "steps_file", default=None, type=click.Path(dir_okay=False),
-              help="hf: refit from steps recorded earlier (a *_steps.csv of calibrate, or a run's "
-              "steps.parquet) instead of measuring; sglang: the server's step log (required).")
-@click.option("--out", default=None, type=click.Path(),
-              help="gpu: directory for fit_error.csv, fit_error_by_range.csv, params.json, "
-              "report.md [results/calibration]; hf, sglang: calibration file, its steps go "
-              "beside it [hf: results/hf/step_time_fit.json; sglang: sglang_step_time.json].")
-@click.option("--install/--no-install", default=True, show_default=True,
-              help="gpu: also write the parameters into the package (sim/calibration.json), where "
-              "the simulator reads them.")
-# fmt: on
-def calibrate(engine: str, engine_options: tuple[str, ...], seed: int, steps_file: str | None,
-              out: str | None, install: bool) -> None:  # fmt: skip
-    """Fit a step-time model: the simulated GPUs' (default), the real CPU engine's (hf), or the
-    engines' own costs against published measurements (published)."""
-    from superinfer.harness.offline.calibrate_published import write_published
-    targets: dict[str, Callable[[], None]] = {
-        "hf": lambda: _calibrate_hf(engine_options, seed, steps_file, out),
-        "sglang": lambda: _calibrate_hf(
-            engine_options, seed, steps_file, out or "sglang_step_time.json", server_log=True
-        ),
-        "gpu": lambda: _calibrate_gpu(out, install),
-        "published": lambda: click.echo("\n".join(f"wrote {p}" for p in write_published(
-            out or "results/fidelity", install=install, progress=click.echo))),  # fmt: skip
-    }
-    if engine not in targets:
-        raise UserError(
-            f"calibrate fits the simulated GPUs (--engine gpu), measures the real CPU engine "
-            f"(--engine hf), refits an SGLang step log (--engine sglang) or the published "
-            f"measurements (--engine published), not {engine!r}"
-        )
-    if steps_file is not None and engine in ("gpu", "published"):
-        raise UserError(f"--steps applies to calibrate --engine hf or sglang, not {engine}")
-    if out is not None:  # a bad place fails now, not after the measurement or the fit
-        from superinfer.harness.report.results import check_out_dir, check_out_file
-
-        if engine in ("hf", "sglang"):
-            check_out_file(Path(out))
-        else:
-            check_out_dir(Path(out))
-    targets[engine]()
-
-
-def _calibrate_hf(engine_options: tuple[str, ...], seed: int, steps_file: str | None,
-                  out: str | None, server_log: bool = False) -> None:  # fmt: skip
-    """Measure real engine steps (or refit recorded ones) and fit the sim:hf-cpu step time; with
-    ``server_log``, fit sim:sglang-cpu's to an SGLang server's step log."""
-    from superinfer.harness.offline.calibrate_hf import fit_summary, write_hf_calibration
-
-    model, report, path, steps_path = write_hf_calibration(
-        key_values(engine_options, "--engine-option"), seed=seed, steps_file=steps_file,
-        out=out or "results/hf/step_time_fit.json", server_log=server_log,
-    )  # fmt: skip
-    click.echo("\n".join([*fit_summary(model, report), f"wrote {path} and {steps_path}"]))
-
-
-def _calibrate_gpu(out: str | None, install: bool) -> None:
-    """Fit the simulator's step-time model to the measured GPU timings in shared/data/profiling."""
-    from superinfer.harness.offline.calibrate import write_gpu_calibration
-
-    out_dir, *installed = write_gpu_calibration(out or "results/calibration", install=install)
-    files = "fit_error.csv, fit_error_by_range.csv, params.json, report.md"
-    click.echo("\n".join([f"wrote {out_dir}/ ({files})", *(f"wrote {t}" for t in installed)]))
 
 
 # -- serve ------------------------------------------------------------------------------------
@@ -570,8 +493,10 @@ def cache_eval(**p: Any) -> None:
     console.print(f"wrote {out_dir}/ (hit_rates.csv, hit_rates_detail.csv, report.md, plots)")
 
 
+from superinfer.cli_calibrate import calibrate  # noqa: E402
 from superinfer.cli_conform import conform  # noqa: E402
 
+cli.add_command(calibrate)
 cli.add_command(conform)
 
 

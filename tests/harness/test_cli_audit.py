@@ -191,7 +191,7 @@ def test_a_spec_on_the_cpu_engines_is_not_given_the_traces_default_start() -> No
 
 
 def test_a_load_sweep_file_with_no_rows_or_a_word_for_a_load_is_refused(tmp_path: Path) -> None:
-    from superinfer.harness.report.markdown import load_sweep
+    from superinfer.harness.report.sweep_file import load_sweep
 
     path = tmp_path / "sweep.csv"
     head = "rate_scale,engine,policy,slo_class,slo_attainment\n"

@@ -26,6 +26,8 @@ from superinfer.harness.report.plots import (
     timeline_plot,
 )
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, write_atomic
+from superinfer.harness.report.sweep_file import SWEEP_COLUMNS as SWEEP_COLUMNS
+from superinfer.harness.report.sweep_file import load_sweep as load_sweep
 
 __all__ = [
     "SWEEP_COLUMNS",
@@ -60,9 +62,6 @@ TABLE_COLUMNS = {
     "kv_peak_gb": "KV peak GB",
     "preemptions": "preempt.",
 }
-
-#: Columns a load-sweep file (``sweep.csv``) must have to be plotted.
-SWEEP_COLUMNS = ("rate_scale", "engine", "policy", "slo_class", "slo_attainment")
 
 
 def format_value(value: Any, column: str) -> str:
@@ -348,34 +347,6 @@ class RunData:
     sweep: pd.DataFrame | None = None
 
 
-def load_sweep(path: Path) -> pd.DataFrame:
-    """Read a load-sweep CSV.
-
-    Raises:
-        UserError: unreadable, a column of :data:`SWEEP_COLUMNS` missing, no rows, or a
-            ``rate_scale`` or ``slo_attainment`` that is not a number (named with its line).
-    """
-    try:
-        sweep = pd.read_csv(path)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: cannot read ({exc})") from None
-    missing = [c for c in SWEEP_COLUMNS if c not in sweep]
-    if missing:
-        raise UserError(f"{path}:1: field {missing[0]!r}: missing column of a load sweep")
-    if sweep.empty:
-        raise UserError(f"{path}: no rows (a load sweep has one per load, engine, policy, class)")
-    for column in ("rate_scale", "slo_attainment"):
-        values = pd.to_numeric(sweep[column], errors="coerce")
-        bad = values.isna() & sweep[column].notna()
-        if bad.any():
-            i = int(bad.to_numpy().argmax())
-            raise UserError(
-                f"{path}:{i + 2}: field {column!r}: {sweep[column].iloc[i]!r} is not a number"
-            )
-        sweep[column] = values
-    return sweep
-
-
 def load_run(path: Path) -> RunData:
     """Read the run directory ``path`` (as ``superinfer bench`` writes it).
 
@@ -388,10 +359,8 @@ def load_run(path: Path) -> RunData:
     name = "summary.csv"
     try:  # each file named in its error
         summary = pd.read_csv(path / name)
-        name = "requests.parquet"
-        requests = pd.read_parquet(path / name)
-        name = "manifest.json"
-        meta = json.loads((path / name).read_text(encoding="utf-8"))
+        requests = pd.read_parquet(path / (name := "requests.parquet"))
+        meta = json.loads((path / (name := "manifest.json")).read_text(encoding="utf-8"))
         name = "timeline.parquet"
         timeline = pd.read_parquet(path / name) if (path / name).is_file() else None
     except (OSError, ValueError) as exc:
