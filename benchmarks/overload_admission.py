@@ -47,8 +47,11 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--extra", action="append", default=[],
                     help="NAME=KEY=VALUE[;KEY=VALUE]: another superinfer variant")  # fmt: skip
+    ap.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an engine option of every run, e.g. mixed_batches=1")  # fmt: skip
     ap.add_argument("--out", default="results/overload")
     args = ap.parse_args()
+    engine_options = dict(kv.split("=", 1) for kv in args.engine_option)
     variants = {k: VARIANTS[k] for k in args.variants.split(",") if k}
     for item in args.extra:
         name, _, opts = item.partition("=")
@@ -61,6 +64,7 @@ def main() -> None:
                 cfg = BenchConfig(
                     engines=(engine,), policies=(policy,), rate_scale=rate,
                     duration_s=args.duration_s or None, policy_options={policy: opts},
+                    engine_options=engine_options,
                 )  # fmt: skip
                 res = run_bench(cfg)
                 req = res.requests
@@ -90,6 +94,7 @@ def main() -> None:
         "git_sha": sha, "machine": platform.platform(), "duration_s": args.duration_s,
         "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "variants": {k: [p, o] for k, (p, o) in variants.items()},
+        "engine_options": engine_options,
         "wall_s": round(time.time() - t0, 1),
     }  # fmt: skip
     (out / "overload_meta.json").write_text(json.dumps(meta, indent=2) + "\n")

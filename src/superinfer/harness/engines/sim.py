@@ -39,13 +39,19 @@ __all__ = [
 ]
 
 #: ``--engine-option`` keys of the ``sim:<profile>`` engines (what-if knobs, as the real engines'
-#: flags): ``max_num_seqs`` (most running requests per replica, vLLM's ``--max-num-seqs``) and
-#: ``num_gpu_blocks`` (KV blocks per replica, vLLM's ``--num-gpu-blocks-override``).
-SIM_OPTION_KEYS = ("max_num_seqs", "num_gpu_blocks")
+#: flags): ``max_num_seqs`` (most running requests per replica, vLLM's ``--max-num-seqs``),
+#: ``num_gpu_blocks`` (KV blocks per replica, vLLM's ``--num-gpu-blocks-override``) and
+#: ``mixed_batches`` (0 or 1: whether a step may run prefill chunks beside decodes; 1 on
+#: sim:sglang is SGLang's ``--enable-mixed-chunk``, off in 0.5.23's defaults,
+#: ``EngineProfile.mixed_batches``).
+SIM_OPTION_KEYS = ("max_num_seqs", "num_gpu_blocks", "mixed_batches")
+#: The keys of :data:`SIM_OPTION_KEYS` that are switches (0 or 1), not counts.
+_SWITCHES = ("mixed_batches",)
 
 
 def sim_options(options: Mapping[str, str], *, strict: bool = True) -> dict[str, int]:
-    """Parse the ``sim:<profile>`` engine options (:data:`SIM_OPTION_KEYS`), each an integer >= 1.
+    """Parse the ``sim:<profile>`` engine options (:data:`SIM_OPTION_KEYS`), each an integer >= 1
+    (``mixed_batches``: 0 or 1).
 
     Args:
         options: ``--engine-option`` keys and values.
@@ -53,7 +59,8 @@ def sim_options(options: Mapping[str, str], *, strict: bool = True) -> dict[str,
             options are then theirs).
 
     Raises:
-        UserError: an unknown key (``strict``) or a value that is not an integer >= 1.
+        UserError: an unknown key (``strict``) or a value that is not an integer >= 1 (a switch:
+            not 0 or 1).
     """
     out: dict[str, int] = {}
     for key, raw in options.items():
@@ -66,7 +73,9 @@ def sim_options(options: Mapping[str, str], *, strict: bool = True) -> dict[str,
             value = int(raw)
         except ValueError:
             raise UserError(f"--engine-option {key}={raw!r}: not an integer") from None
-        if value < 1:
+        if key in _SWITCHES and value not in (0, 1):
+            raise UserError(f"--engine-option {key} must be 0 or 1, got {value}")
+        if key not in _SWITCHES and value < 1:
             raise UserError(f"--engine-option {key} must be >= 1, got {value}")
         out[key] = value
     return out
@@ -174,9 +183,10 @@ def run_sim_cell(
     )
     if "max_num_seqs" in opts:
         n = opts["max_num_seqs"]
-        sim_config = replace(
-            sim_config, profile=replace(profile, max_num_seqs=n, max_num_seqs_large_gpu=n)
-        )
+        profile = replace(profile, max_num_seqs=n, max_num_seqs_large_gpu=n)
+    if "mixed_batches" in opts:
+        profile = replace(profile, mixed_batches=bool(opts["mixed_batches"]))
+    sim_config = replace(sim_config, profile=profile)
     pm = policy_manager(
         policy,
         config.policy_options.get(policy, {}),
