@@ -58,8 +58,10 @@ def test_options_parse_per_engine_loads_and_scalars() -> None:
             "suite.engines": "hf,sim:hf-cpu",
             "suite.lone_gap_s.sglang": "4",
             "suite.lone": "0",
+            "suite.sglang_args": "--enable-mixed-chunk",
         }
     )
+    assert (opts.sglang_args, SuiteOptions().sglang_args) == ("--enable-mixed-chunk", "")
     assert opts.loads["hf"] == (0.1, 0.2)
     assert opts.auto == ("sglang", "llamacpp")  # fixed loads turn hf's pilot off
     assert opts.loads["sglang"] == DEFAULT_LOADS["sglang"]

@@ -186,7 +186,7 @@ def _servers(
             plugin_opts = _plugin_opts(policy, superinfer)
             server = SGLangServer(
                 policy,
-                ["--model-path", str(model), *SGLANG_ARGS.split()],
+                ["--model-path", str(model), *SGLANG_ARGS.split(), *opts.sglang_args.split()],
                 policy_opts=[f"{k}={v}" for k, v in plugin_opts.items()],
                 log_path=log_dir / f"sglang-{policy}.log",
                 step_log_path=log_dir / f"sglang-{policy}.steps.csv",

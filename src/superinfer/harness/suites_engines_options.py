@@ -133,6 +133,9 @@ class SuiteOptions:
             simulated rows see the machine as it was during the runs; else a file of
             ``superinfer calibrate --engine hf`` (e.g. ``results/hf/step_time_fit.json``).
         sglang_model: the SmolLM2 folder for SGLang (default: ``make install-smollm2-sglang``'s).
+        sglang_args: more ``launch_server`` arguments for every SGLang server of the run, after
+            :data:`SGLANG_ARGS` (e.g. ``--enable-mixed-chunk``); recorded in the manifest's
+            options. The ``sim:sglang-cpu`` row does not follow them.
     """
 
     engines: tuple[str, ...] = (*REAL_ENGINES, SIM_HF, SIM_SGLANG)
@@ -153,6 +156,7 @@ class SuiteOptions:
     )
     hf_step_time_file: str = "lone"
     sglang_model: str = ""
+    sglang_args: str = ""
 
     def slos(self) -> tuple[SLO, SLO]:
         """``(chat, batch)`` SLOs, the same on every engine."""
