@@ -238,34 +238,48 @@ def test_a_port_outside_tcp_range_is_refused(port: int) -> None:
         ServeConfig(port=port)
 
 
-def test_a_shutdown_drains_for_drain_s_then_fails_what_still_runs(smollm2: Any) -> None:
-    # issue 20's shutdown rule, found by a helper's audit (2026-12-05): a SIGTERM waited for
-    # every request in flight with no bound (138 s for two 1,500-token requests). Now the
-    # requests get `drain_s` (0.5 s here); the one still running is failed `server shutdown`,
-    # its stream ends with an `error` event instead of a cut connection, and it is counted.
+def _stream_through_shutdown(
+    engine: ServingEngine, shut_down: Any
+) -> tuple[Any, threading.Thread, list[dict[str, Any]], float]:
+    """Serve ``engine`` with the draining uvicorn server on 127.0.0.1, stream one 2,000-token
+    request, call ``shut_down(server)`` at its first chunk, read the stream to its end and wait
+    for the server to stop; ``(server, its thread, the events received, seconds taken)``."""
     import httpx
     import uvicorn
 
     from superinfer.serve.app import _DrainingServer
 
     port = free_port()
+    config = uvicorn.Config(build_app(engine), host="127.0.0.1", port=port, log_level="error")
+    server = _DrainingServer(engine, config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 30.0)
+    lines: list[str] = []
+    body = {**LONG, "max_tokens": 2000, "stream": True}
+    start = time.perf_counter()
+    with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and not lines:
+                shut_down(server)
+            lines.append(line)
+    thread.join(30)
+    events = [json.loads(x[len("data: ") :]) for x in lines if x.startswith("data: ")]
+    return server, thread, events, time.perf_counter() - start
+
+
+def test_a_shutdown_drains_for_drain_s_then_fails_what_still_runs(smollm2: Any) -> None:
+    # issue 20's shutdown rule, found by a helper's audit (2026-12-05): a SIGTERM waited for
+    # every request in flight with no bound (138 s for two 1,500-token requests). Now the
+    # requests get `drain_s` (0.5 s here); the one still running is failed `server shutdown`,
+    # its stream ends with an `error` event instead of a cut connection, and it is counted.
+    def sigterm(server: Any) -> None:
+        server.should_exit = True  # what uvicorn's SIGTERM handler sets
+
     with serving(smollm2, config=ServeConfig(drain_s=0.5)) as engine:
-        config = uvicorn.Config(build_app(engine), host="127.0.0.1", port=port, log_level="error")
-        server = _DrainingServer(engine, config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        wait_until(lambda: server.started, 30.0)
-        lines = []
-        body = {**LONG, "max_tokens": 2000, "stream": True}
-        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: ") and not lines:
-                    server.should_exit = True  # what uvicorn's SIGTERM handler sets
-                lines.append(line)
-        thread.join(30)
+        server, thread, events, _ = _stream_through_shutdown(engine, sigterm)
         stats = engine.stats()["batch"]
         idle_after = wait_until(lambda: idle(engine), 1.0)
-    events = [json.loads(x[len("data: ") :]) for x in lines if x.startswith("data: ")]
     assert not thread.is_alive() and server.cut == 1
     assert events[-1] == {"error": {"message": "request failed: server shutdown",
                                     "type": "engine_error", "code": "server shutdown"}}  # fmt: skip
@@ -284,31 +298,13 @@ def test_a_forced_shutdown_fails_what_runs_at_once(smollm2: Any) -> None:
     # a second Ctrl-C: no drain; the stream's request is failed and counted, not cut silently
     import signal
 
-    import httpx
-    import uvicorn
+    def ctrl_c_twice(server: Any) -> None:
+        server.handle_exit(signal.SIGINT, None)
+        server.handle_exit(signal.SIGINT, None)
 
-    from superinfer.serve.app import _DrainingServer
-
-    port = free_port()
     with serving(smollm2, config=ServeConfig(drain_s=600.0)) as engine:
-        config = uvicorn.Config(build_app(engine), host="127.0.0.1", port=port, log_level="error")
-        server = _DrainingServer(engine, config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        wait_until(lambda: server.started, 30.0)
-        lines = []
-        body = {**LONG, "max_tokens": 2000, "stream": True}
-        start = time.perf_counter()
-        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: ") and not lines:
-                    server.handle_exit(signal.SIGINT, None)  # Ctrl-C ...
-                    server.handle_exit(signal.SIGINT, None)  # ... twice: forced
-                lines.append(line)
-        thread.join(30)
-        took = time.perf_counter() - start
+        server, thread, events, took = _stream_through_shutdown(engine, ctrl_c_twice)
         stats = engine.stats()["batch"]
-    events = [json.loads(x[len("data: ") :]) for x in lines if x.startswith("data: ")]
     assert not thread.is_alive() and server.force_exit and server.cut == 1
     assert took < 30.0
     assert events[-1]["error"]["code"] == "server shutdown"

@@ -81,6 +81,13 @@ def check_out_dir(path: Path, flag: str = "--out") -> Path:
         raise UserError(f"{flag} {path}: exists and is not a directory")
     if path.resolve() == Path(path.resolve().anchor):
         raise UserError(f"{flag} {path}: a run directory cannot be the file system root")
+    _check_writable_parent(path, flag)
+    return path
+
+
+def _check_writable_parent(path: Path, flag: str) -> None:
+    """The nearest existing ancestor of ``path`` must be a directory this process can write
+    in (probed with a temporary directory); else a :class:`UserError` naming ``flag``."""
     parent = path.resolve().parent
     while not parent.exists():
         parent = parent.parent
@@ -91,7 +98,6 @@ def check_out_dir(path: Path, flag: str = "--out") -> Path:
     except OSError as exc:
         raise UserError(f"{flag} {path}: cannot write in {parent} ({exc.strerror})") from None
     os.rmdir(probe)
-    return path
 
 
 def check_out_file(path: Path, flag: str = "--out") -> Path:
@@ -104,13 +110,7 @@ def check_out_file(path: Path, flag: str = "--out") -> Path:
     """
     if path.is_dir():
         raise UserError(f"{flag} {path}: is a directory (give a file name)")
-    parent = path.resolve().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UserError(f"{flag} {path}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK):
-        raise UserError(f"{flag} {path}: cannot write in {parent}")
+    _check_writable_parent(path, flag)
     return path
 
 
