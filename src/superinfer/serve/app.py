@@ -69,11 +69,12 @@ class _DrainingServer(uvicorn.Server):
             await super().shutdown(sockets)
         finally:
             timer.cancel()
-        # forced: uvicorn did not wait; the routes of the requests just failed answer now
-        deadline = self._loop.time() + _FORCED_FLUSH_S
-        while self.force_exit and self.server_state.tasks and self._loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        if self.force_exit:  # uvicorn skips the app's lifespan end then: a logged traceback
+        if self.force_exit:
+            # uvicorn did not wait: the routes of the requests just failed answer now, and the
+            # app's lifespan is ended here (uvicorn skips it: a logged traceback)
+            deadline = self._loop.time() + _FORCED_FLUSH_S
+            while self.server_state.tasks and self._loop.time() < deadline:
+                await asyncio.sleep(0.05)
             await self.lifespan.shutdown()
 
     def handle_exit(self, sig: int, frame: Any) -> None:

@@ -54,10 +54,10 @@ class ServeConfig:
     drain_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.drain_s, int | float) and math.isfinite(self.drain_s)) or (
-            isinstance(self.drain_s, bool) or self.drain_s <= 0
-        ):
-            raise ValueError(f"drain_s must be a number of seconds > 0, got {self.drain_s!r}")
+        d = self.drain_s
+        number = isinstance(d, int | float) and not isinstance(d, bool)
+        if not (number and math.isfinite(d) and d > 0):
+            raise ValueError(f"drain_s must be a number of seconds > 0, got {d!r}")
         if isinstance(self.port, bool) or not isinstance(self.port, int):
             raise ValueError(f"port must be an integer in [0, 65535], got {self.port!r}")
         if not 0 <= self.port <= 65535:
