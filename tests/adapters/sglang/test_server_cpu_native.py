@@ -78,8 +78,15 @@ def test_the_step_log_counts_retractions_and_their_second_prefill(server: SGLang
     prefill, decode = new[new["kind"] == "prefill"], new[new["kind"] == "decode"]
     # a retracted request is prefilled again (prompt and output so far), which also gives it
     # its next token: one more prefill and one fewer decode per retraction
-    assert int(prefill["num_seqs"].sum()) == 8 + retracted
     assert int(decode["num_seqs"].sum()) == 8 * 299 - retracted
+    # Re-prefills of up to 325 tokens can overrun the chunk (512 tokens, launch.py): SGLang's
+    # PrefillAdder then truncates the batch's last request to fill the chunk exactly, and that
+    # request appears once more in a later prefill batch. So each extra prefill row-sequence
+    # beyond 8 + retracted needs a prefill batch that ran exactly a full chunk.
+    chunk = int(server.argv[server.argv.index("--chunked-prefill-size") + 1])
+    extra = int(prefill["num_seqs"].sum()) - (8 + retracted)
+    full_chunks = int((prefill["num_prefill_tokens"] == chunk).sum())
+    assert 0 <= extra <= full_chunks, (extra, full_chunks)
 
 
 def test_a_start_up_failure_is_one_line_naming_the_cause(tmp_path) -> None:
