@@ -28,6 +28,7 @@ from superinfer.serve import (  # noqa: E402
     ServeConfig,
     ServingEngine,
     build_app,
+    ignored_fields,
     priority_rank,
     request_slo,
     resolve_slo,
@@ -354,3 +355,42 @@ def test_another_model_is_a_404_and_every_refused_request_is_counted(smollm2: An
         ("400", ""): 1.0, ("400", "messages[].content"): 1.0, ("400", "n"): 1.0,
         ("404", "model"): 1.0, ("413", ""): 1.0,
     }  # fmt: skip
+
+
+def test_fields_neither_read_nor_without_effect_are_listed_sorted() -> None:
+    body = {"prompt": "x", "max_token": 5, "temperature": 0.7, "response_format": {}, "n": 1}
+    assert ignored_fields(body) == ("max_token", "response_format")
+    assert ignored_fields({"prompt": "x", "seed": 1, "user": "u", "slo": "chat"}) == ()
+
+
+def test_a_request_with_ignored_fields_is_served_logged_and_counted(
+    smollm2: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    typo = {"prompt": "x", "max_tokens": 2, "max_token": 5, "temperature": 0.5}
+    many = {"prompt": "x", "max_tokens": 2, **{f"f{i}": i for i in range(10)}, "a" * 50: 1}
+    with caplog.at_level("WARNING", logger="superinfer.serve.engine"), serving(smollm2) as engine:
+        answers = call(
+            engine,
+            ("POST", "/v1/completions", typo, {}),
+            ("POST", "/v1/completions", many, {}),
+            ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2, "seed": 3}, {}),
+        )
+        ((_, _, metrics_text),) = call(engine, ("GET", "/metrics", None, {}))
+    assert [status for status, _, _ in answers] == [200, 200, 200]
+    assert [len(json.loads(text)["choices"]) for _, _, text in answers] == [1, 1, 1]
+    lines = sorted(r.getMessage() for r in caplog.records)
+    assert lines == [
+        f"request fields ignored (not read by this server): '{'a' * 40}', 'f0', 'f1', 'f2', "
+        "'f3', 'f4', 'f5', 'f6' and 3 more",
+        "request fields ignored (not read by this server): 'max_token'",
+    ]
+    (count,) = (
+        s.value
+        for family in text_string_to_metric_families(metrics_text)
+        if family.name == "superinfer_requests_with_ignored_fields"
+        for s in family.samples
+        if s.name == "superinfer_requests_with_ignored_fields_total"
+    )
+    assert count == 2.0

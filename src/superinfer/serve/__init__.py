@@ -43,7 +43,13 @@ from __future__ import annotations
 from superinfer.serve.app import build_app, serve_forever
 from superinfer.serve.config import DEFAULT_SLO_CLASSES, PRIORITY_CONVENTIONS, ServeConfig
 from superinfer.serve.engine import ServingEngine
-from superinfer.serve.parsing import RequestError, priority_rank, request_slo, resolve_slo
+from superinfer.serve.parsing import (
+    RequestError,
+    ignored_fields,
+    priority_rank,
+    request_slo,
+    resolve_slo,
+)
 
 __all__ = [
     "DEFAULT_SLO_CLASSES",
@@ -52,6 +58,7 @@ __all__ = [
     "ServeConfig",
     "ServingEngine",
     "build_app",
+    "ignored_fields",
     "priority_rank",
     "request_slo",
     "resolve_slo",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import uuid
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,10 @@ from superinfer.policy_core.types import SLO
 from superinfer.serve.config import ServeConfig
 from superinfer.serve.metrics import TPOT_BUCKETS_S, TTFT_BUCKETS_S, EngineCollector
 from superinfer.serve.parsing import Params, RequestError, parse_request
+
+_log = logging.getLogger(__name__)
+#: At most this many ignored field names per log line, each cut to :data:`_NAME_CHARS`.
+_NAMES_LOGGED, _NAME_CHARS = 8, 40
 
 __all__ = [
     "CLIENT_DISCONNECTED",
@@ -100,6 +105,8 @@ class ServingEngine:
         self._stats: dict[str, ClassStats] = {}
         #: requests answered before the engine, by (HTTP status, field; "" if none)
         self.refused: dict[tuple[int, str], int] = {}
+        #: requests served with top-level fields the server ignored (``Params.ignored``)
+        self.ignored_field_requests = 0
         #: the server is shutting down: a request cancelled now is failed ``server shutdown``
         self.draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -159,10 +166,14 @@ class ServingEngine:
         """The engine request of an OpenAI body (``parsing.parse_request`` with this engine's
         tokenizer, context length and end-of-sequence tokens).
 
+        A body with fields the server ignores (``Params.ignored``) is served; the fields are
+        logged (a warning naming up to 8 of them, as vLLM logs them) and the request counted in
+        ``superinfer_requests_with_ignored_fields``.
+
         Raises:
             RequestError: a malformed or unsupported field (HTTP 400).
         """
-        return parse_request(
+        params = parse_request(
             body,
             chat=chat,
             tokenizer=self.tokenizer,
@@ -170,6 +181,15 @@ class ServingEngine:
             eos_token_ids=self.eos_token_ids,
             model=self.config.served_model_name,
         )
+        if params.ignored:
+            self.ignored_field_requests += 1
+            names = ", ".join(repr(n[:_NAME_CHARS]) for n in params.ignored[:_NAMES_LOGGED])
+            more = len(params.ignored) - _NAMES_LOGGED
+            _log.warning(
+                "request fields ignored (not read by this server): %s%s",
+                names, f" and {more} more" if more > 0 else "",
+            )  # fmt: skip
+        return params
 
     def submit(self, params: Params, slo: SLO) -> Live:
         """Hand a parsed request to the engine (from the event loop).

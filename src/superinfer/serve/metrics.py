@@ -108,3 +108,10 @@ class EngineCollector:
         for (status, param), count in sorted(engine.refused.items()):
             refused.add_metric([str(status), param], float(count))
         yield refused
+        ignored = CounterMetricFamily(
+            "superinfer_requests_with_ignored_fields",
+            "Requests served with top-level fields the server neither reads nor accepts as "
+            "without effect (a misspelt or unsupported field; the log names them)",
+        )
+        ignored.add_metric([], float(engine.ignored_field_requests))
+        yield ignored

@@ -15,9 +15,12 @@ from superinfer.policy_core.types import SLO
 from superinfer.serve.config import ServeConfig
 
 __all__ = [
+    "NO_EFFECT_FIELDS",
+    "READ_FIELDS",
     "Params",
     "RequestError",
     "chat_ids",
+    "ignored_fields",
     "parse_request",
     "priority_rank",
     "prompt_ids",
@@ -198,13 +201,45 @@ def priority_rank(priority: Any, convention: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Params:
-    """What a parsed request asks the engine for."""
+    """What a parsed request asks the engine for.
+
+    Attributes:
+        ignored: the body's top-level fields this server neither reads nor lists as accepted
+            without effect (:func:`ignored_fields`), sorted: served anyway, and logged.
+    """
 
     input_ids: list[int]
     max_tokens: int
     eos_token_ids: tuple[int, ...]
     stream: bool
     include_usage: bool
+    ignored: tuple[str, ...] = ()
+
+
+#: Top-level body fields the server reads: :func:`parse_request` (``_unsupported`` refuses the
+#: second line's when they ask for what is not served) and :func:`resolve_slo`.
+READ_FIELDS = frozenset(
+    {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream",
+     "stream_options", "ignore_eos", "min_tokens", "logit_bias", "slo", "custom_params",
+     "priority"}
+    | {"n", "best_of", "stop", "logprobs", "top_logprobs", "echo", "suffix", "tools"}
+)  # fmt: skip
+#: Fields of the OpenAI API (and vLLM's / SGLang's sampling extras) accepted and without effect:
+#: decoding is greedy with one generation config, and bookkeeping fields are not stored
+#: (docs/serve.md).
+NO_EFFECT_FIELDS = frozenset(
+    {"temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+     "frequency_penalty", "repetition_penalty", "user", "metadata", "store", "service_tier",
+     "tool_choice", "parallel_tool_calls"}
+)  # fmt: skip
+
+
+def ignored_fields(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """The body's top-level fields in neither :data:`READ_FIELDS` nor :data:`NO_EFFECT_FIELDS`,
+    sorted: a misspelt ``max_token`` or a feature this server lacks (``response_format``). Like
+    vLLM (which logs them) the request is served without them; the server logs them and counts
+    the request (``superinfer_requests_with_ignored_fields_total``)."""
+    return tuple(sorted(str(k) for k in body if k not in READ_FIELDS | NO_EFFECT_FIELDS))
 
 
 def _max_tokens(body: Mapping[str, Any], chat: bool, room: int) -> int:
@@ -385,4 +420,6 @@ def parse_request(
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise RequestError(400, "stream_options must be an object", "stream_options")
-    return Params(ids, max_tokens, eos, stream, bool(options.get("include_usage")))
+    return Params(
+        ids, max_tokens, eos, stream, bool(options.get("include_usage")), ignored_fields(body)
+    )
