@@ -35,19 +35,37 @@ Two measurements, written to ``--out``:
    ``decode_speed_ratio``: the mixed log's plain decode steps, measured over the default log's
    decode model: the host-speed check, near 1 when the host ran at the same speed in both runs).
 
+3. ``mixed_replay.csv`` and ``mixed_replay_fidelity.csv``: ``sim:sglang-cpu`` (SGLang's
+   mechanics with the fitted CPU step time) replaying both real runs (``--default-run`` and
+   ``--mixed-run``: each run's ``summary.csv`` and manifest; ``--enable-mixed-chunk`` in the
+   manifest's ``sglang_args`` gives the replay ``mixed_batches=1``), once with each run's own
+   step-time fit and once with the default run's fit for both (a prediction of the mixed run
+   from a log without a mixed step). Fits: ``suites_engines_knee.step_log_fit`` on the step
+   logs above, as the suite fits them, with ``--request-latency-ms`` as the request path.
+   ``mixed_replay.csv``: per fit, run, side (``real`` / ``simulated``) and policy, the means
+   over the repeats of chat attainment, chat TTFT p99, chat TPOT p50 and output tokens/s of
+   every class; ``mixed_replay_fidelity.csv``: ``fit, run`` and the rows of
+   ``benchmarks/fidelity_cpu.py`` (issue 19's bounds).
+
 Usage::
 
     python benchmarks/sglang_mixed_cost.py \\
         --default results/sglang-mixed-chunk/real_default_steps.parquet \\
         --mixed results/sglang-mixed-chunk/real_mixed_steps.parquet \\
+        --default-run results/sglang-mixed-chunk/real_default \\
+        --mixed-run results/sglang-mixed-chunk/real_mixed \\
         --out results/sglang-mixed-chunk
+
+(``--default-run DIR`` reads ``DIR_summary.csv`` and ``DIR_run_manifest.json``.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
@@ -61,8 +79,15 @@ from superinfer.adapters.sglang.real_model import default_real_model_dir
 from superinfer.harness.errors import UserError
 from superinfer.harness.offline.calibrate_hf import fit_steps
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, write_atomic
+from superinfer.harness.suites_engines_fidelity import fidelity
+from superinfer.harness.suites_engines_knee import step_log_fit
+from superinfer.harness.suites_engines_replay import resimulate
+from superinfer.harness.suites_engines_report import aggregate
 from superinfer.sim.hf_cpu import shape_of_totals
 
+#: ``benchmarks/fidelity_cpu.py``'s columns.
+FIDELITY_COLUMNS = ["engine", "policy", "load", "slo_class", "metric", "real", "simulated",
+                    "abs_err", "rel_err", "bound", "within"]  # fmt: skip
 CONTEXTS = (128, 256, 512, 768, 1024)  # the CPU recipe's --context-length is 1,024 (launch.py)
 
 
@@ -171,6 +196,70 @@ def step_excess(default: pd.DataFrame, mixed: pd.DataFrame, bench: pd.DataFrame)
     return pd.DataFrame(rows)
 
 
+#: The SGLang CPU server's request path outside its scheduler steps on this host, ms: the
+#: ``request_latency_ms`` the suite measured on its lone requests in
+#: results/engines-cpu/sglang-host-speed-knee/sglang_step_time.json (the two runs replayed here
+#: had no lone pass).
+REQUEST_LATENCY_MS = 38.9
+
+
+def _run_dir(prefix: Path, steps: pd.DataFrame, into: Path, latency_ms: float) -> Path:
+    """A suite run folder for ``resimulate``: ``PREFIX_summary.csv`` and
+    ``PREFIX_run_manifest.json`` as ``summary.csv`` and ``manifest.json``, and the fit of
+    ``steps`` as ``sglang_step_time.json``."""
+    into.mkdir(parents=True)
+    for suffix, name in (("_summary.csv", "summary.csv"), ("_run_manifest.json", "manifest.json")):
+        src = prefix.parent / f"{prefix.name}{suffix}"
+        if not src.is_file():
+            raise UserError(f"{src}: no such file (a suite run's {name}, copied)")
+        shutil.copy(src, into / name)
+    fit = step_log_fit(steps, "sglang", {}, iterations=True)
+    if fit is None:
+        raise UserError(f"{prefix}: too few steps of the sglang runs to fit a step time")
+    fit["request_latency_ms"] = latency_ms
+    (into / "sglang_step_time.json").write_text(json.dumps(fit, indent=2) + "\n")
+    return into
+
+
+def _means(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per engine and policy, means over the repeats of the :func:`replay` columns."""
+    chat, every = summary[summary["slo_class"] == "chat"], summary[summary["slo_class"] == "all"]
+    keys = ["engine", "policy"]
+    out = chat.groupby(keys)[["slo_attainment", "ttft_p99_ms", "tpot_p50_ms"]].mean()
+    out.columns = ["chat_attainment", "chat_ttft_p99_ms", "chat_tpot_p50_ms"]
+    return out.join(every.groupby(keys)["output_tok_s"].mean()).reset_index()
+
+
+def replay(
+    runs: dict[str, tuple[Path, pd.DataFrame]], latency_ms: float
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``sim:sglang-cpu`` replaying each run of ``runs`` (``{name: (prefix, step log)}``, the
+    default run first) with each run's own fit and with the first run's (module docstring)."""
+    rows, fid_rows = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = {
+            name: _run_dir(prefix, steps, Path(tmp) / name, latency_ms)
+            for name, (prefix, steps) in runs.items()
+        }
+        first = next(iter(dirs.values())) / "sglang_step_time.json"
+        for label, fit in (("own", None), (f"{next(iter(dirs))}_log", first)):
+            for name, src in dirs.items():
+                frame = resimulate(src, "sim:sglang-cpu", fit=fit)
+                means = _means(frame)
+                means.insert(
+                    0, "side", ["real" if e == "sglang" else "simulated" for e in means["engine"]]
+                )
+                means.insert(0, "run", name)
+                means.insert(0, "fit", label)
+                rows.append(means.drop(columns="engine"))
+                fid = fidelity(aggregate(frame))
+                fid = fid.rename(columns={"sim": "simulated"})[FIDELITY_COLUMNS]
+                fid.insert(0, "run", name)
+                fid.insert(0, "fit", label)
+                fid_rows.append(fid)
+    return pd.concat(rows, ignore_index=True), pd.concat(fid_rows, ignore_index=True)
+
+
 def _read_log(path: Path, flag: str) -> pd.DataFrame:
     """A step log, or a one-line error naming the flag."""
     try:
@@ -194,6 +283,9 @@ def main() -> None:
     parser.add_argument("--model-config", type=Path, default=None)
     parser.add_argument("--decodes", type=int, default=5, help="requests per microbench step")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--default-run", type=Path, required=True, metavar="PREFIX")
+    parser.add_argument("--mixed-run", type=Path, required=True, metavar="PREFIX")
+    parser.add_argument("--request-latency-ms", type=float, default=REQUEST_LATENCY_MS)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     try:
@@ -203,9 +295,17 @@ def main() -> None:
             raise UserError(f"--model-config {config}: no such file (make install-smollm2-sglang)")
         bench = microbench(config, args.decodes, args.repeats)
         excess = step_excess(default, mixed, bench)
+        runs = {"default": (args.default_run, default), "mixed": (args.mixed_run, mixed)}
+        replayed, fid = replay(runs, args.request_latency_ms)
     except UserError as exc:
         sys.exit(f"error: {exc}")
-    for name, frame in (("mixed_attention_microbench", bench), ("mixed_step_excess", excess)):
+    outputs = (
+        ("mixed_attention_microbench", bench),
+        ("mixed_step_excess", excess),
+        ("mixed_replay", replayed),
+        ("mixed_replay_fidelity", fid),
+    )
+    for name, frame in outputs:
         path = args.out / f"{name}.csv"
         write_atomic(path, partial(_write_csv, frame))
         print(f"{path}\n{frame.to_string(index=False)}")

@@ -30,8 +30,10 @@ from superinfer.harness.suites_engines_knee import (
 from superinfer.harness.suites_engines_options import (
     DEFAULT_LOADS,
     REAL_ENGINES,
+    SIM_SGLANG_LIMITS,
     SuiteOptions,
     engine_loads,
+    sim_sglang_limits,
     suite_options,
 )
 from superinfer.harness.suites_engines_report import aggregate, policy_checks
@@ -814,3 +816,11 @@ def test_the_request_path_is_what_the_lone_ttfts_leave_outside_the_servers_prefi
     assert request_path_ms(lone, pd.DataFrame(holed)) == 11.5
     early = lone.assign(ttft_ms=[70.0, 300.0, 60.0, float("nan")])
     assert request_path_ms(early, pd.DataFrame(rows)) == 0.0  # steps took longer: floored
+
+
+def test_sim_sglang_cpu_follows_the_servers_mixed_chunk_flag_only() -> None:
+    assert sim_sglang_limits("") == SIM_SGLANG_LIMITS
+    assert sim_sglang_limits("--enable-mixed-chunk --log-level info") == {
+        **SIM_SGLANG_LIMITS, "mixed_batches": "1",
+    }  # fmt: skip
+    assert sim_sglang_limits("--enable-mixed-chunk-size 2") == SIM_SGLANG_LIMITS

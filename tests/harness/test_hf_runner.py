@@ -37,6 +37,12 @@ def test_engine_options_parse_and_reject_unknown_keys() -> None:
     assert hf_options({"step_spread_seed": "3"}).step_spread_seed == 3
     with pytest.raises(UserError, match="step_spread='on': one of calibrated, none"):
         hf_options({"step_spread": "on"})
+    assert hf_options({"mechanics": "sglang", "mixed_batches": "1"}).mixed_batches == 1
+    assert hf_options({}).mixed_batches is None
+    with pytest.raises(UserError, match="mixed_batches must be 0 or 1, got 2"):
+        hf_options({"mechanics": "sglang", "mixed_batches": "2"})
+    with pytest.raises(UserError, match="mixed_batches=0 needs mechanics=sglang"):
+        hf_options({"mixed_batches": "0"})
 
 
 def test_cpu_engines_get_the_small_workload_by_default() -> None:

@@ -59,6 +59,31 @@ def test_a_steps_totals_give_the_same_features_as_its_pieces() -> None:
     assert features(shape_of_totals(2, 2, 2, 300))[-1] == 0.0  # no prefix column: 0
 
 
+def test_sglang_mixed_batches_count_their_decodes_context_as_prefix_like_its_step_log() -> None:
+    # SGLang runs a mixed batch as one extend batch: each decode extends its c held tokens by
+    # one, and the server's step log adds those c to prefix_tokens (10 + 99 + 7 here)
+    pieces = [(10, 30, False), (0, 5, True), (99, 1, True), (7, 1, True)]
+    logged = shape_of_totals(37, 4, 3, 153, prefix_tokens=116)
+    assert features(shape_of(pieces), extend_decodes=True) == features(logged)
+    assert features(shape_of(pieces))[-1] == 10.0  # hf's log: decodes are decodes
+    # a decode-only step is a decode batch either way
+    assert features(shape_of([(99, 1, True)]), extend_decodes=True)[-1] == 0.0
+    mixed = replace(TRUE, extend_decodes=True)
+    extra = mixed.step_time_s(shape_of(pieces)) - TRUE.step_time_s(shape_of(pieces))
+    assert extra == pytest.approx(TRUE.coefficients[-1] * 106, rel=1e-12)
+    decode = shape_of([(99, 1, True)])
+    assert mixed.step_time_s(decode) == TRUE.step_time_s(decode)
+
+
+def test_mixed_batches_follow_the_mechanics_unless_set() -> None:
+    assert hf_cpu_sim_config().profile.mixed_batches is True
+    assert hf_cpu_sim_config(mechanics="sglang").profile.mixed_batches is False
+    on = hf_cpu_sim_config(mechanics="sglang", mixed_batches=True)
+    assert on.profile.mixed_batches is True
+    with pytest.raises(ValueError, match="mixed_batches=0 needs mechanics=sglang"):
+        hf_cpu_sim_config(mixed_batches=False)
+
+
 def test_smollm2_kv_bytes_are_fp32_pages_of_every_layer() -> None:
     assert KV_BYTES_PER_TOKEN_FP32 == 2 * 30 * 3 * 64 * 4 == 46080
     assert SIM_HF_CPU.limits(HOST_CPU) == (256, 32)

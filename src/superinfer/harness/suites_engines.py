@@ -63,9 +63,9 @@ from superinfer.harness.suites_engines_options import (
     SIM_HF,
     SIM_OF,
     SIM_SGLANG,
-    SIM_SGLANG_LIMITS,
     SuiteOptions,
     engine_loads,
+    sim_sglang_limits,
     suite_options,
 )
 from superinfer.harness.suites_engines_workload import (
@@ -285,7 +285,7 @@ def sim_cells(
     Raises:
         UserError: ``speeds`` lacks a run of these loads and repeats.
     """
-    limits = SIM_SGLANG_LIMITS if engine == SIM_SGLANG else {}
+    limits = sim_sglang_limits(opts.sglang_args) if engine == SIM_SGLANG else {}
     frames = []
     cfg = replace(
         _base(config, "sim:hf-cpu", "fcfs"),

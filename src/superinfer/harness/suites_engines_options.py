@@ -21,6 +21,7 @@ __all__ = [
     "SIM_OF",
     "SuiteOptions",
     "engine_loads",
+    "sim_sglang_limits",
     "suite_options",
 ]
 
@@ -100,6 +101,14 @@ SIM_SGLANG_LIMITS = {
 }
 
 
+def sim_sglang_limits(sglang_args: str) -> dict[str, str]:
+    """:data:`SIM_SGLANG_LIMITS` for a run whose SGLang servers had ``sglang_args`` as well
+    (:attr:`SuiteOptions.sglang_args`): with ``--enable-mixed-chunk``, ``mixed_batches=1``
+    (its prefill batches carry the running decodes); other arguments change nothing simulated."""
+    mixed = "--enable-mixed-chunk" in sglang_args.split()
+    return {**SIM_SGLANG_LIMITS, "mixed_batches": "1"} if mixed else dict(SIM_SGLANG_LIMITS)
+
+
 @dataclass(frozen=True)
 class SuiteOptions:
     """``--engine-option suite.KEY=VALUE`` settings of the suite.
@@ -135,7 +144,8 @@ class SuiteOptions:
         sglang_model: the SmolLM2 folder for SGLang (default: ``make install-smollm2-sglang``'s).
         sglang_args: more ``launch_server`` arguments for every SGLang server of the run, after
             :data:`SGLANG_ARGS` (e.g. ``--enable-mixed-chunk``); recorded in the manifest's
-            options. The ``sim:sglang-cpu`` row does not follow them.
+            options. The ``sim:sglang-cpu`` row follows ``--enable-mixed-chunk`` only
+            (:func:`sim_sglang_limits`).
     """
 
     engines: tuple[str, ...] = (*REAL_ENGINES, SIM_HF, SIM_SGLANG)

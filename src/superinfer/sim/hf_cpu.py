@@ -160,6 +160,7 @@ def hf_cpu_sim_config(
     max_batch_tokens: int = 256,
     max_num_seqs: int = 32,
     mechanics: str = "hf",
+    mixed_batches: bool | None = None,
 ) -> SimConfig:
     """The simulation of the real CPU engine with these settings (its ``--engine-option`` keys,
     defaults as :data:`SIM_HF_CPU`): one replica of SmolLM2-135M on :data:`HOST_CPU` with a pool
@@ -175,15 +176,21 @@ def hf_cpu_sim_config(
             batches without decodes, ``new_token_ratio`` admission and retraction, radix
             cache; its HBM sizing and GPU costs do not apply: the pool is ``num_blocks`` and the
             step time the model the caller passes), for the SGLang CPU server.
+        mixed_batches: ``None``: the mechanics' own (``hf``: mixed; ``sglang``: prefill
+            batches alone, SGLang's default); ``True`` with ``sglang``: SGLang's
+            ``--enable-mixed-chunk`` (a prefill batch carries the running decodes).
 
     Run it with :class:`HFCPUStepTime` as the step-time model (the simulator's default, a GPU
     roofline, does not apply to this host).
 
     Raises:
-        ValueError: unknown ``mechanics``.
+        ValueError: unknown ``mechanics``; ``mixed_batches=False`` with ``hf`` (our engine
+            always runs prefill chunks beside decodes).
     """
     if mechanics not in MECHANICS:
         raise ValueError(f"mechanics {mechanics!r}: one of {', '.join(MECHANICS)}")
+    if mixed_batches is False and mechanics == "hf":
+        raise ValueError("mixed_batches=0 needs mechanics=sglang (the hf engine always mixes)")
     base = _MECHANICS_BASE[MECHANICS.index(mechanics)]
     profile = replace(
         base,
@@ -197,6 +204,7 @@ def hf_cpu_sim_config(
         memory_fraction=SIM_HF_CPU.memory_fraction,
         activation_reserve_bytes=0,
         cpu_kv_ratio=0.0,
+        mixed_batches=base.mixed_batches if mixed_batches is None else mixed_batches,
     )
     if base is SIM_SGLANG:
         # every request reaches the server with ignore_eos (harness/engines/http_client.py), and
@@ -371,9 +379,15 @@ def shape_of_totals(
     )
 
 
-def features(shape: BatchShape) -> tuple[float, ...]:
-    """Feature row of a step, in :data:`FEATURES` order."""
+def features(shape: BatchShape, extend_decodes: bool = False) -> tuple[float, ...]:
+    """Feature row of a step, in :data:`FEATURES` order.
+
+    ``extend_decodes`` (SGLang's mixed batch, :attr:`HFCPUStepTime.extend_decodes`): in a step
+    with a prefill chunk, each decode's held context (``c_i``) counts as prefix too."""
     kv = shape.prefill_kv_tokens + shape.decode_kv_tokens
+    prefix = float(max(0, shape.prefill_kv_tokens - shape.prefill_tokens))
+    if extend_decodes and shape.num_prefill_seqs > 0:
+        prefix += shape.decode_kv_tokens - (shape.num_seqs - shape.num_prefill_seqs)
     return (
         1.0,
         float(shape.num_tokens),
@@ -382,7 +396,7 @@ def features(shape: BatchShape) -> tuple[float, ...]:
         float(kv),
         float(shape.num_tokens) * kv,
         1.0 if shape.num_seqs > 1 else 0.0,
-        float(max(0, shape.prefill_kv_tokens - shape.prefill_tokens)),
+        float(prefix),
     )
 
 
@@ -426,6 +440,13 @@ class HFCPUStepTime:
         spill_tokens: key tokens past which a step is in the spill regime (module docstring;
             ``inf``: none).
         spill_s_per_token: the spill regime's extra cost, s per key token of the step (>= 0).
+        extend_decodes: read a step with prefill chunks as SGLang runs it with
+            ``--enable-mixed-chunk``: one extend batch in which each decode is an extend request
+            over its whole context (``ScheduleBatch.mix_with_running``, sglang 0.5.23), so its
+            held context counts in ``prefix_tokens``, as the server's step log records it
+            (``adapters/sglang/steplog.py``). On the CPU backend that prefix is the costly term
+            (``torch_native`` pads each extend request's query to its whole context:
+            results/sglang-mixed-chunk/README.md). ``False``: decodes are decodes (hf's log).
 
     Raises:
         ValueError: wrong number of coefficients, or a negative or non-finite one; a spill
@@ -436,6 +457,7 @@ class HFCPUStepTime:
     coefficients: tuple[float, ...] = DEFAULT_COEFFICIENTS
     spill_tokens: float = math.inf
     spill_s_per_token: float = 0.0
+    extend_decodes: bool = False
 
     def __post_init__(self) -> None:
         if len(self.coefficients) != len(FEATURES):
@@ -460,7 +482,7 @@ class HFCPUStepTime:
         """Duration of one step running ``shape``, s (0 for an empty step)."""
         if shape.num_tokens == 0:
             return 0.0
-        x = features(shape)
+        x = features(shape, self.extend_decodes)
         t = sum(c * v for c, v in zip(self.coefficients, x, strict=True))
         if x[4] > self.spill_tokens:
             t += self.spill_s_per_token * x[4]

@@ -112,6 +112,9 @@ class HFOptions:
             ``request_latency_ms`` (``suites_engines_knee.request_path_ms``), else 0.
         step_time_scale: ``sim:hf-cpu`` runs every step this many times as long as the fit says
             (> 0; a real run's measured host speed: ``offline.calibrate_hf.run_speeds``).
+        mixed_batches: ``sim:hf-cpu`` with ``mechanics=sglang``: ``1`` runs SGLang's
+            ``--enable-mixed-chunk`` (a prefill batch carries the running decodes), ``0`` its
+            default; ``None`` (default): the mechanics' own (``hf`` always mixes, and refuses 0).
     """
 
     page_size_tokens: int = 32
@@ -127,6 +130,7 @@ class HFOptions:
     step_spread_seed: int = 0
     request_latency_ms: float | None = None
     step_time_scale: float = 1.0
+    mixed_batches: int | None = None
 
 
 def hf_options(options: Mapping[str, str]) -> HFOptions:
@@ -164,6 +168,12 @@ def hf_options(options: Mapping[str, str]) -> HFOptions:
             raise UserError(f"--engine-option {key} must be >= 1, got {getattr(opts, key)}")
     if (lat := opts.request_latency_ms) is not None and not 0.0 <= lat < math.inf:
         raise UserError(f"--engine-option request_latency_ms must be >= 0 and finite, got {lat}")
+    if opts.mixed_batches not in (None, 0, 1):
+        raise UserError(f"--engine-option mixed_batches must be 0 or 1, got {opts.mixed_batches}")
+    if opts.mixed_batches == 0 and opts.mechanics == "hf":
+        raise UserError(
+            "--engine-option mixed_batches=0 needs mechanics=sglang (the hf engine always mixes)"
+        )
     if not 0.0 < opts.step_time_scale < math.inf:
         raise UserError(f"--engine-option step_time_scale must be > 0, got {opts.step_time_scale}")
     return opts

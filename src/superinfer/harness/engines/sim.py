@@ -252,6 +252,8 @@ def run_sim_hf_cpu_cell(
     """
     opts = hf_options(config.engine_options)
     profile = sim_profile(opts)  # the step-time file, read once
+    if opts.mechanics == "sglang":  # its step log counts a mixed batch's decodes as extends
+        profile = replace(profile, step_time=replace(profile.step_time, extend_decodes=True))
     step_time, spread = profile.step_time, profile.spread
     sim_config = hf_cpu_sim_config(
         page_size_tokens=opts.page_size_tokens,
@@ -259,6 +261,7 @@ def run_sim_hf_cpu_cell(
         max_batch_tokens=opts.max_batch_tokens,
         max_num_seqs=opts.max_num_seqs,
         mechanics=opts.mechanics,
+        mixed_batches=None if opts.mixed_batches is None else bool(opts.mixed_batches),
     )
     pm = policy_manager(policy, config.policy_options.get(policy), plugins=plugins)
     wall = time.perf_counter()
@@ -291,6 +294,7 @@ def run_sim_hf_cpu_cell(
         "step_time_scale": opts.step_time_scale,
         "step_time_file": opts.step_time_file,
         "mechanics": opts.mechanics,
+        "mixed_batches": sim_config.profile.mixed_batches,
         "request_latency_ms": round(latency_s * 1e3, 3),
     }
     return CellResult(df, peaks, timeline, info)
