@@ -17,8 +17,8 @@ Two measurements, written to ``--out``:
    ``--decodes`` requests with a context of L tokens each, SmolLM2-135M's attention shape (9 query
    heads, 3 KV heads, head dim 64, bf16; read from the model's ``config.json``): ms per layer as
    one-token extends (inside a mixed batch) and as decodes, and the difference over all layers
-   (columns ``context_tokens, requests, extend_ms_per_layer, decode_ms_per_layer, layers,
-   redundant_ms_per_step``; median of ``--repeats``).
+   (columns ``round, context_tokens, requests, extend_ms_per_layer, decode_ms_per_layer, layers,
+   redundant_ms_per_step``; median of ``--repeats`` calls, ``--rounds`` rounds).
 2. ``mixed_step_excess.csv``: each mixed step of the ``--mixed`` step log (the suite's
    ``steps.parquet``, ``adapters/sglang/steplog.py`` columns) against the same work as one
    prefill step plus one decode step, timed by step-time models fitted (``fit_steps``, the
@@ -27,14 +27,14 @@ Two measurements, written to ``--out``:
    an assumption: the prefill requests' prefix is taken as 0 and the rest of ``prefix_tokens`` as
    the decodes' context (``D = prefix_tokens + decodes``); a real prefill prefix moves context from
    the decodes' side, where a key token costs little, so the excess is if anything understated.
-   ``redundant_ms`` is the microbenchmark's per-request difference at the decodes' mean context
-   (``D / decodes``, linear between measured contexts, capped at the largest), times the decodes.
+   ``redundant_ms`` is the microbenchmark's per-request difference (median over the rounds) at
+   the decodes' mean context (``D / decodes``, linear between measured contexts, capped at the
+   largest), times the decodes.
    One row per run of the mixed log and one ``all`` row (columns ``run, mixed_steps,
    measured_s, separate_s, excess_s, excess_ms_per_step, redundant_s, corr, decode_speed_ratio``;
    ``corr``: Pearson correlation of the per-step excess with the per-step ``redundant_ms``;
    ``decode_speed_ratio``: the mixed log's plain decode steps, measured over the default log's
    decode model: the host-speed check, near 1 when the host ran at the same speed in both runs).
-
 3. ``mixed_replay.csv`` and ``mixed_replay_fidelity.csv``: ``sim:sglang-cpu`` (SGLang's
    mechanics with the fitted CPU step time) replaying both real runs (``--default-run`` and
    ``--mixed-run``: each run's ``summary.csv`` and manifest; ``--enable-mixed-chunk`` in the
@@ -109,15 +109,16 @@ def _median_ms(call: Callable[[], object], repeats: int) -> float:
     return float(np.median(times))
 
 
-def microbench(config: Path, decodes: int, repeats: int) -> pd.DataFrame:
+def microbench(config: Path, decodes: int, repeats: int, rounds: int) -> pd.DataFrame:
     """Time torch_native's extend and decode attention for ``decodes`` requests of each context
-    in :data:`CONTEXTS` (ms per layer, median of ``repeats`` after one warm-up call)."""
+    in :data:`CONTEXTS` (ms per layer, median of ``repeats`` after one warm-up call), ``rounds``
+    times over (one row per round and context: the host moves a round's medians by up to 40 %)."""
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
     backend = object.__new__(TorchNativeAttnBackend)  # the two functions read no state
     heads, kv_heads, dim, layers = _attention_shape(config)
     rows = []
-    for ctx in CONTEXTS:
+    for rnd, ctx in ((r, c) for r in range(rounds) for c in CONTEXTS):
         k = torch.randn(decodes * ctx, kv_heads, dim, dtype=torch.bfloat16)
         v = torch.randn_like(k)
         req_to_token = torch.arange(decodes * ctx, dtype=torch.int32).view(decodes, ctx)
@@ -133,6 +134,7 @@ def microbench(config: Path, decodes: int, repeats: int) -> pd.DataFrame:
         ms = {"extend": _median_ms(extend, repeats), "decode": _median_ms(decode, repeats)}
         rows.append(
             {
+                "round": rnd,
                 "context_tokens": ctx,
                 "requests": decodes,
                 "extend_ms_per_layer": ms["extend"],
@@ -169,9 +171,11 @@ def step_excess(default: pd.DataFrame, mixed: pd.DataFrame, bench: pd.DataFrame)
     steps["separate_ms"] = _predict(
         prefill_model, prefill_tokens, steps["num_seqs"] - decodes, prefill_tokens
     ) + _predict(decode_model, decodes, decodes, context)
-    per_request = bench["redundant_ms_per_step"] / bench["requests"]
-    mean_ctx = (context / decodes.clip(lower=1)).clip(upper=bench["context_tokens"].max())
-    steps["redundant_ms"] = decodes * np.interp(mean_ctx, bench["context_tokens"], per_request)
+    med = bench.groupby("context_tokens", as_index=False)[["redundant_ms_per_step", "requests"]]
+    med = med.median()  # over the rounds
+    per_request = med["redundant_ms_per_step"] / med["requests"]
+    mean_ctx = (context / decodes.clip(lower=1)).clip(upper=med["context_tokens"].max())
+    steps["redundant_ms"] = decodes * np.interp(mean_ctx, med["context_tokens"], per_request)
     steps["excess_ms"] = steps["duration_ms"] - steps["separate_ms"]
     plain = mixed[mixed["kind"] == "decode"].copy()
     n = plain["num_seqs"].astype(int)
@@ -283,6 +287,7 @@ def main() -> None:
     parser.add_argument("--model-config", type=Path, default=None)
     parser.add_argument("--decodes", type=int, default=5, help="requests per microbench step")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5, help="microbenchmark rounds")
     parser.add_argument("--default-run", type=Path, required=True, metavar="PREFIX")
     parser.add_argument("--mixed-run", type=Path, required=True, metavar="PREFIX")
     parser.add_argument("--request-latency-ms", type=float, default=REQUEST_LATENCY_MS)
@@ -293,7 +298,7 @@ def main() -> None:
         config = args.model_config or default_real_model_dir() / "config.json"
         if not config.is_file():
             raise UserError(f"--model-config {config}: no such file (make install-smollm2-sglang)")
-        bench = microbench(config, args.decodes, args.repeats)
+        bench = microbench(config, args.decodes, args.repeats, args.rounds)
         excess = step_excess(default, mixed, bench)
         runs = {"default": (args.default_run, default), "mixed": (args.mixed_run, mixed)}
         replayed, fid = replay(runs, args.request_latency_ms)
