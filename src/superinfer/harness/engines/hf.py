@@ -43,6 +43,7 @@ from superinfer.sim.hf_cpu import (
     MECHANICS,
     SIM_HF_CPU,
     HFCPUStepTime,
+    hf_cpu_sim_config,
     shape_of,
 )
 from superinfer.sim.request import RequestSpec
@@ -170,10 +171,11 @@ def hf_options(options: Mapping[str, str]) -> HFOptions:
         raise UserError(f"--engine-option request_latency_ms must be >= 0 and finite, got {lat}")
     if opts.mixed_batches not in (None, 0, 1):
         raise UserError(f"--engine-option mixed_batches must be 0 or 1, got {opts.mixed_batches}")
-    if opts.mixed_batches == 0 and opts.mechanics == "hf":
-        raise UserError(
-            "--engine-option mixed_batches=0 needs mechanics=sglang (the hf engine always mixes)"
-        )
+    if opts.mixed_batches is not None:
+        try:
+            hf_cpu_sim_config(mechanics=opts.mechanics, mixed_batches=bool(opts.mixed_batches))
+        except ValueError as exc:
+            raise UserError(f"--engine-option {exc}") from None
     if not 0.0 < opts.step_time_scale < math.inf:
         raise UserError(f"--engine-option step_time_scale must be > 0, got {opts.step_time_scale}")
     return opts

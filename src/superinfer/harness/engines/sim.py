@@ -26,7 +26,7 @@ from superinfer.harness.workload.workload import Workload
 from superinfer.sim.config import SimConfig, SimResult, kv_capacity_blocks
 from superinfer.sim.engine import Simulator
 from superinfer.sim.hardware import GPUSpec, ModelSpec, get_gpu, get_model
-from superinfer.sim.hf_cpu import KV_BYTES_PER_TOKEN_FP32, hf_cpu_sim_config
+from superinfer.sim.hf_cpu import KV_BYTES_PER_TOKEN_FP32, extends_decodes, hf_cpu_sim_config
 from superinfer.sim.profiles import EngineProfile, get_profile
 from superinfer.sim.routers import ROUTERS
 
@@ -252,7 +252,7 @@ def run_sim_hf_cpu_cell(
     """
     opts = hf_options(config.engine_options)
     profile = sim_profile(opts)  # the step-time file, read once
-    if opts.mechanics == "sglang":  # its step log counts a mixed batch's decodes as extends
+    if extends_decodes(opts.mechanics):  # SGLang's log counts a mixed batch's decodes as extends
         profile = replace(profile, step_time=replace(profile.step_time, extend_decodes=True))
     step_time, spread = profile.step_time, profile.spread
     sim_config = hf_cpu_sim_config(
