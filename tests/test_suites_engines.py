@@ -824,3 +824,8 @@ def test_sim_sglang_cpu_follows_the_servers_mixed_chunk_flag_only() -> None:
         **SIM_SGLANG_LIMITS, "mixed_batches": "1",
     }  # fmt: skip
     assert sim_sglang_limits("--enable-mixed-chunk-size 2") == SIM_SGLANG_LIMITS
+    assert sim_sglang_limits("", extend_rows=1) == {**SIM_SGLANG_LIMITS, "extend_decodes": "0"}
+    assert suite_options({"suite.sglang_extend_rows": "1"}).sglang_extend_rows == 1
+    assert suite_options({"suite.sglang_extend_rows": "0"}).sglang_extend_rows == 0
+    with pytest.raises(UserError, match="suite.sglang_extend_rows='2': must be 0 or 1"):
+        suite_options({"suite.sglang_extend_rows": "2"})

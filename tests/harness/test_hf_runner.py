@@ -43,6 +43,9 @@ def test_engine_options_parse_and_reject_unknown_keys() -> None:
         hf_options({"mechanics": "sglang", "mixed_batches": "2"})
     with pytest.raises(UserError, match="mixed_batches=0 needs mechanics=sglang"):
         hf_options({"mixed_batches": "0"})
+    assert hf_options({"extend_decodes": "0"}).extend_decodes == 0
+    with pytest.raises(UserError, match="extend_decodes must be 0 or 1, got 3"):
+        hf_options({"extend_decodes": "3"})
 
 
 def test_cpu_engines_get_the_small_workload_by_default() -> None:

@@ -173,6 +173,7 @@ def _servers(
             url = stack.enter_context(llamacpp_server(log=log_dir / "llamacpp.log"))
             yield {"native": {"url": url}}
             return
+        from superinfer.adapters.sglang.extend_rows import ENV_EXTEND_ROWS
         from superinfer.adapters.sglang.real_model import default_real_model_dir
         from superinfer.adapters.sglang.server import ServerStartError, SGLangServer
 
@@ -190,6 +191,7 @@ def _servers(
                 policy_opts=[f"{k}={v}" for k, v in plugin_opts.items()],
                 log_path=log_dir / f"sglang-{policy}.log",
                 step_log_path=log_dir / f"sglang-{policy}.steps.csv",
+                env={ENV_EXTEND_ROWS: "1"} if opts.sglang_extend_rows else None,
             )
             stack.callback(server.stop)  # before start: an interrupted start is stopped too
             try:
@@ -285,7 +287,9 @@ def sim_cells(
     Raises:
         UserError: ``speeds`` lacks a run of these loads and repeats.
     """
-    limits = sim_sglang_limits(opts.sglang_args) if engine == SIM_SGLANG else {}
+    limits = (
+        sim_sglang_limits(opts.sglang_args, opts.sglang_extend_rows) if engine == SIM_SGLANG else {}
+    )
     frames = []
     cfg = replace(
         _base(config, "sim:hf-cpu", "fcfs"),

@@ -101,12 +101,18 @@ SIM_SGLANG_LIMITS = {
 }
 
 
-def sim_sglang_limits(sglang_args: str) -> dict[str, str]:
+def sim_sglang_limits(sglang_args: str, extend_rows: int = 0) -> dict[str, str]:
     """:data:`SIM_SGLANG_LIMITS` for a run whose SGLang servers had ``sglang_args`` as well
     (:attr:`SuiteOptions.sglang_args`): with ``--enable-mixed-chunk``, ``mixed_batches=1``
-    (its prefill batches carry the running decodes); other arguments change nothing simulated."""
-    mixed = "--enable-mixed-chunk" in sglang_args.split()
-    return {**SIM_SGLANG_LIMITS, "mixed_batches": "1"} if mixed else dict(SIM_SGLANG_LIMITS)
+    (its prefill batches carry the running decodes); other arguments change nothing simulated.
+    ``extend_rows`` (:attr:`SuiteOptions.sglang_extend_rows`): ``1`` adds ``extend_decodes=0``
+    (the servers' one-token extends cost as decodes)."""
+    limits = dict(SIM_SGLANG_LIMITS)
+    if "--enable-mixed-chunk" in sglang_args.split():
+        limits["mixed_batches"] = "1"
+    if extend_rows:
+        limits["extend_decodes"] = "0"
+    return limits
 
 
 @dataclass(frozen=True)
@@ -146,6 +152,10 @@ class SuiteOptions:
             :data:`SGLANG_ARGS` (e.g. ``--enable-mixed-chunk``); recorded in the manifest's
             options. The ``sim:sglang-cpu`` row follows ``--enable-mixed-chunk`` only
             (:func:`sim_sglang_limits`).
+        sglang_extend_rows: ``1`` runs every SGLang server of the run with
+            ``SUPERINFER_SGLANG_EXTEND_ROWS=1`` (``adapters/sglang/extend_rows.py``: one-token
+            extends attend as decodes); ``sim:sglang-cpu`` then times a mixed batch's decodes
+            as decodes (``extend_decodes=0``).
     """
 
     engines: tuple[str, ...] = (*REAL_ENGINES, SIM_HF, SIM_SGLANG)
@@ -167,6 +177,7 @@ class SuiteOptions:
     hf_step_time_file: str = "lone"
     sglang_model: str = ""
     sglang_args: str = ""
+    sglang_extend_rows: int = 0
 
     def slos(self) -> tuple[SLO, SLO]:
         """``(chat, batch)`` SLOs, the same on every engine."""
@@ -235,7 +246,10 @@ def suite_options(options: Mapping[str, str]) -> SuiteOptions:
                 val = int(raw) if kind == "int" else float(raw)
             except ValueError:
                 raise UserError(f"suite.{name}={raw!r}: not a number") from None
-            if not val > 0 and not (name in ("lone", "batched_max") and val == 0):
+            if name == "sglang_extend_rows" and val not in (0, 1):
+                raise UserError(f"suite.{name}={raw!r}: must be 0 or 1")
+            zero_ok = ("lone", "batched_max", "sglang_extend_rows")
+            if not val > 0 and not (name in zero_ok and val == 0):
                 raise UserError(f"suite.{name}={raw!r}: must be > 0")
             if name == "batch_share" and not val < 1:
                 raise UserError(f"suite.batch_share={raw!r}: must be below 1")

@@ -116,6 +116,10 @@ class HFOptions:
         mixed_batches: ``sim:hf-cpu`` with ``mechanics=sglang``: ``1`` runs SGLang's
             ``--enable-mixed-chunk`` (a prefill batch carries the running decodes), ``0`` its
             default; ``None`` (default): the mechanics' own (``hf`` always mixes, and refuses 0).
+        extend_decodes: ``1``: a step with prefill chunks counts its decodes' held context as
+            prefix (``HFCPUStepTime.extend_decodes``: SGLang's mixed batch on its CPU backend);
+            ``0``: decodes are decodes (SGLang with ``adapters/sglang/extend_rows.py``);
+            ``None`` (default): ``1`` with ``mechanics=sglang``, else ``0``.
     """
 
     page_size_tokens: int = 32
@@ -132,6 +136,7 @@ class HFOptions:
     request_latency_ms: float | None = None
     step_time_scale: float = 1.0
     mixed_batches: int | None = None
+    extend_decodes: int | None = None
 
 
 def hf_options(options: Mapping[str, str]) -> HFOptions:
@@ -169,6 +174,8 @@ def hf_options(options: Mapping[str, str]) -> HFOptions:
             raise UserError(f"--engine-option {key} must be >= 1, got {getattr(opts, key)}")
     if (lat := opts.request_latency_ms) is not None and not 0.0 <= lat < math.inf:
         raise UserError(f"--engine-option request_latency_ms must be >= 0 and finite, got {lat}")
+    if opts.extend_decodes not in (None, 0, 1):
+        raise UserError(f"--engine-option extend_decodes must be 0 or 1, got {opts.extend_decodes}")
     if opts.mixed_batches not in (None, 0, 1):
         raise UserError(f"--engine-option mixed_batches must be 0 or 1, got {opts.mixed_batches}")
     if opts.mixed_batches is not None:

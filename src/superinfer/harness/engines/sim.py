@@ -252,7 +252,9 @@ def run_sim_hf_cpu_cell(
     """
     opts = hf_options(config.engine_options)
     profile = sim_profile(opts)  # the step-time file, read once
-    if extends_decodes(opts.mechanics):  # SGLang's log counts a mixed batch's decodes as extends
+    extend = opts.extend_decodes
+    if extend if extend is not None else extends_decodes(opts.mechanics):
+        # SGLang runs (and logs) a mixed batch's decodes as extends over their context
         profile = replace(profile, step_time=replace(profile.step_time, extend_decodes=True))
     step_time, spread = profile.step_time, profile.spread
     sim_config = hf_cpu_sim_config(
@@ -295,6 +297,7 @@ def run_sim_hf_cpu_cell(
         "step_time_file": opts.step_time_file,
         "mechanics": opts.mechanics,
         "mixed_batches": sim_config.profile.mixed_batches,
+        "extend_decodes": profile.step_time.extend_decodes,
         "request_latency_ms": round(latency_s * 1e3, 3),
     }
     return CellResult(df, peaks, timeline, info)
