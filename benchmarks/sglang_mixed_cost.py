@@ -45,7 +45,9 @@ Two measurements, written to ``--out``:
    ``mixed_replay.csv``: per fit, run, side (``real`` / ``simulated``) and policy, the means
    over the repeats of chat attainment, chat TTFT p99, chat TPOT p50 and output tokens/s of
    every class; ``mixed_replay_fidelity.csv``: ``fit, run`` and the rows of
-   ``benchmarks/fidelity_cpu.py`` (issue 19's bounds).
+   ``benchmarks/fidelity_cpu.py`` (issue 19's bounds). ``mixed_replay.csv`` ends with the
+   what-if run ``mixed_extend_rows``: the mixed run simulated from the default run's fit with
+   ``extend_decodes=0``, i.e. on servers with ``adapters/sglang/extend_rows.py``.
 
 Usage::
 
@@ -261,6 +263,14 @@ def replay(
                 fid.insert(0, "run", name)
                 fid.insert(0, "fit", label)
                 fid_rows.append(fid)
+        # what the last run would have done on servers with adapters/sglang/extend_rows.py
+        last = list(dirs)[-1]
+        frame = resimulate(dirs[last], "sim:sglang-cpu", {"extend_decodes": "0"}, fit=first)
+        means = _means(frame[frame["engine"] != "sglang"]).drop(columns="engine")
+        means.insert(0, "side", "simulated")
+        means.insert(0, "run", f"{last}_extend_rows")
+        means.insert(0, "fit", f"{next(iter(dirs))}_log")
+        rows.append(means)
     return pd.concat(rows, ignore_index=True), pd.concat(fid_rows, ignore_index=True)
 
 
@@ -288,6 +298,9 @@ def main() -> None:
     parser.add_argument("--decodes", type=int, default=5, help="requests per microbench step")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5, help="microbenchmark rounds")
+    parser.add_argument(
+        "--microbench", type=Path, default=None, help="reuse this mixed_attention_microbench.csv"
+    )
     parser.add_argument("--default-run", type=Path, required=True, metavar="PREFIX")
     parser.add_argument("--mixed-run", type=Path, required=True, metavar="PREFIX")
     parser.add_argument("--request-latency-ms", type=float, default=REQUEST_LATENCY_MS)
@@ -298,7 +311,10 @@ def main() -> None:
         config = args.model_config or default_real_model_dir() / "config.json"
         if not config.is_file():
             raise UserError(f"--model-config {config}: no such file (make install-smollm2-sglang)")
-        bench = microbench(config, args.decodes, args.repeats, args.rounds)
+        if args.microbench:  # a CSV this script wrote: the same estimate, no new timing
+            bench = pd.read_csv(args.microbench)
+        else:
+            bench = microbench(config, args.decodes, args.repeats, args.rounds)
         excess = step_excess(default, mixed, bench)
         runs = {"default": (args.default_run, default), "mixed": (args.mixed_run, mixed)}
         replayed, fid = replay(runs, args.request_latency_ms)
