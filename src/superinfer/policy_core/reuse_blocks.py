@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Container, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from superinfer.policy_core.kv_baselines import ArcCache, S3FifoCache
 
@@ -107,7 +107,7 @@ class _KeyedBlocks(BlockCache):
     size: int
 
     def __contains__(self, block: object) -> bool:
-        return self.key[cast(int, block)] is not None
+        return self.key[block] is not None  # type: ignore[call-overload]
 
     def prefix_hit(self, blocks: Sequence[int]) -> int:
         key, k, n = self.key, 0, len(blocks)
