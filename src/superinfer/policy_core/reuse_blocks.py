@@ -276,6 +276,95 @@ class _KeyedAlgo(BlockCache):
         return out
 
 
+def _first_leaf(od: Mapping[int, object], kids: list[int]) -> int | None:
+    """The first key of ``od`` with no cached child (``kv_baselines._first`` with the leaf
+    predicate read from ``kids`` directly)."""
+    for key in od:
+        if not kids[key]:
+            return key
+    return None
+
+
+class _ArcLeaves(ArcCache[int]):
+    """:class:`ArcCache` whose evictable keys are the blocks with no cached child (``kids[b] ==
+    0``), read from the list in REPLACE instead of through a predicate call per key."""
+
+    def __init__(self, capacity: int, kids: list[int]) -> None:
+        super().__init__(capacity, evictable=lambda b: kids[b] == 0)
+        self._kids = kids
+
+    def _replace(self, key: int, out: list[int]) -> None:
+        t1, t2, kids = self.t1, self.t2, self._kids
+        n1 = len(t1)
+        from_t1 = n1 >= 1 and ((key in self.b2 and n1 == self.p) or n1 > self.p)
+        first, second = (t1, t2) if from_t1 else (t2, t1)
+        victim = _first_leaf(first, kids)
+        src = first
+        if victim is None:
+            victim, src = _first_leaf(second, kids), second
+        if victim is None:
+            return  # nothing may leave: the cache stays over capacity
+        del src[victim]
+        (self.b1 if src is t1 else self.b2)[victim] = None
+        out.append(victim)
+
+
+class _S3FifoLeaves(S3FifoCache[int]):
+    """:class:`S3FifoCache` whose evictable keys are the blocks with no cached child (``kids[b]
+    == 0``), read from the list in its eviction scans instead of through a predicate call."""
+
+    def __init__(self, capacity: int, kids: list[int]) -> None:
+        super().__init__(capacity, evictable=lambda b: kids[b] == 0)
+        self._kids = kids
+
+    def _evict_small(self) -> int | None:
+        small, main, freq, kids = self.small, self.main, self.freq, self._kids
+        passed = 0
+        while small:
+            tail = next(iter(small))
+            if freq[tail] >= 1:  # accessed while in S: promoted to M, counter cleared
+                del small[tail]
+                freq[tail] = 0
+                main[tail] = None
+                continue
+            if kids[tail]:
+                passed += 1
+                if passed > len(small):
+                    return None
+                small.move_to_end(tail)
+                continue
+            del small[tail]
+            del freq[tail]
+            ghost = self.ghost
+            ghost[tail] = None
+            if len(ghost) > self.ghost_size:
+                ghost.popitem(last=False)
+            return tail
+        return None
+
+    def _evict_main(self) -> int | None:
+        main, freq, kids = self.main, self.freq, self._kids
+        move = main.move_to_end
+        passed = 0
+        while main:
+            tail = next(iter(main))
+            f = freq[tail]
+            if f > 0:
+                freq[tail] = f - 1
+                move(tail)
+                continue
+            if kids[tail]:
+                passed += 1
+                if passed > len(main):
+                    return None
+                move(tail)
+                continue
+            del main[tail]
+            del freq[tail]
+            return tail
+        return None
+
+
 class ArcBlocks(_KeyedAlgo):
     """ARC over blocks (leaves only)."""
 
@@ -283,8 +372,36 @@ class ArcBlocks(_KeyedAlgo):
 
     def __init__(self, capacity: int, parent: Sequence[int], depth: Sequence[int]) -> None:
         super().__init__(capacity, parent, depth)
-        self.algo = ArcCache(capacity, evictable=self._leaf)
-        self._held = (self.algo.t1, self.algo.t2)
+        self.algo = self._arc = _ArcLeaves(capacity, self.kids)
+        self._held = (self._arc.t1, self._arc.t2)
+
+    def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
+        # _KeyedAlgo.request with ArcCache.access's hit cases inlined (no call per hit).
+        out: list[int] = []
+        algo = self._arc
+        t1, t2 = algo.t1, algo.t2
+        access, move, parent, kids = algo.access, t2.move_to_end, self.parent, self.kids
+        for b in reversed(blocks):
+            if b in t1:  # case I
+                del t1[b]
+                t2[b] = None
+                continue
+            if b in t2:
+                move(b)
+                continue
+            gone = access(b)
+            p = parent[b]
+            if p >= 0:
+                kids[p] += 1
+            for v in gone:
+                p = parent[v]
+                if p >= 0:
+                    kids[p] -= 1
+            out.extend(gone)
+        if out:
+            # as _KeyedAlgo.request: blocks that left and came back inside the request stay
+            out = [v for v in dict.fromkeys(out) if not (v in t1 or v in t2)]
+        return out
 
 
 class S3FifoBlocks(_KeyedAlgo):
@@ -294,5 +411,30 @@ class S3FifoBlocks(_KeyedAlgo):
 
     def __init__(self, capacity: int, parent: Sequence[int], depth: Sequence[int]) -> None:
         super().__init__(capacity, parent, depth)
-        self.algo = S3FifoCache(capacity, evictable=self._leaf)
-        self._held = (self.algo.freq, {})
+        self.algo = self._s3 = _S3FifoLeaves(capacity, self.kids)
+        self._held = (self._s3.freq, {})
+
+    def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
+        # _KeyedAlgo.request with S3FifoCache.access's hit case inlined (no call per hit).
+        out: list[int] = []
+        algo = self._s3
+        freq, top = algo.freq, algo.MAX_FREQ
+        access, parent, kids = algo.access, self.parent, self.kids
+        for b in reversed(blocks):
+            f = freq.get(b)
+            if f is not None:
+                freq[b] = f + 1 if f < top else top
+                continue
+            gone = access(b)
+            p = parent[b]
+            if p >= 0:
+                kids[p] += 1
+            for v in gone:
+                p = parent[v]
+                if p >= 0:
+                    kids[p] -= 1
+            out.extend(gone)
+        if out:
+            # as _KeyedAlgo.request: blocks that left and came back inside the request stay
+            out = [v for v in dict.fromkeys(out) if v not in freq]
+        return out
