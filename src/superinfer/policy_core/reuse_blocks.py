@@ -24,12 +24,23 @@ from __future__ import annotations
 
 import heapq
 import math
+import struct
 from collections.abc import Container, Mapping, Sequence
-from typing import Any
 
 from superinfer.policy_core.kv_baselines import ArcCache, S3FifoCache
 
 __all__ = ["ArcBlocks", "BlockCache", "HeapCache", "LrfuCache", "S3FifoBlocks"]
+
+_PACK_DOUBLE = struct.Struct("<d").pack
+_SIGN = 1 << 63
+
+
+def _float_order(x: float) -> int:
+    """A non-negative int of at most 64 bits ordered as the float ``x`` (its IEEE bits, the
+    negative ones reversed; -0.0 as 0.0; not for NaN): ``_float_order(a) < _float_order(b)``
+    exactly when ``a < b``."""
+    i = int.from_bytes(_PACK_DOUBLE(x + 0.0), "little", signed=True)
+    return (i ^ (_SIGN - 1) if i < 0 else i) + _SIGN
 
 
 class BlockCache:
@@ -102,9 +113,12 @@ class _KeyedBlocks(BlockCache):
     """A block cache whose ``key[b]`` is ``None`` exactly when block ``b`` is not cached
     (membership and the cached prefix read it without a call per block)."""
 
-    key: list[Any]  # a tuple whose last item is the block (its heap entry), or None
-    heap: list[Any]
+    key: list[int | None]  # the block's key, its heap entry (_int_keys), or None
+    heap: list[int]
     size: int
+    _low: list[int]
+    _mask: int
+    _tshift: int
 
     def __contains__(self, block: object) -> bool:
         return self.key[block] is not None  # type: ignore[call-overload]
@@ -115,15 +129,25 @@ class _KeyedBlocks(BlockCache):
             k += 1
         return k
 
+    def _int_keys(self) -> None:
+        """Set up keys as ints: a key is ``(order << _tshift) + _low[b]``, ordered as the tuple
+        ``(order, -depth[b], b)``, ``_low[b] = (max depth - depth[b]) << bits | b`` (``bits``
+        enough for a block id); int comparisons keep the heap cheap."""
+        bits = max(1, len(self.parent).bit_length())
+        dmax = max(self.depth, default=0)
+        self._low = [((dmax - d) << bits) | b for b, d in enumerate(self.depth)]
+        self._mask = (1 << bits) - 1
+        self._tshift = bits + max(1, (dmax - min(self.depth, default=0)).bit_length())
+
     def _evict(self, size: int) -> list[int]:
         """Pop the lazy heap until ``size`` cached blocks fit the capacity, skipping entries no
         longer a block's key; the blocks evicted, in order (``self.size`` set)."""
-        key, heap, parent, kids = self.key, self.heap, self.parent, self.kids
+        key, heap, parent, kids, mask = self.key, self.heap, self.parent, self.kids, self._mask
         out: list[int] = []
-        pop = heapq.heappop
-        while size > self.capacity and heap:
+        pop, capacity = heapq.heappop, self.capacity
+        while size > capacity and heap:
             entry = pop(heap)
-            v = int(entry[-1])
+            v = entry & mask
             if key[v] == entry:
                 key[v] = None
                 size -= 1
@@ -154,28 +178,49 @@ class HeapCache(_KeyedBlocks):
         super().__init__(capacity, parent, depth)
         self.lfu = lfu
         self.name = "lfu" if lfu else "lru"
-        self.key: list[tuple[float, ...] | None] = [None] * len(self.parent)
-        self.count = [0] * len(self.parent)
-        self.heap: list[tuple[float, ...]] = []
+        # A key orders (count (LFU only), last access, -depth, block): the count above the
+        # access instant's order bits (_float_order) in the order of _int_keys.
+        self._int_keys()
+        self._cshift = self._tshift + 64
+        u = len(self.parent)
+        self.key: list[int | None] = [None] * u
+        self.count = [0] * u
+        self.heap: list[int] = []
         self.size = 0
 
     def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
         # The bookkeeping of BlockCache._entered / _left inlined (the hottest loop of a replay).
-        key, count, depth, parent, kids = self.key, self.count, self.depth, self.parent, self.kids
-        heap, push, lfu = self.heap, heapq.heappush, self.lfu
+        key, count, low, parent, kids = self.key, self.count, self._low, self.parent, self.kids
+        heap, push = self.heap, heapq.heappush
         size, resume = self.size, self.resume
-        for b in blocks:
-            if key[b] is None:
-                size += 1
-                count[b] = count[b] + 1 if resume is not None and b in resume else 1
-                p = parent[b]
-                if p >= 0:
-                    kids[p] += 1
-            else:
-                count[b] += 1
-            k = (count[b], now_s, -depth[b], b) if lfu else (now_s, -depth[b], b)
-            key[b] = k
-            push(heap, k)
+        base = _float_order(now_s) << self._tshift
+        if self.lfu:
+            cshift = self._cshift
+            for b in blocks:
+                if key[b] is None:
+                    size += 1
+                    count[b] = count[b] + 1 if resume is not None and b in resume else 1
+                    p = parent[b]
+                    if p >= 0:
+                        kids[p] += 1
+                else:
+                    count[b] += 1
+                k = (count[b] << cshift) + base + low[b]
+                key[b] = k
+                push(heap, k)
+        else:
+            for b in blocks:
+                if key[b] is None:
+                    size += 1
+                    count[b] = count[b] + 1 if resume is not None and b in resume else 1
+                    p = parent[b]
+                    if p >= 0:
+                        kids[p] += 1
+                else:
+                    count[b] += 1
+                k = base + low[b]
+                key[b] = k
+                push(heap, k)
         return self._evict(size)
 
 
@@ -207,18 +252,20 @@ class LrfuCache(_KeyedBlocks):
         u = len(self.parent)
         self.log_f = [-math.inf] * u  # log2 F at the last access (kept across evictions)
         self.t_last = [0.0] * u
-        self.key: list[tuple[float, int, int] | None] = [None] * u
-        self.heap: list[tuple[float, int, int]] = []
+        self.key = [None] * u  # (_float_order(log2 F + t_last / half_life), -depth, block)
+        self.heap = []
         self.size = 0
+        self._int_keys()
 
     def request(self, blocks: Sequence[int], now_s: float) -> list[int]:
-        key, log_f, t_last, depth = self.key, self.log_f, self.t_last, self.depth
+        key, log_f, t_last = self.key, self.log_f, self.t_last
         parent, kids, heap, push = self.parent, self.kids, self.heap, heapq.heappush
         rate = 1.0 / self.half_life_s
-        size = self.size
+        size, rate_now, log2 = self.size, rate * now_s, math.log2
+        low, tshift, pack, from_bytes = self._low, self._tshift, _PACK_DOUBLE, int.from_bytes
         for b in blocks:
             x = log_f[b] - rate * (now_s - t_last[b])  # log2 of the old F decayed to now
-            f = x + math.log2(1.0 + 2.0**-x) if x > -60.0 else 0.0  # log2(1 + 2^x)
+            f = x + log2(1.0 + 2.0**-x) if x > -60.0 else 0.0  # log2(1 + 2^x)
             log_f[b] = f
             t_last[b] = now_s
             if key[b] is None:
@@ -226,7 +273,8 @@ class LrfuCache(_KeyedBlocks):
                 p = parent[b]
                 if p >= 0:
                     kids[p] += 1
-            k = (f + rate * now_s, -depth[b], b)
+            i = from_bytes(pack(f + rate_now + 0.0), "little", signed=True)  # _float_order
+            k = (((i ^ (_SIGN - 1) if i < 0 else i) + _SIGN) << tshift) + low[b]
             key[b] = k
             push(heap, k)
         out = self._evict(size)
