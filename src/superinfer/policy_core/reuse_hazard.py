@@ -296,8 +296,7 @@ class HazardCache(BlockCache):
             # every class's table at every age, then each bucket's own class (np.interp is
             # elementwise: the same values as interpolating each class's buckets apart)
             x, rho = self.x, self.rho
-            table = np.stack([np.interp(ages, x, rho[c]) for c in range(self.classes)])
-            out: np.ndarray = np.take_along_axis(table, cls[None, :], axis=0)[0]
+            out: np.ndarray = cls.choose([np.interp(ages, x, rho[c]) for c in range(self.classes)])
             return out
         out = np.empty(len(ids))
         for c in range(self.classes):
@@ -342,9 +341,8 @@ class HazardCache(BlockCache):
         cached_class, count, top = self.cached_class, self.count, self.classes - 1
         blocks_of, tail_cls, retail = self._blocks, self._tail_cls, self._retail
         capacity, size, inf = self.capacity, self.size, math.inf
-        argmin = np.argmin
         while size > capacity:
-            j = int(argmin(score))  # ties: the first, the oldest bucket
+            j = int(score.argmin())  # ties: the first, the oldest bucket
             if score[j] == inf:
                 break  # every bucket is passed over
             bid = int(ids[j])
