@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from superinfer.policy_core.reuse_blocks import BlockCache
+from superinfer.policy_core.reuse_blocks import BlockCache, _float_order
 
 __all__ = ["FollowingCache"]
 
@@ -38,22 +38,26 @@ class FollowingCache(BlockCache):
         self.cached = [False] * len(self.parent)
         self.last = [0.0] * len(self.parent)  # last access, s
         self.size = 0
-        self.stale: list[tuple[float, int, int]] = []  # (last access, -depth, block)
-        self.lru: list[tuple[float, int, int]] = []  # every cached block (fallback)
+        # Heap entries are ints ordered as the tuples (last access, -depth, block):
+        # _float_order(last access) above (max depth - depth) above the block id; _fkey[b] is
+        # block b's at its last access (an entry is outdated once it differs).
+        bits = max(1, len(self.parent).bit_length())
+        dmax = max(self.depth, default=0)
+        self._low = [((dmax - d) << bits) | b for b, d in enumerate(self.depth)]
+        self._mask = (1 << bits) - 1
+        self._tshift = bits + max(1, (dmax - min(self.depth, default=0)).bit_length())
+        self._fkey = [0] * len(self.parent)
+        self.stale: list[int] = []  # the blocks to leave first
+        self.lru: list[int] = []  # every cached block (fallback)
 
     def __contains__(self, block: object) -> bool:
         return bool(self.cached[block])  # type: ignore[call-overload]
 
     def _touch(self, blocks: Sequence[int], now_s: float) -> None:
         """Cache every block of a request, accessed at ``now_s`` (may exceed the capacity)."""
-        cached, last, depth, parent, kids = (
-            self.cached,
-            self.last,
-            self.depth,
-            self.parent,
-            self.kids,
-        )
-        lru, push, entered = self.lru, heapq.heappush, 0
+        cached, last, low, fkey = self.cached, self.last, self._low, self._fkey
+        parent, kids, lru, push, entered = self.parent, self.kids, self.lru, heapq.heappush, 0
+        base = _float_order(now_s) << self._tshift
         for b in blocks:
             if not cached[b]:
                 cached[b] = True
@@ -62,43 +66,40 @@ class FollowingCache(BlockCache):
                 if p >= 0:
                     kids[p] += 1
             last[b] = now_s
-            push(lru, (now_s, -depth[b], b))
+            k = fkey[b] = base + low[b]
+            push(lru, k)
         self.size += entered
 
     def _lead_evicted(self, gone: Sequence[int]) -> None:
         """The lead evicted ``gone``: those cached here leave first."""
-        cached, last, depth, stale, push = (
-            self.cached,
-            self.last,
-            self.depth,
-            self.stale,
-            heapq.heappush,
-        )
+        cached, fkey, stale, push = self.cached, self._fkey, self.stale, heapq.heappush
         for v in gone:
             if cached[v]:
-                push(stale, (last[v], -depth[v], v))
+                push(stale, fkey[v])
 
     def _restale(self, lead: BlockCache) -> None:
         """A new lead: the cached blocks it does not hold leave first (O(U))."""
-        last, depth, held = self.last, self.depth, lead.__contains__
-        self.stale = [
-            (last[b], -depth[b], b) for b, c in enumerate(self.cached) if c and not held(b)
-        ]
+        fkey, held = self._fkey, lead.__contains__
+        self.stale = [fkey[b] for b, c in enumerate(self.cached) if c and not held(b)]
         heapq.heapify(self.stale)
 
-    def _pop_valid(
-        self, heap: list[tuple[float, int, int]], lead: BlockCache, stale: bool
-    ) -> int | None:
+    def _pop_valid(self, heap: list[int], lead: BlockCache, stale: bool) -> int | None:
         """Pop ``heap`` down to its first valid leaf (entries outdated, or with ``stale`` held
         by ``lead``, dropped; valid non-leaves pushed back); None when there is none."""
-        cached, last, kids, pop = self.cached, self.last, self.kids, heapq.heappop
+        cached, fkey, kids, pop, mask = (
+            self.cached,
+            self._fkey,
+            self.kids,
+            heapq.heappop,
+            self._mask,
+        )
         held_by = lead.__contains__
-        held: list[tuple[float, int, int]] = []
+        held: list[int] = []
         found = None
         while heap:
             entry = pop(heap)
-            b = entry[2]
-            if not cached[b] or last[b] != entry[0] or (stale and held_by(b)):
+            b = entry & mask
+            if not cached[b] or fkey[b] != entry or (stale and held_by(b)):
                 continue  # outdated entry
             if kids[b]:
                 held.append(entry)
@@ -131,7 +132,7 @@ class FollowingCache(BlockCache):
             out.append(b)
         self.size = size
         if len(self.lru) > 4 * capacity + 1024:
-            last, depth = self.last, self.depth
-            self.lru = [(last[b], -depth[b], b) for b, c in enumerate(cached) if c]
+            fkey = self._fkey
+            self.lru = [fkey[b] for b, c in enumerate(cached) if c]
             heapq.heapify(self.lru)
         return out
