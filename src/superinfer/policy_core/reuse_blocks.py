@@ -26,6 +26,7 @@ import heapq
 import math
 import struct
 from collections.abc import Container, Mapping, Sequence
+from itertools import islice
 
 from superinfer.policy_core.kv_baselines import ArcCache, S3FifoCache
 
@@ -368,7 +369,7 @@ class _S3FifoLeaves(S3FifoCache[int]):
     def _evict_small(self) -> int | None:
         small, main, freq, kids = self.small, self.main, self.freq, self._kids
         passed = 0
-        while small:
+        while small and passed < 16:
             tail = next(iter(small))
             if freq[tail] >= 1:  # accessed while in S: promoted to M, counter cleared
                 del small[tail]
@@ -383,12 +384,33 @@ class _S3FifoLeaves(S3FifoCache[int]):
                 continue
             del small[tail]
             del freq[tail]
-            ghost = self.ghost
-            ghost[tail] = None
-            if len(ghost) > self.ghost_size:
-                ghost.popitem(last=False)
-            return tail
+            return self._to_ghost(tail)
+        if not small:
+            return None
+        # Many passed over: the rest of the first pass over S (the keys not yet rotated, in
+        # order; S gains no key meanwhile) from a snapshot, without an iterator per step. The
+        # step-by-step loop would then meet a rotated key again and give up (``passed`` would
+        # exceed S's size), or find S empty: None either way.
+        move = small.move_to_end
+        for tail in list(islice(small, len(small) - passed)):
+            if freq[tail] >= 1:
+                del small[tail]
+                freq[tail] = 0
+                main[tail] = None
+            elif kids[tail]:
+                move(tail)
+            else:
+                del small[tail]
+                del freq[tail]
+                return self._to_ghost(tail)
         return None
+
+    def _to_ghost(self, key: int) -> int:
+        ghost = self.ghost
+        ghost[key] = None
+        if len(ghost) > self.ghost_size:
+            ghost.popitem(last=False)
+        return key
 
     def _evict_main(self) -> int | None:
         main, freq, kids = self.main, self.freq, self._kids
