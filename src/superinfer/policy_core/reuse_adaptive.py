@@ -240,7 +240,7 @@ class AdaptiveCache(FollowingCache):
         if not self.union:
             return
         cfg, scores = self.config, self.union_scores
-        best = max(self.union, key=lambda n: scores[n])
+        best = max(scores, key=scores.__getitem__)  # in expert order: first on ties
         lead = scores[best] - scores[self.union_leader]
         if best == self.union_leader or lead < max(
             cfg.switch_margin * self.decayed_refs, cfg.min_lead
@@ -307,7 +307,7 @@ class AdaptiveCache(FollowingCache):
         if not self.cpu_capacity:
             return cache.prefix_hit(blocks)
         cpu: Container[int] = self._lfu_cpu if name == "lfu" else self.shadow_cpu[name]
-        k = 0
+        k = cache.prefix_hit(blocks)  # the HBM prefix first (no call per block), then both
         while k < len(blocks) and (blocks[k] in cache or blocks[k] in cpu):
             k += 1
         return k
@@ -318,7 +318,7 @@ class AdaptiveCache(FollowingCache):
 
     def _maybe_switch(self) -> None:
         cfg = self.config
-        best = max(self.experts, key=lambda n: self.scores[n])
+        best = max(self.scores, key=self.scores.__getitem__)  # in expert order: first on ties
         cur = self.scores[self.leader]
         lead = self.scores[best] - cur
         # A switch costs what the cache loses while its content converges to the new leader's:

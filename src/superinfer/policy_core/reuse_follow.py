@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from typing import cast
 
-from superinfer.policy_core.reuse_blocks import BlockCache
+from superinfer.policy_core.reuse_blocks import BlockCache, _float_order
 
 __all__ = ["FollowingCache"]
 
@@ -39,72 +38,101 @@ class FollowingCache(BlockCache):
         self.cached = [False] * len(self.parent)
         self.last = [0.0] * len(self.parent)  # last access, s
         self.size = 0
-        self.stale: list[tuple[float, int, int]] = []  # (last access, -depth, block)
-        self.lru: list[tuple[float, int, int]] = []  # every cached block (fallback)
+        # Heap entries are ints ordered as the tuples (last access, -depth, block):
+        # _float_order(last access) above (max depth - depth) above the block id; _fkey[b] is
+        # block b's at its last access (an entry is outdated once it differs).
+        bits = max(1, len(self.parent).bit_length())
+        dmax = max(self.depth, default=0)
+        self._low = [((dmax - d) << bits) | b for b, d in enumerate(self.depth)]
+        self._mask = (1 << bits) - 1
+        self._tshift = bits + max(1, (dmax - min(self.depth, default=0)).bit_length())
+        self._fkey = [0] * len(self.parent)
+        self.stale: list[int] = []  # the blocks to leave first
+        self.lru: list[int] = []  # every cached block (fallback)
 
     def __contains__(self, block: object) -> bool:
-        return bool(self.cached[cast(int, block)])
+        return bool(self.cached[block])  # type: ignore[call-overload]
 
     def _touch(self, blocks: Sequence[int], now_s: float) -> None:
         """Cache every block of a request, accessed at ``now_s`` (may exceed the capacity)."""
+        cached, last, low, fkey = self.cached, self.last, self._low, self._fkey
+        parent, kids, lru, push, entered = self.parent, self.kids, self.lru, heapq.heappush, 0
+        base = _float_order(now_s) << self._tshift
         for b in blocks:
-            if not self.cached[b]:
-                self.cached[b] = True
-                self.size += 1
-                self._entered(b)
-            self.last[b] = now_s
-            heapq.heappush(self.lru, (now_s, -self.depth[b], b))
+            if not cached[b]:
+                cached[b] = True
+                entered += 1
+                p = parent[b]  # BlockCache._entered, inlined
+                if p >= 0:
+                    kids[p] += 1
+            last[b] = now_s
+            k = fkey[b] = base + low[b]
+            push(lru, k)
+        self.size += entered
 
     def _lead_evicted(self, gone: Sequence[int]) -> None:
         """The lead evicted ``gone``: those cached here leave first."""
+        cached, fkey, stale, push = self.cached, self._fkey, self.stale, heapq.heappush
         for v in gone:
-            if self.cached[v]:
-                heapq.heappush(self.stale, (self.last[v], -self.depth[v], v))
+            if cached[v]:
+                push(stale, fkey[v])
 
     def _restale(self, lead: BlockCache) -> None:
         """A new lead: the cached blocks it does not hold leave first (O(U))."""
-        self.stale = [
-            (self.last[b], -self.depth[b], b)
-            for b in range(len(self.cached))
-            if self.cached[b] and b not in lead
-        ]
+        fkey, held = self._fkey, lead.__contains__
+        self.stale = [fkey[b] for b, c in enumerate(self.cached) if c and not held(b)]
         heapq.heapify(self.stale)
 
-    def _pop_valid(
-        self, heap: list[tuple[float, int, int]], lead: BlockCache, stale: bool
-    ) -> int | None:
-        held: list[tuple[float, int, int]] = []
+    def _pop_valid(self, heap: list[int], lead: BlockCache, stale: bool) -> int | None:
+        """Pop ``heap`` down to its first valid leaf (entries outdated, or with ``stale`` held
+        by ``lead``, dropped; valid non-leaves pushed back); None when there is none."""
+        cached, fkey, kids, pop, mask = (
+            self.cached,
+            self._fkey,
+            self.kids,
+            heapq.heappop,
+            self._mask,
+        )
+        held_by = lead.__contains__
+        held: list[int] = []
         found = None
         while heap:
-            entry = heapq.heappop(heap)
-            b = entry[2]
-            if not self.cached[b] or self.last[b] != entry[0] or (stale and b in lead):
+            entry = pop(heap)
+            b = entry & mask
+            if not cached[b] or fkey[b] != entry or (stale and held_by(b)):
                 continue  # outdated entry
-            if self.kids[b]:
+            if kids[b]:
                 held.append(entry)
                 continue
             found = b
             break
-        for entry in held:
-            heapq.heappush(heap, entry)
+        if held:
+            push = heapq.heappush
+            for entry in held:
+                push(heap, entry)
         return found
 
     def _trim(self, lead: BlockCache) -> list[int]:
         """Evict leaves until within capacity (those ``lead`` evicted or does not hold first,
         then the least recently used); the blocks evicted, in order."""
         out: list[int] = []
-        while self.size > self.capacity:
-            b = self._pop_valid(self.stale, lead, True)
+        cached, parent, kids, capacity = self.cached, self.parent, self.kids, self.capacity
+        pop_valid, size = self._pop_valid, self.size
+        while size > capacity:
+            b = pop_valid(self.stale, lead, True)
             if b is None:
-                b = self._pop_valid(self.lru, lead, False)
+                b = pop_valid(self.lru, lead, False)
             if b is None:
                 break
-            self.cached[b] = False
-            self.size -= 1
-            self._left(b)
+            cached[b] = False
+            size -= 1
+            p = parent[b]  # BlockCache._left, inlined
+            if p >= 0:
+                kids[p] -= 1
             out.append(b)
-        if len(self.lru) > 4 * self.capacity + 1024:
-            self.lru = [(self.last[b], -self.depth[b], b) for b in range(len(self.cached))
-                        if self.cached[b]]  # fmt: skip
+        self.size = size
+        if len(self.lru) > 4 * capacity + 1024:
+            fkey = self._fkey
+            self.lru = [fkey[b] for b, c in enumerate(cached) if c]
             heapq.heapify(self.lru)
         return out

@@ -50,7 +50,6 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Sequence
-from typing import cast
 
 import numpy as np
 
@@ -173,9 +172,18 @@ class HazardCache(BlockCache):
         self._num_buckets = 0
         self._dirty: set[int] = set()  # buckets whose tail may have changed
         self.num_seen = 0
+        # The live buckets as a mask by bucket id (an id array in id order without a pass over
+        # the dict); ids below _lo are dead.
+        self._alive = np.zeros(1024, dtype=np.bool_)
+        self._lo = 0
+        # ``count`` and ``last`` as arrays for _fit, brought up to date there from the blocks
+        # referenced since (_touched) rather than converted whole at every refit.
+        self._count_np = np.zeros(u, dtype=np.int64)
+        self._last_np = np.zeros(u, dtype=np.float64)
+        self._touched: list[int] = []
 
     def __contains__(self, block: object) -> bool:
-        return bool(self.cached[cast(int, block)])
+        return bool(self.cached[block])  # type: ignore[call-overload]
 
     def block_class(self, accesses: int) -> int:
         """The interval class of a block accessed ``accesses`` (>= 1) times."""
@@ -192,11 +200,15 @@ class HazardCache(BlockCache):
         if bid == len(self._time):
             self._time = np.concatenate([self._time, np.zeros(bid)])
             self._tail_cls = np.concatenate([self._tail_cls, np.zeros(bid, dtype=np.int64)])
+            self._alive = np.concatenate([self._alive, np.zeros(bid, dtype=np.bool_)])
         self._time[bid] = now_s
+        self._alive[bid] = True
+        self._touched.extend(blocks)
         last, count, cached, bucket_of = self.last, self.count, self.cached, self.bucket_of
         closed, edges, dirty = self.closed, self._edges, self._dirty
+        parent, kids, add = self.parent, self.kids, dirty.add
         top = self.classes - 1
-        num_closed = 0
+        num_closed = num_new = entered = 0
         for b in blocks:
             n = count[b]
             if n:
@@ -204,16 +216,20 @@ class HazardCache(BlockCache):
                 i = bisect_right(edges, now_s - last[b]) - 1
                 closed[cls if cls < top else top][i if i > 0 else 0] += 1.0
                 num_closed += 1
-                dirty.add(bucket_of[b])
+                add(bucket_of[b])
             else:
-                self.num_seen += 1
+                num_new += 1
             last[b] = now_s
             count[b] = n + 1
             bucket_of[b] = bid
             if not cached[b]:
                 cached[b] = 1
-                self.size += 1
-                self._entered(b)
+                entered += 1
+                p = parent[b]  # BlockCache._entered, inlined
+                if p >= 0:
+                    kids[p] += 1
+        self.num_seen += num_new
+        self.size += entered
         self.num_closed += num_closed
         self._blocks[bid] = list(blocks)
         dirty.add(bid)
@@ -223,10 +239,23 @@ class HazardCache(BlockCache):
             self._fit(now_s)
         return self._trim(now_s)
 
+    def _sync_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``count`` and ``last`` as arrays (equal to the lists), updated for the blocks
+        referenced since the last call."""
+        touched = self._touched
+        if touched:
+            n = len(touched)
+            self._count_np[touched] = np.fromiter(map(self.count.__getitem__, touched),
+                                                  dtype=np.int64, count=n)  # fmt: skip
+            self._last_np[touched] = np.fromiter(map(self.last.__getitem__, touched),
+                                                 dtype=np.float64, count=n)  # fmt: skip
+            self._touched = []
+        return self._count_np, self._last_np
+
     def _fit(self, now_s: float) -> None:
-        count = np.asarray(self.count)
+        count, last = self._sync_arrays()
         seen = np.flatnonzero(count > 0)
-        ages = now_s - np.asarray(self.last)[seen]
+        ages = now_s - last[seen]
         n = count[seen]
         cls = np.minimum(np.floor(np.log2(n)).astype(np.int64), self.classes - 1)
         nb = len(AGE_EDGES_S)
@@ -255,6 +284,7 @@ class HazardCache(BlockCache):
                 return True
             lst.pop()
         del self._blocks[bid]
+        self._alive[bid] = False
         return False
 
     def _scores(self, ids: np.ndarray, now_s: float) -> np.ndarray:
@@ -262,6 +292,12 @@ class HazardCache(BlockCache):
         if not self.fitted:
             return -ages
         cls = self._tail_cls[ids]
+        if self.classes <= 8:
+            # every class's table at every age, then each bucket's own class (np.interp is
+            # elementwise: the same values as interpolating each class's buckets apart)
+            x, rho = self.x, self.rho
+            out: np.ndarray = cls.choose([np.interp(ages, x, rho[c]) for c in range(self.classes)])
+            return out
         out = np.empty(len(ids))
         for c in range(self.classes):
             m = cls == c
@@ -289,41 +325,57 @@ class HazardCache(BlockCache):
         for bid in self._dirty:
             self._retail(bid)
         self._dirty.clear()
-        ids = np.fromiter(self._blocks, dtype=np.int64, count=len(self._blocks))
+        alive, lo, hi = self._alive, self._lo, self._num_buckets
+        while lo < hi and not alive[lo]:
+            lo += 1
+        self._lo = lo
+        ids = np.flatnonzero(alive[lo:hi])  # the live buckets, in id order
+        if lo:
+            ids += lo
         if not len(ids):
             return out
         score = self._scores(ids, now_s)
-        cached, kids, bucket_of, cached_class = (
-            self.cached,
-            self.kids,
-            self.bucket_of,
-            self.cached_class,
-        )
-        while self.size > self.capacity:
-            j = int(np.argmin(score))  # ties: the first, the oldest bucket
-            if score[j] == np.inf:
+        cached, kids, bucket_of, parent = self.cached, self.kids, self.bucket_of, self.parent
+        # cached_class, inlined unless a subclass classifies otherwise
+        own_class = type(self).cached_class is HazardCache.cached_class
+        cached_class, count, top = self.cached_class, self.count, self.classes - 1
+        blocks_of, tail_cls, retail = self._blocks, self._tail_cls, self._retail
+        capacity, size, inf = self.capacity, self.size, math.inf
+        while size > capacity:
+            j = int(score.argmin())  # ties: the first, the oldest bucket
+            if score[j] == inf:
                 break  # every bucket is passed over
             bid = int(ids[j])
-            lst = self._blocks[bid]
-            cls = int(self._tail_cls[bid])
+            lst = blocks_of[bid]
+            cls = int(tail_cls[bid])
             evicted = False
-            while self.size > self.capacity and lst:
+            while size > capacity and lst:
                 b = lst[-1]
                 if not (cached[b] and bucket_of[b] == bid):
                     lst.pop()
                     continue
-                if kids[b] or cached_class(b) != cls:
+                if kids[b]:
+                    break
+                if own_class:
+                    c = count[b].bit_length() - 1
+                    if (c if c < top else top) != cls:
+                        break
+                elif cached_class(b) != cls:
                     break
                 lst.pop()
                 cached[b] = 0
-                self.size -= 1
-                self._left(b)
+                size -= 1
+                p = parent[b]  # BlockCache._left, inlined
+                if p >= 0:
+                    kids[p] -= 1
                 out.append(b)
                 evicted = True
-            if not self._retail(bid):
-                score[j] = np.inf
+            self.size = size
+            if not retail(bid):
+                score[j] = inf
             elif not evicted and kids[lst[-1]]:
-                score[j] = np.inf  # its tail has a cached child in an older bucket
+                score[j] = inf  # its tail has a cached child in an older bucket
             else:
                 score[j] = self._score_one(bid, now_s)
+        self.size = size
         return out
