@@ -58,7 +58,8 @@ Usage::
         --mixed-run results/sglang-mixed-chunk/real_mixed \\
         --out results/sglang-mixed-chunk
 
-(``--default-run DIR`` reads ``DIR_summary.csv`` and ``DIR_run_manifest.json``.)
+(``--default-run PREFIX`` reads ``PREFIX_summary.csv`` and ``PREFIX_run_manifest.json``, or a
+suite run folder's ``summary.csv`` and ``manifest.json`` when ``PREFIX`` is that folder.)
 """
 
 from __future__ import annotations
@@ -215,7 +216,7 @@ def _run_dir(prefix: Path, steps: pd.DataFrame, into: Path, latency_ms: float) -
     ``steps`` as ``sglang_step_time.json``."""
     into.mkdir(parents=True)
     for suffix, name in (("_summary.csv", "summary.csv"), ("_run_manifest.json", "manifest.json")):
-        src = prefix.parent / f"{prefix.name}{suffix}"
+        src = prefix / name if prefix.is_dir() else prefix.parent / f"{prefix.name}{suffix}"
         if not src.is_file():
             raise UserError(f"{src}: no such file (a suite run's {name}, copied)")
         shutil.copy(src, into / name)
@@ -304,6 +305,7 @@ def main() -> None:
     parser.add_argument("--default-run", type=Path, required=True, metavar="PREFIX")
     parser.add_argument("--mixed-run", type=Path, required=True, metavar="PREFIX")
     parser.add_argument("--request-latency-ms", type=float, default=REQUEST_LATENCY_MS)
+    parser.add_argument("--mixed-name", default="mixed", help="the --mixed-run's name in the CSVs")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     try:
@@ -316,7 +318,7 @@ def main() -> None:
         else:
             bench = microbench(config, args.decodes, args.repeats, args.rounds)
         excess = step_excess(default, mixed, bench)
-        runs = {"default": (args.default_run, default), "mixed": (args.mixed_run, mixed)}
+        runs = {"default": (args.default_run, default), args.mixed_name: (args.mixed_run, mixed)}
         replayed, fid = replay(runs, args.request_latency_ms)
     except UserError as exc:
         sys.exit(f"error: {exc}")
