@@ -4,15 +4,16 @@ Two server setups compared on a shared, drifting host are best run interleaved: 
 seed 6, setup B on seed 6, A on seed 7, and so on, each a ``superinfer bench --suite engines
 --engine-option suite.repeats=1 --seed S`` run. Repeat ``r`` of a suite run draws its arrivals
 with seed ``seed + r``, so the one-repeat runs on seeds ``S0, S0 + 1, ...`` are exactly the
-repeats of one run on seed ``S0``. This joins them into that run's folder, so every tool that
-reads a suite run (``benchmarks/fidelity_cpu.py``, ``benchmarks/sglang_mixed_cost.py``,
-``superinfer report``) reads it as one:
+repeats of one run on seed ``S0``. This joins each setup's runs into that run's files, named
+``NAME_*`` in ``--out`` (as ``benchmarks/sglang_mixed_cost.py --default-run PREFIX`` reads
+them; copied into a folder without the prefix, they are a suite run folder):
 
-* ``summary.csv``: the runs' rows, ``repeat`` set to ``seed - S0``;
-* ``steps.parquet``: the runs' step logs, each ``run`` name's last field (the repeat) set the
-  same way;
-* ``manifest.json``: the first run's, with ``seed`` ``S0``, ``options.repeats`` the number of
-  runs, and ``joined_from`` (each run's folder, seed, ``git_sha`` and ``created_utc``).
+* ``NAME_summary.csv``: the runs' rows, ``repeat`` set to ``seed - S0``;
+* ``NAME_steps.parquet``: the runs' step logs, each ``run`` name's last field (the repeat) set
+  the same way;
+* ``NAME_run_manifest.json``: the first run's manifest, with ``seed`` ``S0``,
+  ``options.repeats`` the number of runs, and ``joined_from`` (each run's folder, seed,
+  ``git_sha`` and ``created_utc``).
 
 It also writes, into ``--out``, for the setups together: ``aggregate.csv``, per setup, policy
 and class, the mean, min and max over the repeats of ``slo_attainment, ttft_p99_ms,
@@ -28,8 +29,8 @@ Usage::
     python benchmarks/sglang_interleaved.py --setup fixed=/tmp/r/fixed-s6,/tmp/r/fixed-s7 \\
         --setup default=/tmp/r/default-s6,/tmp/r/default-s7 --out results/some-folder
 
-(writes ``results/some-folder/fixed/`` and ``results/some-folder/default/``, each a suite run
-folder, and ``results/some-folder/aggregate.csv``).
+(writes ``fixed_*`` and ``default_*`` files, ``aggregate.csv`` and ``run_speed.csv`` into
+``results/some-folder``).
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ from superinfer.harness.report.results import CSV_FLOAT_FORMAT
 COLUMNS = ("slo_attainment", "ttft_p99_ms", "tpot_p50_ms", "output_tok_s")
 
 
-def join(dirs: list[Path], out: Path) -> pd.DataFrame:
-    """Join the one-repeat runs in ``dirs`` (seeds consecutive from the first) into ``out``;
-    returns the joined summary.
+def join(dirs: list[Path], out: Path, name: str) -> pd.DataFrame:
+    """Join the one-repeat runs in ``dirs`` (seeds consecutive from the first) into ``out``'s
+    ``name_*`` files; returns the joined summary.
 
     Raises:
         UserError: a folder without ``summary.csv``, ``steps.parquet`` or ``manifest.json``, a
@@ -83,9 +84,9 @@ def join(dirs: list[Path], out: Path) -> pd.DataFrame:
     ]
     out.mkdir(parents=True, exist_ok=True)
     summary = pd.concat(summaries, ignore_index=True)
-    summary.to_csv(out / "summary.csv", index=False, float_format=CSV_FLOAT_FORMAT)
-    pd.concat(steps, ignore_index=True).to_parquet(out / "steps.parquet", index=False)
-    (out / "manifest.json").write_text(json.dumps(joined, indent=2) + "\n")
+    summary.to_csv(out / f"{name}_summary.csv", index=False, float_format=CSV_FLOAT_FORMAT)
+    pd.concat(steps, ignore_index=True).to_parquet(out / f"{name}_steps.parquet", index=False)
+    (out / f"{name}_run_manifest.json").write_text(json.dumps(joined, indent=2) + "\n")
     return summary
 
 
@@ -108,12 +109,13 @@ def aggregate(summaries: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def run_speed(folders: dict[str, Path], summaries: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """Each run's ``slowness`` in its decode steps (module docstring)."""
+def run_speed(out: Path, summaries: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Each run's ``slowness`` in its decode steps (module docstring), from the setups'
+    ``NAME_steps.parquet`` in ``out``."""
     from superinfer.harness.offline.calibrate_hf import fit_steps
     from superinfer.sim.hf_cpu import shape_of_totals
 
-    logs = {name: pd.read_parquet(folder / "steps.parquet") for name, folder in folders.items()}
+    logs = {name: pd.read_parquet(out / f"{name}_steps.parquet") for name in summaries}
     dec = pd.concat(
         [log[log["kind"] == "decode"].assign(setup=name) for name, log in logs.items()],
         ignore_index=True,
@@ -151,14 +153,14 @@ def main() -> int:
             if not sep or not name or not dirs:
                 raise UserError(f"--setup {spec!r}: expected NAME=DIR,DIR,...")
             paths = [Path(d) for d in dirs.split(",") if d]
-            summaries[name] = join(paths, args.out / name)
+            summaries[name] = join(paths, args.out, name)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     agg = aggregate(summaries)
     agg.to_csv(args.out / "aggregate.csv", index=False, float_format=CSV_FLOAT_FORMAT)
     print(agg.to_string(index=False))
-    speed = run_speed({name: args.out / name for name in summaries}, summaries)
+    speed = run_speed(args.out, summaries)
     speed.to_csv(args.out / "run_speed.csv", index=False, float_format=CSV_FLOAT_FORMAT)
     print(speed.to_string(index=False))
     return 0
