@@ -215,6 +215,20 @@ def test_policies_lists_options_with_help() -> None:
     assert names == ["edf", "fcfs", "lpm", "mlfq", "oracle", "priority", "superinfer"]
 
 
+def test_bench_help_names_every_built_in_workload_and_gpu() -> None:
+    from click.testing import CliRunner
+
+    from superinfer.cli import cli
+    from superinfer.harness.workload.specs import builtin_specs
+    from superinfer.sim.hardware import GPUS
+
+    text = " ".join(CliRunner().invoke(cli, ["bench", "--help"], terminal_width=400).output.split())
+    workloads = text.split("Workload spec: a built-in name (")[1].split(";")[0]
+    assert workloads.split(", ") == sorted(builtin_specs())
+    gpus = text.split("GPU: ")[1].split(".")[0].replace(" or ", ", ")
+    assert gpus.split(", ") == list(GPUS)
+
+
 def test_headline_suite_writes_its_files(tmp_path: Path) -> None:
     out = tmp_path / "headline"
     proc = run(

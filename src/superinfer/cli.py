@@ -46,7 +46,8 @@ def cli() -> None:
 # fmt: off
 @cli.command()
 @click.option("--workload", default=None,
-              help="Workload spec: a built-in name (azure-mixed, mooncake-chat, sharegpt-poisson; "
+              help="Workload spec: a built-in name (azure-mixed, mooncake-chat, reasoning-long, "
+              "sharegpt-poisson; "
               "`superinfer workloads` lists them) or a path to a TOML spec (docs/workloads.md). "
               "A spec's [bench] table sets defaults for --model/--gpu/--tp/--replicas/--engines/"
               "--policies; options given here win.  [default: azure-mixed]")
@@ -56,7 +57,7 @@ def cli() -> None:
 @click.option("--engines", "--engine", "engines", default="sim:vllm", show_default=True,
               help="Comma-separated engine ids; each runs every policy.")
 @cluster_options("a100-80gb", ("Model: llama-3.1-8b or llama-3.1-70b.",
-                        "GPU: a100-80gb, h100-80gb or h200.",
+                        "GPU: a100-80gb, h100-80gb, h200 or gh200.",
                         "Tensor-parallel degree (GPUs per replica)."))
 @click.option("--replicas", default=4, show_default=True, type=int,
               help="Replicas behind the router.")
