@@ -36,7 +36,12 @@ import pandas as pd
 
 from superinfer.cli_options import key_values
 from superinfer.harness.errors import UserError
-from superinfer.harness.suites_engines_fidelity import fidelity, within_count
+from superinfer.harness.suites_engines_fidelity import (
+    FIDELITY_CSV_COLUMNS,
+    fidelity,
+    fidelity_csv,
+    within_count,
+)
 from superinfer.harness.suites_engines_knee import with_seq_cost
 from superinfer.harness.suites_engines_options import SIM_OF
 from superinfer.harness.suites_engines_replay import resimulate
@@ -46,8 +51,7 @@ from superinfer.harness.suites_engines_report import aggregate
 FILES = {"sim:hf-cpu": "hf.csv", "sim:sglang-cpu": "sglang_cpu.csv"}
 #: A summary row's identity: one run's class.
 KEYS = ["engine", "policy", "repeat", "load", "slo_class"]
-COLUMNS = ["engine", "policy", "load", "slo_class", "metric", "real", "simulated", "abs_err",
-           "rel_err", "bound", "within"]  # fmt: skip
+COLUMNS = FIDELITY_CSV_COLUMNS
 
 
 def split(summary: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -61,8 +65,7 @@ def split(summary: pd.DataFrame) -> dict[str, pd.DataFrame]:
         raise ValueError("no simulated row beside a real one (run the suite with its sim engines)")
     out = {}
     for sim, name in FILES.items():
-        part = fid[fid["sim_engine"] == sim].rename(columns={"sim": "simulated"})
-        out[name] = part[COLUMNS].reset_index(drop=True)
+        out[name] = fidelity_csv(fid[fid["sim_engine"] == sim])
     return out
 
 

@@ -45,15 +45,17 @@ from typing import Any
 import pandas as pd
 
 from superinfer.harness.errors import UserError
-from superinfer.harness.suites_engines_fidelity import fidelity, within_count
+from superinfer.harness.suites_engines_fidelity import (
+    FIDELITY_CSV_COLUMNS,
+    fidelity,
+    fidelity_csv,
+    within_count,
+)
 from superinfer.harness.suites_engines_knee import request_path_ms, step_log_fit
 from superinfer.harness.suites_engines_options import SGLANG, SIM_OF
 from superinfer.harness.suites_engines_replay import host_speeds, resimulate
 from superinfer.harness.suites_engines_report import aggregate
 
-#: ``fidelity_cpu.py``'s row columns.
-COLUMNS = ["engine", "policy", "load", "slo_class", "metric", "real", "simulated", "abs_err",
-           "rel_err", "bound", "within"]  # fmt: skip
 SUMMARY = ["src", "sim_engine", "judged", "within_as_run", "within_refit", "within_host_speed",
            "total_scale", "speed_min", "speed_median", "speed_max",
            "request_latency_ms"]  # fmt: skip
@@ -150,7 +152,7 @@ def replay_all(src: Path, fit: Path | None, work: Path) -> tuple[pd.DataFrame, p
     for replay, use, at in (("as_run", fit, None), ("refit", new, None),
                             ("host_speed", new, speeds)):  # fmt: skip
         summary = resimulate(src, sim, fit=use, speeds=at)
-        rows = fidelity(aggregate(summary)).rename(columns={"sim": "simulated"})[COLUMNS]
+        rows = fidelity_csv(fidelity(aggregate(summary)))
         frames.append(rows.assign(src=src.name, replay=replay))
     table = pd.DataFrame(
         {"src": src.name, "engine": real, "run": list(speeds), "host_speed": list(speeds.values())}
@@ -161,7 +163,7 @@ def replay_all(src: Path, fit: Path | None, work: Path) -> tuple[pd.DataFrame, p
            "total_scale": doc["total_scale"], "speed_min": s.min(), "speed_median": s.median(),
            "speed_max": s.max(), "request_latency_ms": doc.get("request_latency_ms")}  # fmt: skip
     out = pd.concat(frames, ignore_index=True)
-    return out[["src", "replay", *COLUMNS]], table, row
+    return out[["src", "replay", *FIDELITY_CSV_COLUMNS]], table, row
 
 
 def main(argv: list[str] | None = None) -> int:

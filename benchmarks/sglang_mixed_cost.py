@@ -82,15 +82,12 @@ from superinfer.adapters.sglang.real_model import default_real_model_dir
 from superinfer.harness.errors import UserError
 from superinfer.harness.offline.calibrate_hf import fit_steps
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, write_atomic
-from superinfer.harness.suites_engines_fidelity import fidelity
+from superinfer.harness.suites_engines_fidelity import fidelity, fidelity_csv
 from superinfer.harness.suites_engines_knee import step_log_fit
 from superinfer.harness.suites_engines_replay import resimulate
 from superinfer.harness.suites_engines_report import aggregate
 from superinfer.sim.hf_cpu import shape_of_totals
 
-#: ``benchmarks/fidelity_cpu.py``'s columns.
-FIDELITY_COLUMNS = ["engine", "policy", "load", "slo_class", "metric", "real", "simulated",
-                    "abs_err", "rel_err", "bound", "within"]  # fmt: skip
 CONTEXTS = (128, 256, 512, 768, 1024)  # the CPU recipe's --context-length is 1,024 (launch.py)
 
 
@@ -259,8 +256,7 @@ def replay(
                 means.insert(0, "run", name)
                 means.insert(0, "fit", label)
                 rows.append(means.drop(columns="engine"))
-                fid = fidelity(aggregate(frame))
-                fid = fid.rename(columns={"sim": "simulated"})[FIDELITY_COLUMNS]
+                fid = fidelity_csv(fidelity(aggregate(frame)))
                 fid.insert(0, "run", name)
                 fid.insert(0, "fit", label)
                 fid_rows.append(fid)

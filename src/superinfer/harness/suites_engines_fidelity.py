@@ -13,10 +13,12 @@ __all__ = [
     "FIDELITY_BOUND",
     "FIDELITY_BOUND_P99",
     "FIDELITY_BOUND_POINTS",
+    "FIDELITY_CSV_COLUMNS",
     "FIDELITY_METRICS",
     "SIM_ROWS",
     "fidelity",
     "fidelity_bound",
+    "fidelity_csv",
     "mean_of",
     "within_count",
 ]
@@ -133,3 +135,14 @@ def within_count(fid: pd.DataFrame) -> tuple[int, int]:
     from CSV, where an unjudged row's ``within`` is empty)."""
     judged = fid["within"].dropna()
     return int(judged.astype(bool).sum()), len(judged)
+
+
+#: The columns of a fidelity CSV (``results/fidelity/sglang_cpu*.csv``, ``hf*.csv``): a
+#: :func:`fidelity` row with ``sim`` named ``simulated``, without ``sim_engine``.
+FIDELITY_CSV_COLUMNS = ["engine", "policy", "load", "slo_class", "metric", "real", "simulated",
+                        "abs_err", "rel_err", "bound", "within"]  # fmt: skip
+
+
+def fidelity_csv(fid: pd.DataFrame) -> pd.DataFrame:
+    """:func:`fidelity` rows in the CSV layout :data:`FIDELITY_CSV_COLUMNS` (index reset)."""
+    return fid.rename(columns={"sim": "simulated"})[FIDELITY_CSV_COLUMNS].reset_index(drop=True)

@@ -216,13 +216,25 @@ class Params:
     ignored: tuple[str, ...] = ()
 
 
-#: Top-level body fields the server reads: :func:`parse_request` (``_unsupported`` refuses the
-#: second line's when they ask for what is not served) and :func:`resolve_slo`.
+#: Fields the server refuses (HTTP 400) when they ask for what it does not serve, with the test
+#: of a value that asks for it.
+_UNSUPPORTED: tuple[tuple[str, Callable[[Any], bool]], ...] = (
+    ("n", lambda v: v not in (None, 1)),
+    ("best_of", lambda v: v not in (None, 1)),
+    ("stop", bool),
+    ("logprobs", bool),
+    ("top_logprobs", bool),
+    ("echo", bool),
+    ("suffix", bool),
+    ("tools", bool),
+)
+#: Top-level body fields the server reads: :func:`parse_request` (and its refusals,
+#: ``_UNSUPPORTED``) and :func:`resolve_slo`.
 READ_FIELDS = frozenset(
     {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream",
      "stream_options", "ignore_eos", "min_tokens", "logit_bias", "slo", "custom_params",
      "priority"}
-    | {"n", "best_of", "stop", "logprobs", "top_logprobs", "echo", "suffix", "tools"}
+    | {key for key, _ in _UNSUPPORTED}
 )  # fmt: skip
 #: Fields of the OpenAI API (and vLLM's / SGLang's sampling extras) accepted and without effect:
 #: decoding is greedy with one generation config, and bookkeeping fields are not stored
@@ -232,6 +244,7 @@ NO_EFFECT_FIELDS = frozenset(
      "frequency_penalty", "repetition_penalty", "user", "metadata", "store", "service_tier",
      "tool_choice", "parallel_tool_calls"}
 )  # fmt: skip
+_KNOWN_FIELDS = READ_FIELDS | NO_EFFECT_FIELDS
 
 
 def ignored_fields(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -239,7 +252,7 @@ def ignored_fields(body: Mapping[str, Any]) -> tuple[str, ...]:
     sorted: a misspelt ``max_token`` or a feature this server lacks (``response_format``). Like
     vLLM (which logs them) the request is served without them; the server logs them and counts
     the request (``superinfer_requests_with_ignored_fields_total``)."""
-    return tuple(sorted(str(k) for k in body if k not in READ_FIELDS | NO_EFFECT_FIELDS))
+    return tuple(sorted(str(k) for k in body if k not in _KNOWN_FIELDS))
 
 
 def _max_tokens(body: Mapping[str, Any], chat: bool, room: int) -> int:
@@ -294,17 +307,7 @@ def _eos_after_bans(
 
 
 def _unsupported(body: Mapping[str, Any]) -> None:
-    checks: tuple[tuple[str, Callable[[Any], bool]], ...] = (
-        ("n", lambda v: v not in (None, 1)),
-        ("best_of", lambda v: v not in (None, 1)),
-        ("stop", lambda v: bool(v)),
-        ("logprobs", lambda v: bool(v)),
-        ("top_logprobs", lambda v: bool(v)),
-        ("echo", lambda v: bool(v)),
-        ("suffix", lambda v: bool(v)),
-        ("tools", lambda v: bool(v)),
-    )
-    for key, bad in checks:
+    for key, bad in _UNSUPPORTED:
         if key in body and bad(body[key]):
             raise RequestError(400, f"{key}={body[key]!r} is not supported by this server", key)
 

@@ -115,9 +115,7 @@ def hf_cpu_sim_config(
         ValueError: unknown ``mechanics``; ``mixed_batches=False`` with ``hf`` (our engine
             always runs prefill chunks beside decodes).
     """
-    if mechanics not in MECHANICS:
-        raise ValueError(f"mechanics {mechanics!r}: one of {', '.join(MECHANICS)}")
-    base = _MECHANICS_BASE[MECHANICS.index(mechanics)]
+    base = _base(mechanics)
     if mixed_batches is False and base.mixed_batches:
         raise ValueError(f"mixed_batches=0 needs mechanics=sglang ({mechanics} always mixes)")
     profile = replace(
@@ -162,6 +160,11 @@ def extends_decodes(mechanics: str) -> bool:
     Raises:
         ValueError: unknown ``mechanics``.
     """
+    return _base(mechanics) is SIM_SGLANG
+
+
+def _base(mechanics: str) -> EngineProfile:
+    """The profile whose mechanics ``mechanics`` names (raises ``ValueError`` if none)."""
     if mechanics not in MECHANICS:
         raise ValueError(f"mechanics {mechanics!r}: one of {', '.join(MECHANICS)}")
-    return _MECHANICS_BASE[MECHANICS.index(mechanics)] is SIM_SGLANG
+    return _MECHANICS_BASE[MECHANICS.index(mechanics)]

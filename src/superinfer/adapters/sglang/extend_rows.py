@@ -11,11 +11,10 @@ steps took 1.9x the same work as separate batches (results/sglang-mixed-chunk/RE
 With ``SUPERINFER_SGLANG_EXTEND_ROWS=1`` in a server's environment this module's entry point
 (:func:`register`, plugin ``superinfer-extend-rows`` in group ``sglang.srt.plugins``) wraps that
 method (an AROUND hook of SGLang's ``HookRegistry``) so that the one-token extends of a causal,
-full-attention batch are computed as the decode path computes a decode (one query row over the
-request's keys, ``scaled_dot_product_attention`` without a mask; bit for bit what
-``_run_sdpa_forward_decode`` gives, and the padded square's last row to bf16 rounding: the
-kernel sums in another order), and every other request of the batch goes to SGLang's own
-function, unchanged (bit for bit). Nothing else changes; off by default.
+full-attention batch go to SGLang's decode path, ``_run_sdpa_forward_decode``, as a batch of
+decodes (one query row over each request's keys; the padded square's last row to bf16 rounding:
+the kernel sums in another order), and every other request of the batch goes to SGLang's own
+extend function, unchanged (bit for bit). Nothing else changes; off by default.
 """
 
 from __future__ import annotations
@@ -56,7 +55,6 @@ def extend_rows(
     attention, a sliding window, a non-causal batch, or a batch without a one-token extend.
     """
     import torch
-    from torch.nn.functional import scaled_dot_product_attention
 
     window = kwargs.get("sliding_window_size")
     plain = encoder_lens is None and not kwargs.get("is_cross_attn") and kwargs.get("causal")
@@ -82,17 +80,14 @@ def extend_rows(
             extend_seq_lens[rest], None, **kwargs,
         )  # fmt: skip
         output[rows] = sub_out
-    scale, gqa = kwargs.get("scaling"), bool(kwargs.get("enable_gqa", False))
-    for i in torch.nonzero(ones).flatten().tolist():
-        tokens = req_to_token[req_pool_indices[i], : int(seq_lens[i])]
-        key = k_cache[tokens].movedim(0, 1).unsqueeze(0)  # [1, kv_heads, L, head_dim]
-        value = v_cache[tokens].movedim(0, 1).unsqueeze(0)
-        row = int(starts[i])
-        q = query[row : row + 1].movedim(0, 1).unsqueeze(0)  # [1, heads, 1, head_dim]
-        if q.dtype != key.dtype:
-            key, value = key.to(q.dtype), value.to(q.dtype)
-        out = scaled_dot_product_attention(q, key, value, scale=scale, enable_gqa=gqa)
-        output[row] = out.squeeze(0).movedim(1, 0)[0]
+    rows = starts[ones]  # one row each: SGLang's decode path on them, as a batch of decodes
+    sub_out = output.new_empty((len(rows), *output.shape[1:]))
+    backend._run_sdpa_forward_decode(
+        query[rows], sub_out, k_cache, v_cache, req_to_token, req_pool_indices[ones],
+        seq_lens[ones], scaling=kwargs.get("scaling"), enable_gqa=kwargs.get("enable_gqa", False),
+        causal=False,
+    )  # fmt: skip
+    output[rows] = sub_out
     return output
 
 

@@ -252,9 +252,9 @@ def run_sim_hf_cpu_cell(
     """
     opts = hf_options(config.engine_options)
     profile = sim_profile(opts)  # the step-time file, read once
+    # SGLang runs (and logs) a mixed batch's decodes as extends over their context
     extend = opts.extend_decodes
-    if extend if extend is not None else extends_decodes(opts.mechanics):
-        # SGLang runs (and logs) a mixed batch's decodes as extends over their context
+    if extends_decodes(opts.mechanics) if extend is None else extend:
         profile = replace(profile, step_time=replace(profile.step_time, extend_decodes=True))
     step_time, spread = profile.step_time, profile.spread
     sim_config = hf_cpu_sim_config(
