@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import Any
 
 import numpy as np
 import pytest
 
+from superinfer.policy_core import reuse_blocks
 from superinfer.policy_core.kv_baselines import ArcCache, S3FifoCache
 from superinfer.policy_core.reuse_adaptive import (
     AdaptiveCache,
@@ -18,7 +20,7 @@ from superinfer.policy_core.reuse_adaptive import (
     S3FifoBlocks,
     make_block_cache,
 )
-from superinfer.policy_core.reuse_blocks import LrfuCache
+from superinfer.policy_core.reuse_blocks import LrfuCache, _KeyedAlgo
 from tests.factories import random_forest, root_path
 
 
@@ -213,3 +215,48 @@ def test_lrfu_exact_on_a_hand_made_sequence() -> None:
         make_block_cache("lrfu-1", 2, parent, depth)
     with pytest.raises(ValueError, match="half_life_s"):
         LrfuCache(2, parent, depth, 0.0)
+
+
+class _ReferenceS3FifoBlocks(_KeyedAlgo):
+    """S3-FIFO over blocks through the plain :class:`S3FifoCache` with its leaf predicate: the
+    reference the fast ``S3FifoBlocks`` (``_S3FifoLeaves``: hit case inlined, leaf scans read
+    ``kids``, long passes over S from a snapshot) must match decision for decision."""
+
+    def __init__(self, capacity: int, parent: list[int], depth: list[int]) -> None:
+        super().__init__(capacity, parent, depth)
+        kids = self.kids
+        self.algo = S3FifoCache(capacity, evictable=lambda b: kids[b] == 0)
+        self._held = (self.algo.freq, {})
+
+
+def test_fast_s3fifo_blocks_match_the_plain_algorithm_step_for_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A deep forest (each block's parent among the 10 % of blocks just before it; paths up to
+    # 85 blocks, the cache 120): S's tail comes to hold blocks with a cached child (a child
+    # promoted through the ghost while its parent, evicted from M, came back into S), so scans
+    # pass over more than 16 of them and take the snapshot path. Every request's departures and
+    # the FIFOs, counters and child counts after it equal the plain algorithm's.
+    snapshots = []
+    real_islice = reuse_blocks.islice
+
+    def counting_islice(*args: Any) -> Any:
+        snapshots.append(args[1])
+        return real_islice(*args)
+
+    monkeypatch.setattr(reuse_blocks, "islice", counting_islice)
+    rng = np.random.default_rng(1)
+    nodes = 1000
+    parent = [-1] + [int(rng.integers(max(0, i - int(0.1 * i) - 2), i)) for i in range(1, nodes)]
+    depth = [0] * nodes
+    for v in range(1, nodes):
+        depth[v] = depth[parent[v]] + 1
+    fast, ref = S3FifoBlocks(120, parent, depth), _ReferenceS3FifoBlocks(120, parent, depth)
+    for t in range(2000):
+        path = root_path(parent, int(rng.integers(0, nodes)))
+        assert fast.request(path, float(t)) == ref.request(path, float(t)), t
+        assert list(fast.algo.small) == list(ref.algo.small), t
+        assert list(fast.algo.main) == list(ref.algo.main), t
+        assert list(fast.algo.ghost) == list(ref.algo.ghost), t
+        assert fast.algo.freq == ref.algo.freq and fast.kids == ref.kids, t
+    assert max(depth) == 85 and len(snapshots) == 812
