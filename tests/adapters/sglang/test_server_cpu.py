@@ -66,19 +66,33 @@ def test_chat_behind_a_queue_of_batch_starts_first(server: SGLangServer) -> None
 
 
 def test_kv_pressure_with_mixed_priorities(server: SGLangServer) -> None:
+    # Chat keeps its class (tier 0 and SGLang priority 0, over batch's tier 2 and -1) with targets
+    # no host misses. With the class's own 1 s TTFT / 100 ms TPOT the policy's TPOT guard, which
+    # reads the wall clock, holds every prefill back while chat decodes once a step nears 100 ms:
+    # on a starved 2-core host only 2 requests (2 x ~380 tokens < 1024) ran at a time, the pool
+    # never filled, and nothing was retracted or preempted. Untimed targets leave the admissions
+    # to SGLang's and the policy's token arithmetic (3 or 4 run at once here).
+    chat = {"class": "chat", "ttft_ms": 1e9, "tpot_ms": 1e9}
     before = server.stats() or {}
     jobs = {
         f"r{i}": (
             lambda i=i: generate(
-                server, prompt(200 + i, 25), 300, "chat" if i % 2 else "batch", i % 2 - 1
+                server, prompt(200 + i, 25), 300, chat if i % 2 else "batch", i % 2 - 1
             )
         )
         for i in range(8)
     }
-    metas = concurrently(jobs, dict.fromkeys(jobs, 0.05))
+    metas = concurrently(jobs, {})  # all 8 sent at once
     assert {(m["finish_reason"]["type"], m["completion_tokens"]) for m in metas.values()} == {
         ("length", 300)
     }
+    # The premises: all 8 were in the server before the first one finished, and any 3 of them
+    # decoding in step outgrow the 1024-token pool before the first of them finishes.
+    arrived = max(float(m["request_received_ts"]) for m in metas.values())
+    first_done = min(float(m["request_received_ts"]) + m["e2e_latency"] for m in metas.values())
+    assert arrived < first_done, (arrived, first_done)
+    prompts = sorted(m["prompt_tokens"] for m in metas.values())
+    assert sum(prompts[:3]) + 3 * 300 > 1024, prompts
     stats = wait_stats(server, lambda s: s["kv"]["in_use"] == 0)
     acted = (stats["retraction_points"] - before.get("retraction_points", 0)) + (
         stats["preempted"] - before.get("preempted", 0)
