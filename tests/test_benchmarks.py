@@ -179,6 +179,37 @@ def test_feasible_misses_breaks_attainment_down_by_prompt_band() -> None:
         mod["band_rows"](df, BenchConfig(), "r", "code")
 
 
+def test_window_outcomes_counts_how_the_window_requests_ended() -> None:
+    import runpy
+
+    import pandas as pd
+
+    mod = runpy.run_path(str(ROOT / "benchmarks" / "window_outcomes.py"), run_name="t")
+    # (policy, arrival_s, status, reason, met, ttft_ms, tpot_ms) against TTFT 1,000 / TPOT 100 ms:
+    # in the window [100, 200): fcfs one met, one late on both, one late on TPOT only;
+    # superinfer one met, two rejected; the arrivals at 99 and 200 are outside it.
+    nan = float("nan")
+    rows = [("fcfs", 99.0, "finished", "", False, 5000.0, 50.0),
+            ("fcfs", 100.0, "finished", "", True, 900.0, 90.0),
+            ("fcfs", 150.0, "finished", "", False, 1500.0, 150.0),
+            ("fcfs", 160.0, "finished", "", False, 800.0, 120.0),
+            ("fcfs", 200.0, "finished", "", False, 3000.0, 50.0),
+            ("superinfer", 120.0, "finished", "", True, 500.0, 80.0),
+            ("superinfer", 130.0, "rejected", "slo_unattainable", False, nan, nan),
+            ("superinfer", 199.0, "rejected", "slo_unattainable", False, nan, nan)]  # fmt: skip
+    df = pd.DataFrame(
+        [(p, "chat", a, st, r, m, t, tp, 1000.0, 100.0) for p, a, st, r, m, t, tp in rows],
+        columns=["policy", "slo_class", "arrival_s", "status", "reason", "met_slo", "ttft_ms",
+                 "tpot_ms", "slo_ttft_ms", "slo_tpot_ms"],
+    )  # fmt: skip
+    table = mod["window_outcomes"](df, 100.0, 200.0)
+    assert table.drop(columns="attainment").values.tolist() == [
+        ["fcfs", "chat", 3, 1, 1, 2, 0, 0, ""],
+        ["superinfer", "chat", 3, 1, 0, 0, 2, 0, "slo_unattainable"],
+    ]
+    assert table["attainment"].tolist() == [0.333333, 0.333333]
+
+
 def test_cache_predictability_hindsight_policies_by_hand() -> None:
     """One reused block H (every 2 s) between one-shot blocks X1..X3, one block of cache: LRU
     always evicts H for the next X (no hit); Belady and both hindsight policies keep H (its class
