@@ -113,6 +113,20 @@ def test_workloads_lists_the_builtins() -> None:
     ]
 
 
+def test_bench_help_states_the_suites_own_defaults() -> None:
+    # The --suite help quotes the defaults the suites apply (harness.bench): a change of either
+    # without the other fails here (the help said 0.7 and azure-conv x 1 replica until 12-06).
+    from superinfer.harness.bench import HEADLINE_RATE_SCALE, ROTATION_DEFAULTS
+
+    text = " ".join(run("bench", "--help").stdout.split())
+    assert f"--rate-scale {HEADLINE_RATE_SCALE:g} as the headline load" in text
+    rotation = (
+        f"--workload {ROTATION_DEFAULTS['workload']}, --replicas {ROTATION_DEFAULTS['replicas']},"
+        f" --duration-s {ROTATION_DEFAULTS['duration_s']:g}"
+    )
+    assert rotation in text
+
+
 TINY_SPEC = """
 [cell]
 model = "llama-3.1-8b"

@@ -121,11 +121,12 @@ def cli() -> None:
 @click.option("--suite", type=click.Choice(["headline", "rotation", "seed", "engines"]),
               default=None,
               help="Run a fixed experiment instead of one run. headline: every policy on every "
-              "engine over a load sweep (defaults: the seven headline policies, --rate-scale 0.7 "
+              "engine over a load sweep (defaults: the seven headline policies, --rate-scale 0.6 "
               "as the headline load) -> results/headline/. rotation: superinfer with rotation "
-              "through HBM on and off (needs an engine with a CPU KV tier; defaults: --trace "
-              "azure-conv, --replicas 1, --duration-s 600) -> results/rotation/. seed: native vs "
-              "superinfer --stack full on the 3 sim engines -> results/seed/. engines: SmolLM2 on "
+              "through HBM on and off (needs an engine with a CPU KV tier; defaults: --workload "
+              "mooncake-chat, --replicas 6, --duration-s 600) -> results/rotation/. seed: native "
+              "vs superinfer --stack full on the 3 sim engines, the Azure hour at 0.6x (the "
+              "committed results/seed is --duration-s 900) -> results/seed/. engines: SmolLM2 on "
               "hf, sglang and llama.cpp (+ sim rows), options --engine-option suite.KEY=VALUE "
               "(--policy-opt: superinfer's, on every engine) -> results/engines-cpu/.")
 @click.option("--rate-scales", default=None,
