@@ -351,7 +351,7 @@ def render_headline_report(result: HeadlineResult, meta: dict[str, Any]) -> str:
         "- SLOs: chat TTFT ≤ 1 s and TPOT ≤ 100 ms; batch done within 600 s of arrival.",
         f"- Policies: {', '.join('`' + p + '`' for p in cfg.get('policies', []))}; "
         f"seed {meta.get('seed')}; git `{meta.get('git_sha')}`. `oracle` knows every true "
-        "output length (an upper bound, not deployable).",
+        "output length (a clairvoyant reference, not deployable; not a bound on every schedule).",
         "",
         "## Headline table",
         "",
