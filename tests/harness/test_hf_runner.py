@@ -389,3 +389,23 @@ def test_sim_hf_cpu_adds_the_request_path_to_what_the_client_sees(tmp_path: Path
     for bad in ("-1", "nan", "inf"):
         with pytest.raises(UserError, match="request_latency_ms must be >= 0 and finite"):
             hf_options({"request_latency_ms": bad})
+
+
+def test_hashed_prompt_ids_share_exactly_the_blocks_their_hashes_share() -> None:
+    from superinfer.harness.workload.prompts import HASHED_MIN_ID, hashed_prompt_ids
+
+    a = hashed_prompt_ids([7, 8, 9], 4, 12, vocab_size=1000)
+    b = hashed_prompt_ids([7, 8, 10], 4, 12, vocab_size=1000)
+    c = hashed_prompt_ids([7], 4, 6, vocab_size=1000, index=1)  # 4 block ids, 2 of its own
+    d = hashed_prompt_ids([7], 4, 6, vocab_size=1000, index=2)
+    assert len(a) == len(b) == 12 and len(c) == len(d) == 6
+    assert a[:8] == b[:8] and a[8:] != b[8:]  # blocks 7, 8 shared; 9 vs 10 not
+    assert c[:4] == d[:4] == a[:4] and c[4:] != d[4:]  # fillers are the request's own
+    assert hashed_prompt_ids([7, 8, 9], 4, 5, vocab_size=1000) == a[:5]  # shorter: a prefix
+    assert a == hashed_prompt_ids([7, 8, 9], 4, 12, vocab_size=1000)  # deterministic
+    assert a != hashed_prompt_ids([7, 8, 9], 4, 12, vocab_size=1000, seed=1)
+    assert min(a + b + c + d) >= HASHED_MIN_ID and max(a + b + c + d) < 1000
+    with pytest.raises(ValueError, match="block_tokens"):
+        hashed_prompt_ids([7], 0, 4, vocab_size=1000)
+    with pytest.raises(ValueError, match="vocab_size"):
+        hashed_prompt_ids([7], 4, 4, vocab_size=HASHED_MIN_ID)

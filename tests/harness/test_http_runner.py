@@ -165,6 +165,17 @@ def test_events_that_carry_several_tokens_count_by_usage() -> None:
     assert (row.ttft_ms, row.tpot_ms, row.max_itl_ms, row.e2e_ms) == (250.0, 150.0, 500.0, 1000.0)
 
 
+def test_usage_prompt_tokens_details_give_the_cached_tokens() -> None:
+    acc = StreamAccount()
+    acc.feed(chunk("a", "length"), 0.5)
+    acc.feed(json.dumps({"choices": [], "usage": {"completion_tokens": 1, "prompt_tokens": 64,
+                         "prompt_tokens_details": {"cached_tokens": 48}}}), 0.5)  # fmt: skip
+    assert (acc.prompt_tokens, acc.cached_tokens) == (64, 48)
+    plain = StreamAccount()
+    plain.feed(usage(1, 64), 0.5)  # no details (SGLang without --enable-cache-report)
+    assert (plain.prompt_tokens, plain.cached_tokens) == (64, None)
+
+
 def test_without_usage_finish_reason_length_means_max_tokens() -> None:
     # llama.cpp's server sends no usage in streams; "length" says it generated max_tokens.
     s = spec(output_tokens=5)
@@ -375,7 +386,10 @@ class FaultyServer:
         await self._stream(writer, [noise[0], good[0], noise[1], *good[1:3], noise[2], *good[3:]])
 
     async def _multi(self, writer: asyncio.StreamWriter, _: int) -> None:
-        usage_chunk = _sse({"choices": [], "usage": {"completion_tokens": 4, "prompt_tokens": 16}})
+        # as SGLang with --enable-cache-report: 12 of the 16 prompt tokens from its radix cache
+        usage_chunk = _sse({"choices": [], "usage": {
+            "completion_tokens": 4, "prompt_tokens": 16,
+            "prompt_tokens_details": {"cached_tokens": 12}}})  # fmt: skip
         await self._stream(writer, [_tok("ab"), _tok("cd", "length"), usage_chunk, _sse(b"[DONE]")])
 
     async def _http500(self, writer: asyncio.StreamWriter, _: int) -> None:
@@ -452,6 +466,10 @@ def test_every_request_against_a_faulty_server_is_accounted_for(faulty: FaultySe
     got = {r.spec.request_id.split("-")[0]: (r.status, r.reason) for r in run.records}
     assert got == FAULTS
     assert run.attempts == [1] * len(FAULTS)
+    # only "multi" reports prefix-cache hits (usage.prompt_tokens_details.cached_tokens)
+    assert {r.spec.request_id.split("-")[0]: c for r, c in
+            zip(run.records, run.server_cached_tokens, strict=True) if c is not None} == {
+        "multi": 12}  # fmt: skip
     for rec in run.records:
         assert rec.end_s is not None and rec.end_s >= rec.spec.arrival_s
     df = trace_requests_frame(run.records, {}, engine="http", policy="server")

@@ -60,7 +60,11 @@ from superinfer.harness.engines.http_client import (
 )
 from superinfer.harness.engines.http_stream import HTTPRun, StreamAccount, StreamError, replay_http
 from superinfer.harness.errors import UserError
-from superinfer.harness.workload.prompts import PromptBuilder, load_sharegpt_prompts
+from superinfer.harness.workload.prompts import (
+    PromptBuilder,
+    hashed_prompt_ids,
+    load_sharegpt_prompts,
+)
 from superinfer.harness.workload.workload import Workload
 from superinfer.sim.request import RequestSpec
 
@@ -175,7 +179,14 @@ def run_http_cell(config: BenchConfig, engine: str, policy: str, workload: Workl
     builder = PromptBuilder(tokenizer, load_sharegpt_prompts(), seed=config.seed)
     prompts: list[str | list[int]]
     if opts.prompt == "ids":
-        prompts = [builder.build(i, s.prompt_tokens) for i, s in enumerate(specs)]
+        vocab = len(tokenizer)
+        prompts = [
+            hashed_prompt_ids(s.block_hashes, s.hash_block_tokens, s.prompt_tokens,
+                              vocab_size=vocab, seed=config.seed, index=i)
+            if s.block_hashes and s.hash_block_tokens
+            else builder.build(i, s.prompt_tokens)
+            for i, s in enumerate(specs)
+        ]  # fmt: skip
         counts = [s.prompt_tokens for s in specs]
     else:
         texts, counts = text_prompts(tokenizer, builder, specs)
@@ -190,6 +201,9 @@ def run_http_cell(config: BenchConfig, engine: str, policy: str, workload: Workl
         eos_token_ids=eos if config.backend == "openai" else (),
     )  # fmt: skip
     df = trace_requests_frame(run.records, {}, engine=engine, policy=policy)
+    reported = [c for c in run.server_cached_tokens if c is not None]
+    if reported:  # the server's prefix-cache hits (summary: prompt_tokens_cached, prefix_hit_rate)
+        df["cached_tokens"] = [np.nan if c is None else c for c in run.server_cached_tokens]
     classes = {s.slo.name for s in specs}
     peaks = {name: float("nan") for name in (*classes, "all", "all_active")}
     lags = np.array(run.submit_lag_s)
@@ -221,6 +235,7 @@ def run_http_cell(config: BenchConfig, engine: str, policy: str, workload: Workl
         },
         "reasons": {str(k): int(v) for k, v in reasons.value_counts().sort_index().items()},
         "kv": "not observable over HTTP (kv_peak_gb is empty)",
+        "cached_tokens_reported": len(reported),
     }
     timeline = pd.DataFrame(columns=list(TIMELINE_COLUMNS))
     return CellResult(df, peaks, timeline, info)

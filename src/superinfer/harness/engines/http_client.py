@@ -39,7 +39,10 @@ class HTTPOptions:
         model: the ``model`` field (``None``: the first id of the server's ``/v1/models``).
         prompt: ``text`` (ShareGPT text re-tokenizing to the requested length with the
             SmolLM2 tokenizer) or ``ids`` (the token ids themselves; vLLM, SGLang, TensorRT-LLM
-            and ``superinfer serve`` accept them on ``/v1/completions``).
+            and ``superinfer serve`` accept them on ``/v1/completions``). With ``ids``, a request
+            that carries block hashes (Mooncake, the ``gen-*`` traces) gets one fixed block of
+            ids per hash (``workload.prompts.hashed_prompt_ids``), so its prefix sharing reaches
+            the server's cache as the trace records it.
         timeout_s: most time a request may take from being sent to its ``[DONE]``, s.
         connect_timeout_s: most time to open a connection, s.
         retries: extra attempts for a request that got no token: connection refused, or HTTP

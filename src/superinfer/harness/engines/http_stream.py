@@ -61,6 +61,9 @@ class StreamAccount:
         finish_reason: the last ``finish_reason`` seen.
         completion_tokens: ``usage.completion_tokens``, if the server sent usage.
         prompt_tokens: ``usage.prompt_tokens``, if the server sent usage.
+        cached_tokens: ``usage.prompt_tokens_details.cached_tokens``, the prompt tokens the
+            server found in its prefix cache, if it reported them (SGLang with
+            ``--enable-cache-report``; vLLM and OpenAI send the same field).
         done: ``data: [DONE]`` arrived.
         finish_s: arrival instant of the first chunk with a ``finish_reason``.
     """
@@ -71,6 +74,7 @@ class StreamAccount:
     finish_s: float | None = None
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None
     done: bool = False
 
     def feed(self, data: str, at_s: float) -> None:
@@ -109,6 +113,9 @@ class StreamAccount:
                 self.completion_tokens = usage["completion_tokens"]
             if isinstance(usage.get("prompt_tokens"), int):
                 self.prompt_tokens = usage["prompt_tokens"]
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                self.cached_tokens = details["cached_tokens"]
         choices = obj.get("choices")
         if choices is None and isinstance(usage, dict):
             return
@@ -178,6 +185,7 @@ class _Sent:
     attempts: int = 0
     sent_s: float | None = None
     server_prompt_tokens: int | None = None
+    server_cached_tokens: int | None = None
 
 
 @dataclass
@@ -192,6 +200,8 @@ class HTTPRun:
         server_prompt_tokens: per request, the server's ``usage.prompt_tokens`` (``None``
             without usage).
         wall_s: wall time of the replay.
+        server_cached_tokens: per request, the server's
+            ``usage.prompt_tokens_details.cached_tokens`` (``None`` where it sent none).
     """
 
     records: list[RequestTrace]
@@ -199,6 +209,7 @@ class HTTPRun:
     submit_lag_s: list[float]
     server_prompt_tokens: list[int | None]
     wall_s: float
+    server_cached_tokens: list[int | None] = field(default_factory=list)
 
 
 def _error_reason(status: int, text: str) -> tuple[str, str]:
@@ -319,6 +330,7 @@ async def _one(
     rec.status, rec.reason = status, reason
     rec.submit_lag_s = start - spec.arrival_s
     sent.server_prompt_tokens = account.prompt_tokens
+    sent.server_cached_tokens = account.cached_tokens
 
 
 async def _replay(
@@ -375,6 +387,7 @@ async def _replay(
         [r.submit_lag_s for r in records],
         [s.server_prompt_tokens for s in sent],
         clock(),
+        [s.server_cached_tokens for s in sent],
     )
 
 
