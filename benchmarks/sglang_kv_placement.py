@@ -1,0 +1,156 @@
+"""The prefix-cache placement plugin on the real SGLang server: its own LRU order vs the reuse
+predictor, on a generated trace whose prefix sharing reaches the server's radix cache.
+
+A ``gen-*`` block trace (``harness.offline.cache_workloads``; default ``gen-multi-turn``: users'
+sessions of several turns, each turn's prompt the session's history, think times between turns)
+is regenerated with ``--block-tokens`` tokens per hashed block (16 by default instead of 64, so
+its prompts fit a small CPU model's context), cut to its first ``--window-s`` seconds, and
+replayed ``--speedup`` times faster than recorded (3 by default: 900 s of the trace in 300 s)
+through the ``sglang`` engine with ``--engine-option prompt=ids``: each
+block hash becomes one fixed block of token ids (``workload.prompts.hashed_prompt_ids``), so two
+prompts share exactly the tokens their hashes share. The server runs SGLang's CPU recipe (the
+tiny-Llama fixture unless ``--model-path``), its radix cache held to ``--max-total-tokens``
+tokens so that it must evict, ``--enable-cache-report`` so that each response says how many
+prompt tokens came from the cache, and our plugin with ``fcfs`` scheduling; only the placement
+policy changes between runs (``--kv-policies``, default ``lru,reuse``: the plugin's LRU order
+and the learned reuse predictor, ``policy_core.kv_placement``). Runs alternate the policies
+(``lru, reuse, lru, ...``) for ``--repeats`` rounds, so a slow spell of the host lands on both.
+
+Writes ``OUT/runs.csv`` (one row per run: ``kv_policy, repeat, n_requests, n_finished,
+n_failed, prompt_tokens, prompt_tokens_cached, prefix_hit_rate, ttft_mean_ms, ttft_p50_ms,
+ttft_p99_ms, wall_s``, over the finished requests) and each run's ``summary.csv`` and
+``requests.parquet`` under ``OUT/<kv_policy>-<repeat>/``::
+
+    .venv/bin/python benchmarks/sglang_kv_placement.py --repeats 3 --out results/sglang-kv-placement
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from superinfer.harness.bench import run_bench
+from superinfer.harness.engines.base import BenchConfig
+from superinfer.harness.offline.cache_workloads import GENERATED_TRACES, generate_rows
+from superinfer.harness.report.metrics import add_latency_columns
+from superinfer.harness.workload.workload import CHAT_SLO, Source, Workload
+from superinfer.sim.request import RequestSpec
+
+RUN_COLUMNS = ["kv_policy", "repeat", "n_requests", "n_finished", "n_failed", "prompt_tokens",
+               "prompt_tokens_cached", "prefix_hit_rate", "ttft_mean_ms", "ttft_p50_ms",
+               "ttft_p99_ms", "wall_s"]  # fmt: skip
+
+
+def window_workload(
+    trace: str, *, block_tokens: int, window_s: float, max_prompt_tokens: int,
+    output_tokens: int, seed: int = 0, speedup: float = 1.0,
+) -> Workload:  # fmt: skip
+    """The first ``window_s`` seconds of generated trace ``trace`` with ``block_tokens`` tokens
+    per block, as a one-source ``chat`` workload of ``output_tokens`` out each, its arrival
+    instants divided by ``speedup`` (think times too: the order of the requests, hence every
+    cache's content at each request, is unchanged); prompts over ``max_prompt_tokens`` are left
+    out (their count is in ``details['left_out']``).
+
+    Raises:
+        KeyError: ``trace`` is not a generated trace.
+    """
+    spec = replace(GENERATED_TRACES[trace], block_tokens=block_tokens)
+    rows = generate_rows(spec, seed)
+    t0 = rows[0].arrival_s
+    kept = [r for r in rows if r.arrival_s - t0 < window_s]
+    fits = [r for r in kept if r.prompt_tokens <= max_prompt_tokens]
+    requests = tuple(
+        RequestSpec(
+            request_id=f"{trace}-{i}", arrival_s=(row.arrival_s - t0) / speedup,
+            prompt_tokens=row.prompt_tokens, output_tokens=output_tokens,
+            max_output_tokens=output_tokens, slo=CHAT_SLO, source=trace,
+            block_hashes=row.block_hashes, hash_block_tokens=block_tokens,
+        )
+        for i, row in enumerate(fits)
+    )  # fmt: skip
+    source = Source(trace, trace, CHAT_SLO, output_tokens)
+    details = {"generated": trace, "seed": seed, "block_tokens": block_tokens,
+               "window_s": window_s, "speedup": speedup,
+               "left_out": len(kept) - len(fits)}  # fmt: skip
+    return Workload(trace, requests, (source,), 1.0, None, details=details)
+
+
+def run_row(requests: pd.DataFrame) -> dict[str, float]:
+    """The ``runs.csv`` figures of one run's requests table (over its finished requests)."""
+    reqs = add_latency_columns(requests)
+    done = reqs[reqs["status"] == "finished"]
+    prompt = float(done["prompt_tokens"].sum())
+    cached = float(done["cached_tokens"].sum()) if "cached_tokens" in done else float("nan")
+    ttft = done["ttft_ms"].to_numpy(dtype=float)
+    return {
+        "n_requests": len(reqs), "n_finished": len(done),
+        "n_failed": int((reqs["status"] == "failed").sum()),
+        "prompt_tokens": prompt, "prompt_tokens_cached": cached,
+        "prefix_hit_rate": cached / prompt if prompt else float("nan"),
+        "ttft_mean_ms": float(ttft.mean()) if ttft.size else float("nan"),
+        "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft.size else float("nan"),
+        "ttft_p99_ms": float(np.percentile(ttft, 99)) if ttft.size else float("nan"),
+    }  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", default="gen-multi-turn")
+    parser.add_argument("--block-tokens", type=int, default=16)
+    parser.add_argument("--window-s", type=float, default=900.0, help="of the trace's time")
+    parser.add_argument("--speedup", type=float, default=3.0, help="replay this much faster")
+    parser.add_argument("--max-prompt-tokens", type=int, default=1900)
+    parser.add_argument("--output-tokens", type=int, default=8)
+    parser.add_argument("--max-total-tokens", type=int, default=8192)
+    parser.add_argument("--context-length", type=int, default=2048)
+    parser.add_argument("--model-path", default=None)
+    parser.add_argument("--kv-policies", default="lru,reuse")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    if args.trace not in GENERATED_TRACES:
+        parser.error(f"--trace: one of {', '.join(GENERATED_TRACES)}")
+    workload = window_workload(args.trace, block_tokens=args.block_tokens,
+                               window_s=args.window_s, max_prompt_tokens=args.max_prompt_tokens,
+                               output_tokens=args.output_tokens, seed=args.seed,
+                               speedup=args.speedup)  # fmt: skip
+    print(f"{len(workload.requests)} requests, {workload.details['left_out']} left out "
+          f"(prompt > {args.max_prompt_tokens})", flush=True)  # fmt: skip
+    sglang_args = (f"--max-total-tokens {args.max_total_tokens} --enable-cache-report "
+                   f"--context-length {args.context_length}")  # fmt: skip
+    if args.model_path:
+        sglang_args += f" --model-path {args.model_path}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for repeat in range(args.repeats):
+        for kv_policy in args.kv_policies.split(","):
+            config = BenchConfig(
+                engines=("sglang",), policies=("fcfs",), kv_policy=kv_policy, seed=args.seed,
+                engine_options={"sglang_args": sglang_args, "prompt": "ids"},
+            )  # fmt: skip
+            start = time.perf_counter()
+            result = run_bench(config, workload=workload)
+            wall = time.perf_counter() - start
+            folder = args.out / f"{kv_policy}-{repeat}"
+            folder.mkdir(exist_ok=True)
+            result.summary.to_csv(folder / "summary.csv", index=False)
+            result.requests.to_parquet(folder / "requests.parquet")
+            (folder / "info.json").write_text(json.dumps(result.info, indent=1, default=str))
+            rows.append({"kv_policy": kv_policy, "repeat": repeat, "wall_s": round(wall, 1),
+                         **run_row(result.requests)})  # fmt: skip
+            print(rows[-1], flush=True)
+            pd.DataFrame(rows)[RUN_COLUMNS].to_csv(args.out / "runs.csv", index=False,
+                                                   float_format="%.6g")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
