@@ -16,6 +16,12 @@ policy changes between runs (``--kv-policies``, default ``lru,reuse``: the plugi
 and the learned reuse predictor, ``policy_core.kv_placement``). Runs alternate the policies
 (``lru, reuse, lru, ...``) for ``--repeats`` rounds, so a slow spell of the host lands on both.
 
+First, the same block stream is replayed offline through the block caches of ``cache-eval``
+(``policy_core.reuse_adaptive.make_block_cache``: ``lru``, ``arc``, ``s3fifo``, ``learned``, the
+reuse predictor's model, and ``adaptive``) at ``--max-total-tokens / --block-tokens`` blocks, a
+prediction of each order's prefix hit rate written to ``OUT/offline.csv`` (``policy,
+capacity_blocks, prefix_hit_rate``) before any server runs (``--offline-only`` stops there).
+
 Writes ``OUT/runs.csv`` (one row per run: ``kv_policy, repeat, n_requests, n_finished,
 n_failed, prompt_tokens, prompt_tokens_cached, prefix_hit_rate, ttft_mean_ms, ttft_p50_ms,
 ttft_p99_ms, wall_s``, over the finished requests) and each run's ``summary.csv`` and
@@ -82,6 +88,44 @@ def window_workload(
     return Workload(trace, requests, (source,), 1.0, None, details=details)
 
 
+OFFLINE_POLICIES = ("lru", "arc", "s3fifo", "learned", "adaptive")
+
+
+def offline_rates(
+    workload: Workload, capacity_blocks: int, policies: tuple[str, ...] = OFFLINE_POLICIES
+) -> list[dict[str, object]]:
+    """Prefix hit rate of each offline block cache on ``workload``'s block stream (the blocks of
+    a request in order, numbered by first appearance; a prompt token counts as a hit when its
+    block is in the request's leading run of cached blocks, as a radix cache matches)."""
+    from superinfer.policy_core.reuse_adaptive import make_block_cache
+
+    ids: dict[int, int] = {}
+    parent: list[int] = []
+    depth: list[int] = []
+    seqs = []
+    for r in workload.requests:
+        seq, up = [], -1
+        for d, h in enumerate(r.block_hashes):
+            if h not in ids:
+                ids[h] = len(ids)
+                parent.append(up)
+                depth.append(d)
+            seq.append(ids[h])
+            up = ids[h]
+        seqs.append((r.arrival_s, seq, r.prompt_tokens, r.hash_block_tokens))
+    out = []
+    for policy in policies:
+        cache = make_block_cache(policy, capacity_blocks, parent, depth)
+        hit = total = 0
+        for arrival, seq, prompt, bt in seqs:
+            hit += min(cache.prefix_hit(seq) * bt, prompt)
+            total += prompt
+            cache.request(seq, arrival)
+        out.append({"policy": policy, "capacity_blocks": capacity_blocks,
+                    "prefix_hit_rate": hit / total if total else float("nan")})  # fmt: skip
+    return out
+
+
 def run_row(requests: pd.DataFrame) -> dict[str, float]:
     """The ``runs.csv`` figures of one run's requests table (over its finished requests)."""
     reqs = add_latency_columns(requests)
@@ -115,6 +159,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--offline-only", action="store_true")
     args = parser.parse_args()
     if args.trace not in GENERATED_TRACES:
         parser.error(f"--trace: one of {', '.join(GENERATED_TRACES)}")
@@ -124,6 +169,12 @@ def main() -> int:
                                speedup=args.speedup)  # fmt: skip
     print(f"{len(workload.requests)} requests, {workload.details['left_out']} left out "
           f"(prompt > {args.max_prompt_tokens})", flush=True)  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    offline = pd.DataFrame(offline_rates(workload, args.max_total_tokens // args.block_tokens))
+    offline.to_csv(args.out / "offline.csv", index=False, float_format="%.6g")
+    print(offline.to_string(index=False), flush=True)
+    if args.offline_only:
+        return 0
     sglang_args = (f"--max-total-tokens {args.max_total_tokens} --enable-cache-report "
                    f"--context-length {args.context_length}")  # fmt: skip
     if args.model_path:

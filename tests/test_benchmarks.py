@@ -210,6 +210,39 @@ def test_window_outcomes_counts_how_the_window_requests_ended() -> None:
     assert table["attainment"].tolist() == [0.333333, 0.333333]
 
 
+def test_sglang_kv_placement_offline_rates_by_hand() -> None:
+    import runpy
+
+    from superinfer.harness.workload.workload import CHAT_SLO, Source, Workload
+    from superinfer.sim.request import RequestSpec
+
+    mod = runpy.run_path(str(ROOT / "benchmarks" / "sglang_kv_placement.py"), run_name="t")
+    # 4-token blocks, LRU of 3 blocks: [1, 2] misses (8 tokens); [1, 2, 3] finds 1, 2 (8 of
+    # 12); [1, 4] finds 1 (4 of 8; 4 is new): 12 of 28 prompt tokens from the cache.
+    reqs = tuple(
+        RequestSpec(f"r{i}", float(i), 4 * len(h), 1, 1, CHAT_SLO, source="g",
+                    block_hashes=h, hash_block_tokens=4)
+        for i, h in enumerate([(1, 2), (1, 2, 3), (1, 4)])
+    )  # fmt: skip
+    w = Workload("g", reqs, (Source("g", "g", CHAT_SLO, 1),), 1.0, None)
+    (row,) = mod["offline_rates"](w, 3, ("lru",))
+    assert row == {"policy": "lru", "capacity_blocks": 3, "prefix_hit_rate": 12 / 28}
+    gen = mod["window_workload"](
+        "gen-multi-turn",
+        block_tokens=16,
+        window_s=60.0,
+        max_prompt_tokens=10_000,
+        output_tokens=8,
+        speedup=3.0,
+    )
+    assert gen.details["left_out"] == 0 and all(r.arrival_s < 20.0 for r in gen.requests)
+    # the last block may be partial
+    assert all(
+        16 * (len(r.block_hashes) - 1) < r.prompt_tokens <= 16 * len(r.block_hashes)
+        for r in gen.requests
+    )
+
+
 def test_cache_predictability_hindsight_policies_by_hand() -> None:
     """One reused block H (every 2 s) between one-shot blocks X1..X3, one block of cache: LRU
     always evicts H for the next X (no hit); Belady and both hindsight policies keep H (its class
