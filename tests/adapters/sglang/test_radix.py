@@ -24,6 +24,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
 
 from superinfer.adapters.hookspecs import hookimpl  # noqa: E402
+from superinfer.adapters.manager import build_plugin_manager  # noqa: E402
 from superinfer.adapters.sglang.apply import Band, SuperinferEvictionStrategy  # noqa: E402
 from superinfer.adapters.sglang.config import AdapterConfig  # noqa: E402
 from superinfer.adapters.sglang.plugin import SGLangAdapter  # noqa: E402
@@ -128,13 +129,38 @@ def test_eviction_follows_the_placement_on_the_python_core() -> None:
     assert cached(world) == ["D"]  # the pin survives eviction of everything else
     assert world.cache.protected_size() == 8 and world.cache.evictable_size() == 0
     assert adapter.book.band(int(placer.node_of["C"])) is Band.DROP
-    # every call carries the whole pool and asks for no blocks (it orders, it does not free)
-    assert {(needed, total) for _, needed, total in placer.sizes} == {(0, 64)}
+    # every call carries the whole pool and asks for the tokens SGLang is about to evict
+    assert [(needed, total) for _, needed, total in placer.sizes] == [(8, 64), (8, 64), (64, 64)]
+
+
+def test_a_placement_policys_own_order_reaches_the_eviction() -> None:
+    """A policy that ranks the newest prefix lowest (node ids grow with insertion; through the
+    real planner) makes SGLang evict D, the newest, where its own LRU order evicts A: the policy
+    is asked to free what SGLang evicts, and its victims become DROP nodes (before 2026-12-06 it
+    was asked for nothing, so only pins reached the cache and every placement policy evicted as
+    LRU)."""
+    from superinfer.adapters.kv_placement import _PlacementHook
+    from superinfer.policy_core.kv_placement import LRUPlacementPolicy
+
+    class MRUPlacement(_PlacementHook, LRUPlacementPolicy):
+        name = "mru"
+
+        def _scores(self, keys: Any, cols: Any, now_s: float, has_cpu_tier: bool) -> Any:
+            return -keys.astype(float), None, False  # the newest node scores lowest
+
+    world = World(64, "superinfer", "python")
+    fill(world)
+    pm = build_plugin_manager("fcfs")
+    pm.register(MRUPlacement(), name="mru")
+    adapter = SGLangAdapter(AdapterConfig(), pm.hook, EngineLimits())
+    adapter.bind(world.allocator, world.cache)
+    world.cache.tree_core.eviction_strategy = SuperinferEvictionStrategy(lambda: adapter.book)
+    evict(adapter, world, 8)
+    assert cached(world) == ["A", "B", "C"]
 
 
 def test_the_registered_reuse_placement_policy_orders_a_real_cache() -> None:
     """The real ``reuse`` plugin takes every hookspec argument: the adapter must pass them."""
-    from superinfer.adapters.manager import build_plugin_manager
 
     world = World(64, "superinfer", "python")
     fill(world)

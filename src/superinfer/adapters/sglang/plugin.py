@@ -486,9 +486,17 @@ class SGLangAdapter:
 
     # -- radix cache ----------------------------------------------------------------------------
 
-    def place(self, cache: Any) -> None:
+    def place(self, cache: Any, needed_tokens: int = 0) -> None:
         """Ask ``superinfer_kv_placement`` about the cached nodes of a Python-core cache and carry
-        out the answer (pins, bands, offloads)."""
+        out the answer (pins, bands, offloads).
+
+        Args:
+            cache: SGLang's ``UnifiedRadixCache``.
+            needed_tokens: the tokens SGLang is about to evict: asked of the policy as
+                ``needed_hbm_blocks`` (whole pages), so that its victims, in its own order,
+                become ``DROP`` nodes, which the ``superinfer`` eviction strategy evicts first.
+                With 0 a decision can only pin, offload or band what it already marks.
+        """
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
         if not self.hook.superinfer_kv_placement.get_hookimpls():
@@ -507,7 +515,7 @@ class SGLangAdapter:
             now_s=self.clock.now_s,
             free_hbm_blocks=allocator.available_size() // self.limits.page_size,
             free_cpu_blocks=0,
-            needed_hbm_blocks=0,  # called after a step: pins and order, nothing to free now
+            needed_hbm_blocks=-(-needed_tokens // self.limits.page_size),
             total_hbm_blocks=allocator.size // self.limits.page_size,
         )
         if decision is not None:
@@ -515,12 +523,16 @@ class SGLangAdapter:
             self.stats.placements += 1
 
     def evict(self, original: Callable[..., Any], cache: Any, *a: Any, **k: Any) -> Any:
-        """AROUND ``UnifiedRadixCache._evict``: placement first, on the Python tree core (the
-        Rust core orders eviction by insert priority only, :meth:`insert_with_rank`)."""
+        """AROUND ``UnifiedRadixCache._evict(params, ...)``: placement first, on the Python tree
+        core, asked to free ``params.num_tokens`` (the Rust core orders eviction by insert
+        priority only, :meth:`insert_with_rank`). Until 2026-12-06 the policy was asked to free
+        nothing, so its order never reached an eviction: only pins did (sglang_kv_placement's
+        runs of ``reuse`` and ``lru`` served the same cached tokens to the token)."""
         from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 
         if isinstance(cache.tree_core, UnifiedTreeCore):
-            self.place(cache)
+            params = a[0] if a else k.get("params")
+            self.place(cache, int(getattr(params, "num_tokens", 0) or 0))
         return original(cache, *a, **k)
 
     def insert_with_rank(
