@@ -220,10 +220,13 @@ class PlacementBook:
 
 
 class SuperinferEvictionStrategy(EvictionStrategy):  # type: ignore[misc]  # untyped sglang
-    """``--radix-eviction-policy superinfer``: evict by (band, node priority, LRU tick).
+    """``--radix-eviction-policy superinfer``: evict by (node priority, band, LRU tick).
 
-    The band comes from the last ``superinfer_kv_placement`` decision (:class:`PlacementBook`);
-    without one every node is ``KEEP`` and the order is SGLang's ``priority`` policy. Registered
+    The node priority is the one the adapter inserts from the scheduling policy's rank
+    (:func:`eviction_priority`: a chat tier's KV outlives a batch tier's); within one priority the
+    band of the last ``superinfer_kv_placement`` decision (:class:`PlacementBook`) orders it, so
+    a placement policy decides among a class's nodes; without a decision every node is ``KEEP``
+    and the order is SGLang's ``priority`` policy. Registered
     in ``mem_cache/utils.py::_EVICTION_POLICY_FACTORIES``; the Rust tree core cannot call a Python
     strategy, so it needs ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python``.
 
@@ -238,7 +241,7 @@ class SuperinferEvictionStrategy(EvictionStrategy):  # type: ignore[misc]  # unt
     def get_priority(self, node: Any) -> tuple[int, int, float]:
         book = self._book()
         band = book.band(node.id) if book is not None else Band.KEEP
-        return (int(band), node.priority, node.last_access_time)
+        return (node.priority, int(band), node.last_access_time)
 
 
 def register_eviction_policy(book: Callable[[], Any]) -> None:

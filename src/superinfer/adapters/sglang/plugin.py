@@ -487,16 +487,9 @@ class SGLangAdapter:
     # -- radix cache ----------------------------------------------------------------------------
 
     def place(self, cache: Any, needed_tokens: int = 0) -> None:
-        """Ask ``superinfer_kv_placement`` about the cached nodes of a Python-core cache and carry
-        out the answer (pins, bands, offloads).
-
-        Args:
-            cache: SGLang's ``UnifiedRadixCache``.
-            needed_tokens: the tokens SGLang is about to evict: asked of the policy as
-                ``needed_hbm_blocks`` (whole pages), so that its victims, in its own order,
-                become ``DROP`` nodes, which the ``superinfer`` eviction strategy evicts first.
-                With 0 a decision can only pin, offload or band what it already marks.
-        """
+        """Ask ``superinfer_kv_placement`` about a Python-core cache's nodes, ``needed_tokens``
+        (those SGLang is about to evict) as ``needed_hbm_blocks``, and carry out the answer (pins,
+        bands: its victims are ``DROP``, evicted first within their priority; offloads)."""
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
         if not self.hook.superinfer_kv_placement.get_hookimpls():
@@ -509,25 +502,20 @@ class SGLangAdapter:
             last_seen=self._node_seen,
             full=ComponentType.FULL,
         )
-        allocator = cache.token_to_kv_pool_allocator
+        allocator, page = cache.token_to_kv_pool_allocator, self.limits.page_size
         decision: PlacementDecision | None = self.hook.superinfer_kv_placement(
-            nodes=views,
-            now_s=self.clock.now_s,
-            free_hbm_blocks=allocator.available_size() // self.limits.page_size,
-            free_cpu_blocks=0,
-            needed_hbm_blocks=-(-needed_tokens // self.limits.page_size),
-            total_hbm_blocks=allocator.size // self.limits.page_size,
-        )
+            nodes=views, now_s=self.clock.now_s, free_hbm_blocks=allocator.available_size() // page,
+            free_cpu_blocks=0, needed_hbm_blocks=-(-needed_tokens // page),
+            total_hbm_blocks=allocator.size // page,
+        )  # fmt: skip
         if decision is not None:
             self.book.apply(cache, decision, views)
             self.stats.placements += 1
 
     def evict(self, original: Callable[..., Any], cache: Any, *a: Any, **k: Any) -> Any:
         """AROUND ``UnifiedRadixCache._evict(params, ...)``: placement first, on the Python tree
-        core, asked to free ``params.num_tokens`` (the Rust core orders eviction by insert
-        priority only, :meth:`insert_with_rank`). Until 2026-12-06 the policy was asked to free
-        nothing, so its order never reached an eviction: only pins did (sglang_kv_placement's
-        runs of ``reuse`` and ``lru`` served the same cached tokens to the token)."""
+        core, asked to free ``params.num_tokens`` (until 2026-12-06 it was asked for none, so only
+        pins reached the cache); the Rust core orders by insert priority only."""
         from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 
         if isinstance(cache.tree_core, UnifiedTreeCore):
