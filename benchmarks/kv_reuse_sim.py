@@ -34,40 +34,13 @@ from pathlib import Path
 import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, build_bench_workload, run_bench
-from superinfer.harness.offline.cache_workloads import GENERATED_TRACES, generate_rows
+from superinfer.harness.offline.cache_workloads import GENERATED_TRACES, generated_workload
 from superinfer.harness.report.metrics import add_latency_columns
-from superinfer.harness.workload.workload import CHAT_SLO, Source, Workload
-from superinfer.sim.request import RequestSpec
 
 COLUMNS = ["router", "engine", "kv_policy", "n_requests", "ttft_p50_ms", "ttft_p99_ms",
            "slo_attainment", "prompt_tokens_cached", "prefix_hit_rate", "wall_s"]  # fmt: skip
 #: Columns the generated-trace runs add (``sim_<gen trace>.csv``).
 GEN_COLUMNS = [*COLUMNS[:6], "ttft_mean_ms", *COLUMNS[6:8], "prompt_tokens", *COLUMNS[8:]]
-
-
-def generated_workload(trace: str, *, seed: int, output_tokens: int) -> Workload:
-    """The ``gen-*`` block trace ``trace`` as a simulator workload (one source, ``chat`` SLO):
-    arrivals, prompt lengths and block hashes as generated, ``output_tokens`` out each."""
-    spec = GENERATED_TRACES[trace]
-    rows = generate_rows(spec, seed)
-    t0 = rows[0].arrival_s
-    requests = tuple(
-        RequestSpec(
-            request_id=f"{trace}-{i}",
-            arrival_s=row.arrival_s - t0,
-            prompt_tokens=row.prompt_tokens,
-            output_tokens=output_tokens,
-            max_output_tokens=output_tokens,
-            slo=CHAT_SLO,
-            source=trace,
-            block_hashes=row.block_hashes,
-            hash_block_tokens=spec.block_tokens,
-        )
-        for i, row in enumerate(rows)
-    )
-    source = Source(trace, trace, CHAT_SLO, output_tokens)
-    details = {"generated": trace, "seed": seed, "block_tokens": spec.block_tokens}
-    return Workload(trace, requests, (source,), 1.0, None, details=details)
 
 
 def main() -> None:

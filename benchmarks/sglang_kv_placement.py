@@ -16,11 +16,11 @@ policy changes between runs (``--kv-policies``, default ``lru,reuse``: the plugi
 and the learned reuse predictor, ``policy_core.kv_placement``). Runs alternate the policies
 (``lru, reuse, lru, ...``) for ``--repeats`` rounds, so a slow spell of the host lands on both.
 
-First, the same block stream is replayed offline through the block caches of ``cache-eval``
-(``policy_core.reuse_adaptive.make_block_cache``: ``lru``, ``arc``, ``s3fifo``, ``learned``, the
-reuse predictor's model, and ``adaptive``) at ``--max-total-tokens / --block-tokens`` blocks, a
-prediction of each order's prefix hit rate written to ``OUT/offline.csv`` (``policy,
-capacity_blocks, prefix_hit_rate``) before any server runs (``--offline-only`` stops there).
+First, the same block stream is replayed offline through ``cache-eval``'s block caches
+(``replay_blocks``: ``lru``, ``arc``, ``s3fifo``, ``learned``, the reuse predictor's model, and
+``adaptive``) at ``--max-total-tokens / --block-tokens`` blocks, a prediction of each order's
+prefix hit rate written to ``OUT/offline.csv`` (``policy, capacity_blocks, prefix_hit_rate``)
+before any server runs (``--offline-only`` stops there).
 
 Writes ``OUT/runs.csv`` (one row per run: ``kv_policy, repeat, n_requests, n_finished,
 n_failed, prompt_tokens, prompt_tokens_cached, prefix_hit_rate, ttft_mean_ms, ttft_p50_ms,
@@ -36,7 +36,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -44,48 +43,16 @@ import pandas as pd
 
 from superinfer.harness.bench import run_bench
 from superinfer.harness.engines.base import BenchConfig
-from superinfer.harness.offline.cache_workloads import GENERATED_TRACES, generate_rows
+from superinfer.harness.offline.cache_replay_blocks import replay_blocks
+from superinfer.harness.offline.cache_trace import block_trace
+from superinfer.harness.offline.cache_workloads import GENERATED_TRACES, generated_workload
 from superinfer.harness.report.metrics import add_latency_columns
-from superinfer.harness.workload.workload import CHAT_SLO, Source, Workload
-from superinfer.sim.request import RequestSpec
+from superinfer.harness.workload.traces import TraceRow
+from superinfer.harness.workload.workload import Workload
 
 RUN_COLUMNS = ["kv_policy", "repeat", "n_requests", "n_finished", "n_failed", "prompt_tokens",
                "prompt_tokens_cached", "prefix_hit_rate", "ttft_mean_ms", "ttft_p50_ms",
                "ttft_p99_ms", "wall_s"]  # fmt: skip
-
-
-def window_workload(
-    trace: str, *, block_tokens: int, window_s: float, max_prompt_tokens: int,
-    output_tokens: int, seed: int = 0, speedup: float = 1.0,
-) -> Workload:  # fmt: skip
-    """The first ``window_s`` seconds of generated trace ``trace`` with ``block_tokens`` tokens
-    per block, as a one-source ``chat`` workload of ``output_tokens`` out each, its arrival
-    instants divided by ``speedup`` (think times too: the order of the requests, hence every
-    cache's content at each request, is unchanged); prompts over ``max_prompt_tokens`` are left
-    out (their count is in ``details['left_out']``).
-
-    Raises:
-        KeyError: ``trace`` is not a generated trace.
-    """
-    spec = replace(GENERATED_TRACES[trace], block_tokens=block_tokens)
-    rows = generate_rows(spec, seed)
-    t0 = rows[0].arrival_s
-    kept = [r for r in rows if r.arrival_s - t0 < window_s]
-    fits = [r for r in kept if r.prompt_tokens <= max_prompt_tokens]
-    requests = tuple(
-        RequestSpec(
-            request_id=f"{trace}-{i}", arrival_s=(row.arrival_s - t0) / speedup,
-            prompt_tokens=row.prompt_tokens, output_tokens=output_tokens,
-            max_output_tokens=output_tokens, slo=CHAT_SLO, source=trace,
-            block_hashes=row.block_hashes, hash_block_tokens=block_tokens,
-        )
-        for i, row in enumerate(fits)
-    )  # fmt: skip
-    source = Source(trace, trace, CHAT_SLO, output_tokens)
-    details = {"generated": trace, "seed": seed, "block_tokens": block_tokens,
-               "window_s": window_s, "speedup": speedup,
-               "left_out": len(kept) - len(fits)}  # fmt: skip
-    return Workload(trace, requests, (source,), 1.0, None, details=details)
 
 
 OFFLINE_POLICIES = ("lru", "arc", "s3fifo", "learned", "adaptive")
@@ -94,36 +61,17 @@ OFFLINE_POLICIES = ("lru", "arc", "s3fifo", "learned", "adaptive")
 def offline_rates(
     workload: Workload, capacity_blocks: int, policies: tuple[str, ...] = OFFLINE_POLICIES
 ) -> list[dict[str, object]]:
-    """Prefix hit rate of each offline block cache on ``workload``'s block stream (the blocks of
-    a request in order, numbered by first appearance; a prompt token counts as a hit when its
-    block is in the request's leading run of cached blocks, as a radix cache matches)."""
-    from superinfer.policy_core.reuse_adaptive import make_block_cache
-
-    ids: dict[int, int] = {}
-    parent: list[int] = []
-    depth: list[int] = []
-    seqs = []
-    for r in workload.requests:
-        seq, up = [], -1
-        for d, h in enumerate(r.block_hashes):
-            if h not in ids:
-                ids[h] = len(ids)
-                parent.append(up)
-                depth.append(d)
-            seq.append(ids[h])
-            up = ids[h]
-        seqs.append((r.arrival_s, seq, r.prompt_tokens, r.hash_block_tokens))
-    out = []
-    for policy in policies:
-        cache = make_block_cache(policy, capacity_blocks, parent, depth)
-        hit = total = 0
-        for arrival, seq, prompt, bt in seqs:
-            hit += min(cache.prefix_hit(seq) * bt, prompt)
-            total += prompt
-            cache.request(seq, arrival)
-        out.append({"policy": policy, "capacity_blocks": capacity_blocks,
-                    "prefix_hit_rate": hit / total if total else float("nan")})  # fmt: skip
-    return out
+    """Prompt-token prefix hit rate of each offline block cache (``cache-eval``'s
+    ``replay_blocks`` over ``block_trace``) on ``workload``'s block stream, at its own arrivals."""
+    rows = [TraceRow(r.arrival_s, r.prompt_tokens, r.output_tokens, i + 1, r.block_hashes)
+            for i, r in enumerate(workload.requests)]  # fmt: skip
+    trace = block_trace(rows, workload.name, block_tokens=workload.requests[0].hash_block_tokens)
+    return [
+        {"policy": policy, "capacity_blocks": capacity_blocks,
+         "prefix_hit_rate": replay_blocks(trace, policy, capacity_blocks / trace.num_unique,
+                                          capacity_blocks).token_hit_rate}
+        for policy in policies
+    ]  # fmt: skip
 
 
 def run_row(requests: pd.DataFrame) -> dict[str, float]:
@@ -163,10 +111,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.trace not in GENERATED_TRACES:
         parser.error(f"--trace: one of {', '.join(GENERATED_TRACES)}")
-    workload = window_workload(args.trace, block_tokens=args.block_tokens,
-                               window_s=args.window_s, max_prompt_tokens=args.max_prompt_tokens,
-                               output_tokens=args.output_tokens, seed=args.seed,
-                               speedup=args.speedup)  # fmt: skip
+    workload = generated_workload(args.trace, block_tokens=args.block_tokens,
+                                  window_s=args.window_s, max_prompt_tokens=args.max_prompt_tokens,
+                                  output_tokens=args.output_tokens, seed=args.seed,
+                                  speedup=args.speedup)  # fmt: skip
     print(f"{len(workload.requests)} requests, {workload.details['left_out']} left out "
           f"(prompt > {args.max_prompt_tokens})", flush=True)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)

@@ -227,7 +227,9 @@ def test_sglang_kv_placement_offline_rates_by_hand() -> None:
     w = Workload("g", reqs, (Source("g", "g", CHAT_SLO, 1),), 1.0, None)
     (row,) = mod["offline_rates"](w, 3, ("lru",))
     assert row == {"policy": "lru", "capacity_blocks": 3, "prefix_hit_rate": 12 / 28}
-    gen = mod["window_workload"](
+    from superinfer.harness.offline.cache_workloads import generated_workload
+
+    gen = generated_workload(
         "gen-multi-turn",
         block_tokens=16,
         window_s=60.0,

@@ -61,9 +61,9 @@ class StreamAccount:
         finish_reason: the last ``finish_reason`` seen.
         completion_tokens: ``usage.completion_tokens``, if the server sent usage.
         prompt_tokens: ``usage.prompt_tokens``, if the server sent usage.
-        cached_tokens: ``usage.prompt_tokens_details.cached_tokens``, the prompt tokens the
-            server found in its prefix cache, if it reported them (SGLang with
-            ``--enable-cache-report``; vLLM and OpenAI send the same field).
+        cached_tokens: ``usage.prompt_tokens_details.cached_tokens`` (the OpenAI API's field),
+            the prompt tokens the server found in its prefix cache, if it reported them (SGLang
+            0.5.23 does with ``--enable-cache-report``, read in its ``usage_processor.py``).
         done: ``data: [DONE]`` arrived.
         finish_s: arrival instant of the first chunk with a ``finish_reason``.
     """

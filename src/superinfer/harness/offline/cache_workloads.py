@@ -27,8 +27,10 @@ import numpy as np
 
 from superinfer.harness.errors import UserError
 from superinfer.harness.workload.traces import TraceRow
+from superinfer.harness.workload.workload import CHAT_SLO, Source, Workload
+from superinfer.sim.request import RequestSpec
 
-__all__ = ["GENERATED_TRACES", "GenSpec", "generate_rows"]
+__all__ = ["GENERATED_TRACES", "GenSpec", "generate_rows", "generated_workload"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,3 +187,56 @@ def generate_rows(spec: GenSpec, seed: int = 0) -> list[TraceRow]:
         )
         for i, (t, blocks) in enumerate(reqs)
     ]
+
+
+def generated_workload(
+    trace: str,
+    *,
+    seed: int = 0,
+    output_tokens: int,
+    block_tokens: int | None = None,
+    window_s: float | None = None,
+    speedup: float = 1.0,
+    max_prompt_tokens: int | None = None,
+) -> Workload:
+    """Generated trace ``trace`` as an engine workload: one ``chat`` source, arrivals from the
+    first request, each request's prompt length and block hashes as generated and
+    ``output_tokens`` out (``benchmarks/kv_reuse_sim.py``, ``benchmarks/sglang_kv_placement.py``).
+
+    Args:
+        block_tokens: tokens per block instead of the spec's (the same hash chains, shorter or
+            longer prompts).
+        window_s: keep the requests of the first ``window_s`` seconds (all when ``None``).
+        speedup: arrival instants divided by it (think times too: the order of the requests, so
+            every cache's content at each request, is unchanged).
+        max_prompt_tokens: leave out longer prompts (their count is ``details['left_out']``).
+
+    Raises:
+        KeyError: ``trace`` is not in :data:`GENERATED_TRACES`.
+    """
+    spec = GENERATED_TRACES[trace]
+    if block_tokens is not None:
+        spec = replace(spec, block_tokens=block_tokens)
+    rows = generate_rows(spec, seed)
+    t0 = rows[0].arrival_s
+    kept = [r for r in rows if window_s is None or r.arrival_s - t0 < window_s]
+    fits = [r for r in kept if max_prompt_tokens is None or r.prompt_tokens <= max_prompt_tokens]
+    requests = tuple(
+        RequestSpec(
+            request_id=f"{trace}-{i}",
+            arrival_s=(row.arrival_s - t0) / speedup,
+            prompt_tokens=row.prompt_tokens,
+            output_tokens=output_tokens,
+            max_output_tokens=output_tokens,
+            slo=CHAT_SLO,
+            source=trace,
+            block_hashes=row.block_hashes,
+            hash_block_tokens=spec.block_tokens,
+        )
+        for i, row in enumerate(fits)
+    )
+    source = Source(trace, trace, CHAT_SLO, output_tokens)
+    details = {"generated": trace, "seed": seed, "block_tokens": spec.block_tokens,
+               "window_s": window_s, "speedup": speedup,
+               "left_out": len(kept) - len(fits)}  # fmt: skip
+    return Workload(trace, requests, (source,), 1.0, None, details=details)
