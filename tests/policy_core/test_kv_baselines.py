@@ -260,3 +260,15 @@ def test_fast_s3fifo_blocks_match_the_plain_algorithm_step_for_step(
         assert list(fast.algo.ghost) == list(ref.algo.ghost), t
         assert fast.algo.freq == ref.algo.freq and fast.kids == ref.kids, t
     assert max(depth) == 85 and len(snapshots) == 812
+
+
+def test_lru_cache_by_hand() -> None:
+    from superinfer.policy_core.kv_baselines import LruCache
+
+    cache = LruCache[str](2)
+    assert [cache.access(k) for k in "abacd"] == [[], [], [], ["b"], ["a"]]
+    assert cache.eviction_order() == ["c", "d"] and "a" not in cache and len(cache) == 2
+    cache.forget("c")
+    assert cache.eviction_order() == ["d"]
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
+        LruCache[str](0)

@@ -80,7 +80,7 @@ def test_no_nodes_is_an_empty_decision_and_still_counts_the_call() -> None:
     assert (m["num_calls"], m["cpu_model"], m["hbm_model"]["mode"]) == (1, None, "fallback_lru")
 
 
-@pytest.mark.parametrize("name", ["lru", "lfu", "reuse", "arc", "s3fifo"])
+@pytest.mark.parametrize("name", ["lru", "lfu", "reuse", "arc", "s3fifo", "adaptive"])
 def test_each_plugin_is_its_pure_policy_plus_the_hook(name: str) -> None:
     plugin_cls = plugins.KV_POLICIES[name]
     assert issubclass(plugin_cls, PLACEMENT_POLICIES[name]) and plugin_cls.name == name
@@ -111,6 +111,7 @@ def test_the_kv_policy_entry_points_name_the_plugins() -> None:
         "reuse": "superinfer.adapters.kv_placement:ReusePlacement",
         "arc": "superinfer.adapters.kv_placement:ArcPlacement",
         "s3fifo": "superinfer.adapters.kv_placement:S3FifoPlacement",
+        "adaptive": "superinfer.adapters.kv_placement:AdaptivePlacement",
         "priority": "superinfer.adapters.kv_placement:PriorityPlacement",
     }
     for name, target in targets.items():

@@ -1,6 +1,7 @@
 """Prefix-cache placement plugins behind ``superinfer_kv_placement``: the reuse predictor with the
 placement planner (``reuse``), and LRU / LFU / ARC / S3-FIFO through the same planner (``lru``,
-``lfu``, ``arc``, ``s3fifo``), and priority-aware LRU (``priority``: SGLang's
+``lfu``, ``arc``, ``s3fifo``), the adaptive predictor that follows the best of LRU, ARC and
+S3-FIFO (``adaptive``), and priority-aware LRU (``priority``: SGLang's
 ``--radix-eviction-policy priority`` for any engine).
 
 They are registered in the entry-point group ``superinfer.kv_policies`` and enabled with
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from superinfer.adapters.hookspecs import hookimpl
 from superinfer.policy_core.kv_placement import (
+    AdaptivePlacementPolicy,
     ArcPlacementPolicy,
     LFUPlacementPolicy,
     LRUPlacementPolicy,
@@ -25,6 +27,7 @@ from superinfer.policy_core.types import PlacementDecision, PrefixNodeView, Requ
 
 __all__ = [
     "KV_POLICIES",
+    "AdaptivePlacement",
     "ArcPlacement",
     "LFUPlacement",
     "LRUPlacement",
@@ -80,6 +83,12 @@ class S3FifoPlacement(_PlacementHook, S3FifoPlacementPolicy):
     (S3-FIFO, Yang et al., SOSP 2023)."""
 
 
+class AdaptivePlacement(_PlacementHook, AdaptivePlacementPolicy):
+    """The ``adaptive`` plugin:
+    :class:`~superinfer.policy_core.kv_placement.AdaptivePlacementPolicy` (issue 22's adaptive
+    reuse predictor: the order of whichever of LRU, S3-FIFO and ARC would have hit most)."""
+
+
 class PriorityPlacement(_PlacementHook, PriorityPlacementPolicy):
     """The ``priority`` plugin:
     :class:`~superinfer.policy_core.kv_priority.PriorityPlacementPolicy`, which learns each SLO
@@ -100,6 +109,7 @@ KV_POLICIES: dict[str, type[PlacementPolicy]] = {
         ReusePlacement,
         ArcPlacement,
         S3FifoPlacement,
+        AdaptivePlacement,
         PriorityPlacement,
     )
 }

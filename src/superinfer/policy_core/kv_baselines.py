@@ -1,4 +1,5 @@
-"""Two strong eviction baselines over hashable keys: ARC and S3-FIFO, as exact state machines.
+"""Two strong eviction baselines over hashable keys: ARC and S3-FIFO, as exact state machines
+(and plain LRU with the same interface, for the adaptive placement policy's shadow caches).
 
 - **ARC** (Megiddo & Modha, "ARC: A Self-Tuning, Low Overhead Replacement Cache", FAST 2003):
   a recency list ``T1`` (seen once), a frequency list ``T2`` (seen twice or more), their ghost
@@ -29,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, TypeVar
 
-__all__ = ["ArcCache", "S3FifoCache"]
+__all__ = ["ArcCache", "LruCache", "S3FifoCache"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -307,3 +308,49 @@ class S3FifoCache(Generic[K]):
         elif key in self.main:
             del self.main[key]
         self.freq.pop(key, None)
+
+
+class LruCache(Generic[K]):
+    """Least recently used keys leave first, over ``capacity`` slots (the interface of
+    :class:`ArcCache` and :class:`S3FifoCache`: ``access``, ``eviction_order``, ``forget``).
+
+    Args:
+        capacity: cached keys at most (>= 1).
+
+    Attributes:
+        order: the cached keys, least recent first.
+
+    Raises:
+        ValueError: ``capacity < 1``.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.order: OrderedDict[K, None] = OrderedDict()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.order
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def access(self, key: K) -> list[K]:
+        """Reference ``key``; returns the keys that left the cache (least recent first)."""
+        if key in self.order:
+            self.order.move_to_end(key)
+            return []
+        out: list[K] = []
+        while len(self.order) >= self.capacity:
+            out.append(self.order.popitem(last=False)[0])
+        self.order[key] = None
+        return out
+
+    def eviction_order(self) -> list[K]:
+        """Cached keys, least recent (next to leave) first."""
+        return list(self.order)
+
+    def forget(self, key: K) -> None:
+        """``key`` left the cache by someone else's decision."""
+        self.order.pop(key, None)

@@ -498,6 +498,11 @@ class PrefixNodeView:
             cached prefix runs through this node; the engine counts at least those the
             scheduler is about to run (admitted next, promoted, or named in
             ``ScheduleDecision.prefetch``). A policy keeps such nodes and prefetches them from CPU.
+        content_key: a key of the node's content (its tokens from the root to its end) that a
+            re-inserted copy of the same prefix gets again, for engines whose node ids are not
+            (SGLang's radix nodes take a fresh counter id on every insert); ``None``: the node
+            id already names the content (our simulator's block hashes). Policies key their
+            access history on :attr:`key`.
     """
 
     node_id: str
@@ -511,6 +516,12 @@ class PrefixNodeView:
     depth: int = 0
     slo_classes: tuple[str, ...] = ()
     num_waiting_refs: int = 0
+    content_key: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The key a policy remembers this node's history by: ``content_key``, else ``node_id``."""
+        return self.node_id if self.content_key is None else self.content_key
 
 
 @dataclass(frozen=True, slots=True)

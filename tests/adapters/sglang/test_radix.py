@@ -6,6 +6,7 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.adapters.sglang.gate import require_sglang
@@ -28,7 +29,7 @@ from superinfer.adapters.manager import build_plugin_manager  # noqa: E402
 from superinfer.adapters.sglang.apply import Band, SuperinferEvictionStrategy  # noqa: E402
 from superinfer.adapters.sglang.config import AdapterConfig  # noqa: E402
 from superinfer.adapters.sglang.plugin import SGLangAdapter  # noqa: E402
-from superinfer.adapters.sglang.view import EngineLimits  # noqa: E402
+from superinfer.adapters.sglang.view import EngineLimits, path_hash  # noqa: E402
 from superinfer.policy_core.types import (  # noqa: E402
     Placement,
     PlacementDecision,
@@ -145,8 +146,13 @@ def test_a_placement_policys_own_order_reaches_the_eviction() -> None:
     class MRUPlacement(_PlacementHook, LRUPlacementPolicy):
         name = "mru"
 
+        def decide(self, nodes: Any, *args: Any) -> Any:
+            self.node_ids = {nd.key: int(nd.node_id) for nd in nodes}
+            return super().decide(nodes, *args)
+
         def _scores(self, keys: Any, cols: Any, now_s: float, has_cpu_tier: bool) -> Any:
-            return -keys.astype(float), None, False  # the newest node scores lowest
+            ids = [self.node_ids[k] for k in keys]
+            return -np.asarray(ids, float), None, False  # the newest node scores lowest
 
     world = World(64, "superinfer", "python")
     fill(world)
@@ -210,6 +216,32 @@ def test_node_views_are_exact_and_a_pin_is_not_a_use() -> None:
     assert {v.node_id for v in first} == set(placer.node_of.values())
     assert len(second) == 3  # C (least recent unpinned, unused) went in the first eviction
     world.cache.unlock(lock)
+
+
+def test_a_prefix_inserted_again_or_split_keeps_its_content_key() -> None:
+    """SGLang gives a re-inserted prefix a new node id; its content key (the path hash of its
+    tokens from the root) is the same, and a split leaves the hash of each path's end as it was:
+    the policies' history and shadow caches follow the content across evictions."""
+    world = World(64, "superinfer", "python")
+    adapter, placer = placing(world, {})
+    evict(adapter, world, 8)  # A (least recent) leaves
+    keys = {v.node_id: v.content_key for v in placer.seen[0]}
+    a_key = keys[placer.node_of["A"]]
+    root = path_hash(0, b"None\x00None")  # no extra_key, no cache_salt
+    assert a_key == f"{path_hash(root, range(0, 8)):x}"
+    value = world.allocator.alloc(8).to(torch.int64)
+    again = world.cache.insert(InsertParams(key=RadixKey(tokens("A")), value=value))
+    assert str(again.last_device_node) != placer.node_of["A"]
+    # B split after its 4th token by a prompt that shares those 4 tokens
+    value = world.allocator.alloc(8).to(torch.int64)
+    split = array("q", [*range(100, 104), *range(900, 904)])
+    world.cache.insert(InsertParams(key=RadixKey(split), value=value))
+    evict(adapter, world, 8)
+    by_id = {v.node_id: v for v in placer.seen[1]}
+    assert by_id[str(again.last_device_node)].content_key == a_key
+    b = by_id[placer.node_of["B"]]
+    assert (b.num_tokens, b.content_key) == (4, keys[placer.node_of["B"]])
+    assert by_id[b.parent_id].content_key == f"{path_hash(root, range(100, 104)):x}"
 
 
 def test_the_rust_core_orders_eviction_by_the_ranks_inserted(

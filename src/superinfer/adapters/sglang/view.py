@@ -38,6 +38,7 @@ __all__ = [
     "RequestRecord",
     "chunked_request",
     "new_token_ratio",
+    "path_hash",
     "SLOFieldError",
     "kv_pool_blocks",
     "prefix_node_views",
@@ -441,13 +442,57 @@ def _tree_nodes(root: Any) -> Iterable[Any]:
         stack.extend(node.children.values())
 
 
+#: Polynomial hash of a token path modulo the Mersenne prime 2^61 - 1 (two different paths of n
+#: tokens collide with probability under n / 2^61); the base is any integer in (2^20, 2^61).
+_PATH_MOD = (1 << 61) - 1
+_PATH_BASE = 1_000_003
+
+
+def path_hash(prefix_hash: int, tokens: Iterable[int]) -> int:
+    """The polynomial hash of a token path, continued from ``prefix_hash`` (the path before it).
+
+    ``path_hash(path_hash(h, a), b) == path_hash(h, a + b)``: a radix node's hash depends on the
+    tokens from the root to its end only, not on where the tree splits them into nodes, so a
+    prefix that SGLang evicts and later inserts again (as a new node, with a new id) gets the
+    same :attr:`PrefixNodeView.content_key`.
+
+    Args:
+        prefix_hash: the hash of the tokens before ``tokens`` (0: none).
+        tokens: token ids (ints >= 0).
+
+    Returns:
+        An int in [0, 2^61 - 1).
+    """
+    h = prefix_hash
+    for t in tokens:
+        h = (h * _PATH_BASE + int(t) + 1) % _PATH_MOD
+    return h
+
+
+def _node_tokens(node: Any) -> Sequence[int]:
+    """A radix node's own token ids (``node.key``: a ``RadixKey`` in SGLang 0.5.23, whose
+    ``token_ids`` may be longer than the key, or a plain token list in older trees)."""
+    key = node.key
+    ids: Sequence[int] = getattr(key, "token_ids", key)
+    return ids[: len(key)]
+
+
+def _namespace_hash(node: Any) -> int:
+    """The hash a path starts from: SGLang namespaces a tree by ``extra_key`` (LoRA) and
+    ``cache_salt`` (``mem_cache/radix_cache.py::RadixKey``), so the same tokens under two
+    namespaces are two contents."""
+    key = node.key
+    names = f"{getattr(key, 'extra_key', None)}\x00{getattr(key, 'cache_salt', None)}"
+    return path_hash(0, names.encode())
+
+
 def prefix_node_views(
     root: Any,
     *,
     now_s: float,
     page_size: int,
     pinned: Iterable[int],
-    last_seen: dict[int, tuple[float, float]],
+    last_seen: dict[int, tuple[float, float, int, int]],
     full: Any,
 ) -> tuple[PrefixNodeView, ...]:
     """Views of the cached nodes of a Python-core ``UnifiedRadixCache`` tree.
@@ -455,20 +500,33 @@ def prefix_node_views(
     SGLang stamps ``last_access_time`` from a logical tick counter
     (``unified_cache/components/base.py::get_and_increase_time_counter``), not in seconds; a node
     whose tick changed since the previous call is reported as accessed ``now_s``, so recency is in
-    adapter seconds at the resolution of these calls.
+    adapter seconds at the resolution of these calls. Each view's ``content_key`` is the
+    :func:`path_hash` of the node's tokens from the root (hex), computed once per node and length
+    (a split shortens a node; its path's end, hence its hash, stays).
 
     Args:
         root: ``tree_core.root_node``.
         now_s: adapter time, s.
         page_size: tokens per KV block.
         pinned: ids of the nodes the adapter pins (their locks do not make a node "in use").
-        last_seen: node id -> (tick, last access s); updated in place and pruned to live nodes.
+        last_seen: node id -> (tick, last access s, token length, path hash); updated in place
+            and pruned to live nodes.
         full: ``ComponentType.FULL``.
 
     Returns:
         One view per node holding KV in HBM or on the host, by node id.
     """
     nodes = {n.id: n for n in _tree_nodes(root)}
+    paths: dict[int, int] = {}
+    for node_id, node in nodes.items():  # parents before children (_tree_nodes' order)
+        prev = last_seen.get(node_id)
+        if prev is not None and prev[2] == len(node.key):
+            paths[node_id] = prev[3]
+            continue
+        parent = node.parent
+        start = paths.get(parent.id) if parent is not None and parent.parent is not None else None
+        paths[node_id] = path_hash(_namespace_hash(node) if start is None else start,
+                                   _node_tokens(node))  # fmt: skip
     own_refs: dict[int, int] = {}
     for node_id in pinned:
         node = nodes.get(node_id)
@@ -487,7 +545,7 @@ def prefix_node_views(
         tick = float(node.last_access_time)
         prev = last_seen.get(node_id)
         access_s = prev[1] if prev is not None and prev[0] == tick else now_s
-        last_seen[node_id] = (tick, access_s)
+        last_seen[node_id] = (tick, access_s, len(node.key), paths[node_id])
         parent = node.parent
         views.append(
             PrefixNodeView(
@@ -499,6 +557,7 @@ def prefix_node_views(
                 hit_count=node.hit_count,
                 last_access_s=access_s,
                 in_use=data.lock_ref > own_refs.get(node_id, 0),
+                content_key=f"{paths[node_id]:x}",
             )
         )
     for stale in last_seen.keys() - nodes.keys():

@@ -1,0 +1,124 @@
+"""The adaptive placement policy (``policy_core.kv_placement.AdaptivePlacementPolicy``): its
+shadow caches score the experts by content, it follows the leader's order, and it starts as LRU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from superinfer.policy_core.kv_baselines import LruCache, S3FifoCache
+from superinfer.policy_core.kv_placement import AdaptivePlacementPolicy, LRUPlacementPolicy
+from superinfer.policy_core.types import KVLocation, Placement, PrefixNodeView
+
+HOT_TOKENS, COLD_TOKENS = 100, 10
+
+
+def stream(periods: int) -> list[str]:
+    """A hot prefix ``H`` read once every five accesses between one-time prompts ``x0, x1, ...``:
+    four one-time prompts between two reads of ``H``, so a 4-slot LRU never hits ``H``."""
+    out, x = [], 0
+    for _ in range(periods):
+        out.append("H")
+        out.extend(f"x{x + i}" for i in range(4))
+        x += 4
+    return out
+
+
+def engine_views(accesses: list[str], t: int) -> tuple[PrefixNodeView, ...]:
+    """What an engine holding the 4 most recently used prompts shows after access ``t``: each a
+    root node with a fresh node id on every call (as SGLang's re-inserted nodes get), its
+    content key the prompt's name, its last access the instant of its last read."""
+    last: dict[str, int] = {}
+    for i, key in enumerate(accesses[: t + 1]):
+        last[key] = i
+    shown = sorted(last, key=last.__getitem__)[-4:]
+    return tuple(
+        PrefixNodeView(
+            node_id=f"{key}@{t}", parent_id=None,
+            num_tokens=HOT_TOKENS if key == "H" else COLD_TOKENS, num_blocks=1,
+            location=KVLocation.HBM, hit_count=0, last_access_s=float(last[key]), in_use=False,
+            content_key=key,
+        )
+        for key in shown
+    )  # fmt: skip
+
+
+def test_the_expert_that_keeps_the_hot_prefix_takes_the_lead_and_its_order_is_applied() -> None:
+    accesses = stream(6)
+    policy = AdaptivePlacementPolicy(experts=("lru", "s3fifo"), half_life_tokens=math.inf,
+                                     switch_margin=0.0, min_lead_tokens=0.0)  # fmt: skip
+    # The oracles: the same accesses (the first call sees the first four at once) through the
+    # exactly tested caches of kv_baselines, 4 slots each (the most nodes shown at once).
+    lru, s3 = LruCache[str](4), S3FifoCache[str](4)
+    hits = {"lru": 0, "s3fifo": 0}
+    switch_at = None
+    for t in range(3, len(accesses)):
+        for key in accesses[: t + 1] if t == 3 else [accesses[t]]:
+            tokens = HOT_TOKENS if key == "H" else COLD_TOKENS
+            hits["lru"] += tokens if key in lru else 0
+            hits["s3fifo"] += tokens if key in s3 else 0
+            lru.access(key)
+            s3.access(key)
+        if switch_at is None and hits["s3fifo"] > hits["lru"]:
+            switch_at = t
+        views = engine_views(accesses, t)
+        decision = policy.decide(views, float(t), 0, 0, 1, 4)
+        assert policy.scores == hits
+        assert policy.leader == ("lru" if switch_at is None else "s3fifo")
+        leader_cache = lru if switch_at is None else s3
+        order = [k for k in leader_cache.eviction_order() if k in {v.key for v in views}]
+        gone = sorted((v for v in views if v.key not in order), key=lambda v: v.last_access_s)
+        victim = (gone or [next(v for v in views if v.key == order[0])])[0]
+        assert decision.actions == {victim.node_id: Placement.DROP}
+    assert hits["lru"] == 0  # H comes back after four other prompts: LRU has dropped it
+    # H's first read goes to S3-FIFO's small queue and leaves as a ghost; its second, a ghost
+    # hit, puts it in the main queue; its third to sixth reads hit there.
+    assert hits["s3fifo"] == 4 * HOT_TOKENS
+    assert switch_at == 10 and policy.switches == [(8, "lru", "s3fifo")]  # call 1 at t = 3
+    assert policy.metrics()["leader"] == "s3fifo"
+
+
+def test_a_cold_start_decides_as_lru() -> None:
+    nodes = tuple(
+        PrefixNodeView(f"n{i}", None, 16, 1, KVLocation.HBM, 0, float(t), False)
+        for i, t in enumerate((50.0, 10.0, 30.0, 20.0))
+    )
+    for need in (1, 2, 3):
+        adaptive = AdaptivePlacementPolicy().decide(nodes, 100.0, 0, 0, need, 8)
+        assert adaptive == LRUPlacementPolicy().decide(nodes, 100.0, 0, 0, need, 8)
+    assert set(AdaptivePlacementPolicy().decide(nodes, 100.0, 0, 0, 2, 8).actions) == {"n1", "n3"}
+
+
+def test_a_switch_needs_the_margin_and_the_minimum_lead() -> None:
+    accesses = stream(6)
+    # S3-FIFO's lead after H's reads 3-6 (t = 10, 15, 20, 25), in hit tokens and as a share of
+    # the tokens accessed by then: 100 of 380 (0.263), 200 of 520 (0.385), 300 of 660 (0.455),
+    # 400 of 800 (0.5); the last four one-time prompts bring the share to 400 / 840.
+    cases = ((0.0, 400.0, "lru", []), (0.5, 0.0, "lru", []), (0.4, 0.0, "s3fifo", [18]),
+             (0.3, 0.0, "s3fifo", [13]), (0.0, 299.0, "s3fifo", [18]))  # fmt: skip
+    for margin, min_lead, leader, calls in cases:
+        policy = AdaptivePlacementPolicy(
+            experts=("lru", "s3fifo"), half_life_tokens=math.inf,
+            switch_margin=margin, min_lead_tokens=min_lead,
+        )  # fmt: skip
+        for t in range(3, len(accesses)):
+            policy.decide(engine_views(accesses, t), float(t), 0, 0, 1, 4)
+        assert (policy.scores["s3fifo"], policy.accessed) == (400.0, 840.0)
+        assert policy.leader == leader, (margin, min_lead)
+        assert [call for call, _, _ in policy.switches] == calls
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"experts": ("lru", "lfu")}, "experts must be distinct names among"),
+        ({"experts": ("lru", "lru")}, "experts must be distinct names among"),
+        ({"experts": ()}, "experts must be distinct names among"),
+        ({"half_life_tokens": 0.0}, "half_life_tokens must be > 0"),
+        ({"switch_margin": -0.1}, "switch_margin and min_lead_tokens must be >= 0"),
+    ],
+)
+def test_bad_options_are_one_line_errors(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        AdaptivePlacementPolicy(**kwargs)  # type: ignore[arg-type]
