@@ -67,8 +67,8 @@ def cli() -> None:
               "profile's; 0 disables swap and prefix offload].")
 @click.option("--kv-policy", default=None,
               help="Prefix-cache placement policy: lru, lfu, arc, s3fifo, reuse (the learned "
-              "reuse predictor) or priority (least urgent SLO class first) [default: the "
-              "engine's own eviction order].")
+              "reuse predictor), adaptive (follows the best of lru, s3fifo, arc) or priority "
+              "(least urgent SLO class first) [default: the engine's own eviction order].")
 @click.option("--kv-quant/--no-kv-quant", default=False, show_default=True,
               help="Per-request KV precision from the quantization planner (fp16 -> int8 -> int4 "
               "under memory pressure, chat never below int8); off: every request stores FP16 KV.")
@@ -198,7 +198,7 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
               "own scheduling, no plugin; hf: superinfer if registered, else fcfs].")
 @click.option("--kv-policy", "serve_kv_policy", default=None,
               help="sglang: prefix-cache placement policy through the plugin (lru, lfu, arc, "
-              "s3fifo, reuse, priority).")
+              "s3fifo, reuse, adaptive, priority).")
 @click.option("--policy-opt", "policy_opts", multiple=True, metavar="KEY=VALUE",
               help="Policy option; repeatable.")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),

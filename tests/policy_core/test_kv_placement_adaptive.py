@@ -122,3 +122,24 @@ def test_a_switch_needs_the_margin_and_the_minimum_lead() -> None:
 def test_bad_options_are_one_line_errors(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         AdaptivePlacementPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def chunked(node_id: str, chunks: tuple[str, ...], t: float, parent: str | None = None,
+            depth: int = 0) -> PrefixNodeView:  # fmt: skip
+    return PrefixNodeView(node_id, parent, 16 * len(chunks), len(chunks), KVLocation.HBM, 0, t,
+                          False, depth, content_key=chunks[-1], chunk_keys=chunks)  # fmt: skip
+
+
+def test_a_hit_on_part_of_a_split_node_counts_its_chunks() -> None:
+    """The engine shows a 3-chunk node, then splits it (a new node for its first chunk, read by
+    a request that diverged after it): the shadows hit that chunk's 16 tokens, though no node
+    with that key was shown before."""
+    policy = AdaptivePlacementPolicy(experts=("lru", "s3fifo"), half_life_tokens=math.inf)
+    policy.decide((chunked("n1", ("c1", "c2", "c3"), 1.0),), 1.0, 0, 0, 0, 8)
+    assert (policy.scores, policy.accessed) == ({"lru": 0.0, "s3fifo": 0.0}, 48.0)
+    split = (chunked("n2", ("c1",), 2.0), chunked("n1", ("c2", "c3"), 1.0, "n2", 1),
+             chunked("n3", ("d2",), 2.0, "n2", 1))  # fmt: skip
+    decision = policy.decide(split, 2.0, 0, 0, 1, 8)
+    assert (policy.scores, policy.accessed) == ({"lru": 16.0, "s3fifo": 16.0}, 80.0)
+    # LRU leads (cold start): of the two leaves, n1's chunks were read before n3's
+    assert decision.actions == {"n1": Placement.DROP}

@@ -360,22 +360,26 @@ class AdaptivePlacementPolicy(PlacementPolicy):
 
     The offline form (:class:`~superinfer.policy_core.reuse_adaptive.AdaptiveCache`) sees whole
     requests over a known block forest; this one sees only what the hook shows, the engine's
-    cached nodes at each eviction. It keeps one shadow cache per expert (keys only, no KV; as
-    many nodes as the engine has shown at once, like the ``arc`` and ``s3fifo`` plugins), keyed
-    by content (:attr:`PrefixNodeView.key`), so that a prefix the engine evicted and inserted
-    again is a hit in a shadow that kept it. At each call the nodes accessed since the last one
-    (last access newer than last seen; oldest first, deeper first on ties, so a parent is more
-    recent than its child) are fed to every shadow; each access of a node of ``t`` tokens adds
-    ``t`` to the score of every shadow that held it (the tokens it would have served from its
-    cache), and all scores halve every ``half_life_tokens`` tokens accessed. The shadows never
-    hear of the engine's evictions: each is its own policy's whole cache.
+    cached nodes at each eviction. It keeps one shadow cache per expert (keys only, no KV) over
+    the nodes' chunks (:attr:`PrefixNodeView.chunk_keys`, content keys of fixed-size pieces that
+    an engine's split of a node does not change; a node without them is one chunk keyed
+    :attr:`PrefixNodeView.key`), each shadow as many chunks as the engine has shown at once, so
+    that a prefix the engine evicted and inserted again, or split, is a hit in a shadow that
+    kept it. At each call the nodes accessed since the last one (last access newer than last
+    seen; oldest first, deeper first on ties) are fed to every shadow, each node's chunks last
+    first (so that a parent is more recent than its child, as offline); each access of a chunk
+    adds its tokens (the node's tokens over its chunks) to the score of every shadow that held
+    it (the tokens that policy would have served from its cache), and all scores halve every
+    ``half_life_tokens`` tokens accessed. The shadows never hear of the engine's evictions: each
+    is its own policy's whole cache.
 
-    The nodes are then scored by the leader's eviction order (0: next to go); nodes the leader
+    The nodes are then scored by the leader's eviction order (0: next to go) of their earliest
+    chunk to go (the rest of a node is unreachable without it); nodes with a chunk the leader
     no longer holds go first, oldest first. The first expert leads at the start (cold start:
     LRU's order exactly); another takes the lead when its score exceeds the leader's by
     ``switch_margin`` of the decayed tokens accessed (a lead in token hit rate) and by
     ``min_lead_tokens``, so near-tied experts are not chased. Never pins. Work per call:
-    O(accessed nodes x experts) for the shadows and O(nodes) for the leader's order.
+    O(accessed chunks x experts) for the shadows and O(chunks) for the leader's order.
 
     Attributes:
         experts: shadow policies, among ``lru``, ``arc``, ``s3fifo``; the first is the cold start.
@@ -402,7 +406,9 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     switches: list[tuple[int, str, str]] = field(default_factory=list, init=False)
     _shadows: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
     _seen: dict[str, float] = field(default_factory=dict, init=False, repr=False)
-    _tokens: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _chunks: dict[str, tuple[tuple[str, ...], float]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -429,8 +435,11 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         needed_hbm_blocks: int,
         total_hbm_blocks: int,
     ) -> PlacementDecision:
-        """:meth:`PlacementPolicy.decide`, after noting each node's tokens (its hit weight)."""
-        self._tokens = {nd.key: nd.num_tokens for nd in nodes}
+        """:meth:`PlacementPolicy.decide`, after noting each node's chunks and their tokens."""
+        self._chunks = {}
+        for nd in nodes:
+            chunks = nd.chunk_keys or (nd.key,)
+            self._chunks[nd.key] = chunks, nd.num_tokens / len(chunks)
         return super().decide(
             nodes, now_s, free_hbm_blocks, free_cpu_blocks, needed_hbm_blocks, total_hbm_blocks
         )
@@ -445,36 +454,40 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
     ) -> tuple[FloatArray | ScoreFn, FloatArray | ScoreFn | None, bool]:
         n = len(keys)
+        shown = max(sum(len(c) for c, _ in self._chunks.values()), 1)
         if not self._shadows:
-            self._shadows = {e: _SHADOWS[e](max(n, 1)) for e in self.experts}
+            self._shadows = {e: _SHADOWS[e](shown) for e in self.experts}
         for shadow in self._shadows.values():
-            shadow.capacity = max(n, shadow.capacity)
+            shadow.capacity = max(shown, shadow.capacity)
         last = now_s - cols.age_s
         fresh = [i for i in range(n) if self._seen.get(keys[i], -np.inf) < last[i]]
         fresh.sort(key=lambda i: (last[i], -cols.depth[i]))
-        hits = dict.fromkeys(self.experts, 0)
-        total = 0
+        hits = dict.fromkeys(self.experts, 0.0)
+        total = 0.0
         for i in fresh:
-            key, tokens = keys[i], self._tokens.get(keys[i], 0)
-            self._seen[key] = float(last[i])
-            total += tokens
-            for name, shadow in self._shadows.items():
-                if key in shadow:
-                    hits[name] += tokens
-                shadow.access(key)
+            self._seen[keys[i]] = float(last[i])
+            chunks, tokens = self._chunks[keys[i]]
+            for chunk in reversed(chunks):
+                total += tokens
+                for name, shadow in self._shadows.items():
+                    if chunk in shadow:
+                        hits[name] += tokens
+                    shadow.access(chunk)
         self._update_leader(hits, total)
-        order = self._shadows[self.leader].eviction_order()
-        rank = {k: r for r, k in enumerate(order)}
-        age = cols.age_s
-        score = np.fromiter((rank.get(k, -1.0) for k in keys.tolist()), np.float64, n)
+        rank = {k: r for r, k in enumerate(self._shadows[self.leader].eviction_order())}
+        score = np.fromiter(
+            (min(rank.get(c, -1) for c in self._chunks[k][0]) for k in keys.tolist()),
+            np.float64,
+            n,
+        )
         gone = score < 0
-        score[gone] = -1.0 - age[gone] / (1.0 + age[gone])  # the leader dropped them: oldest first
-        if len(self._seen) > 4 * max(n, 1):  # forget keys no shadow holds
-            held = set().union(*(set(s.eviction_order()) for s in self._shadows.values()))
-            self._seen = {k: t for k, t in self._seen.items() if k in held}
+        age = cols.age_s[gone]
+        score[gone] = -1.0 - age / (1.0 + age)  # the leader dropped them: oldest first
+        if len(self._seen) > 4 * n:  # forget nodes accessed long ago
+            self._seen = {k: t for k, t in self._seen.items() if k in self._chunks}
         return score, None, False
 
-    def _update_leader(self, hits: dict[str, int], total: int) -> None:
+    def _update_leader(self, hits: dict[str, float], total: float) -> None:
         decay = 0.5 ** (total / self.half_life_tokens)
         for name in self.experts:
             self.scores[name] = self.scores[name] * decay + hits[name]

@@ -503,6 +503,12 @@ class PrefixNodeView:
             (SGLang's radix nodes take a fresh counter id on every insert); ``None``: the node
             id already names the content (our simulator's block hashes). Policies key their
             access history on :attr:`key`.
+        chunk_keys: content keys of the node's fixed-size chunks (the path hash at every
+            multiple of the engine's chunk size, counted in tokens from the root, that falls in
+            the node, and at its end), first first, the last one ``content_key``; they do not
+            change when the engine splits the node, so a policy that compares what several
+            caches would hold (``adaptive``) can count a hit on part of a node. ``()``: the
+            node is one chunk (a hashed KV block).
     """
 
     node_id: str
@@ -517,6 +523,7 @@ class PrefixNodeView:
     slo_classes: tuple[str, ...] = ()
     num_waiting_refs: int = 0
     content_key: str | None = None
+    chunk_keys: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:

@@ -29,7 +29,7 @@ from superinfer.adapters.manager import build_plugin_manager  # noqa: E402
 from superinfer.adapters.sglang.apply import Band, SuperinferEvictionStrategy  # noqa: E402
 from superinfer.adapters.sglang.config import AdapterConfig  # noqa: E402
 from superinfer.adapters.sglang.plugin import SGLangAdapter  # noqa: E402
-from superinfer.adapters.sglang.view import EngineLimits, path_hash  # noqa: E402
+from superinfer.adapters.sglang.view import EngineLimits, chunk_hashes, path_hash  # noqa: E402
 from superinfer.policy_core.types import (  # noqa: E402
     Placement,
     PlacementDecision,
@@ -242,6 +242,17 @@ def test_a_prefix_inserted_again_or_split_keeps_its_content_key() -> None:
     b = by_id[placer.node_of["B"]]
     assert (b.num_tokens, b.content_key) == (4, keys[placer.node_of["B"]])
     assert by_id[b.parent_id].content_key == f"{path_hash(root, range(100, 104)):x}"
+    assert b.chunk_keys == (b.content_key,)  # 8 tokens from the root: inside one 16-token chunk
+
+
+def test_chunk_hashes_mark_every_chunk_boundary_from_the_root_and_the_end() -> None:
+    h0 = path_hash(0, [9])
+    # tokens 5, 6, 7 at positions 2, 3, 4 from the root: boundaries (chunk 2) after 6 and 7
+    assert chunk_hashes(h0, 1, [5, 6, 7], 2) == [path_hash(h0, [5]), path_hash(h0, [5, 6, 7])]
+    # at positions 1, 2, 3: a boundary after 6, then the end
+    assert chunk_hashes(h0, 0, [5, 6, 7], 2) == [path_hash(h0, [5, 6]), path_hash(h0, [5, 6, 7])]
+    assert chunk_hashes(h0, 0, [5], 4) == [path_hash(h0, [5])]
+    assert path_hash(0, [1, 2]) == 2 * 1_000_003 + 3  # (0 * B + 2) * B + 3
 
 
 def test_the_rust_core_orders_eviction_by_the_ranks_inserted(

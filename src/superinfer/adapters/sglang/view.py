@@ -39,6 +39,8 @@ __all__ = [
     "chunked_request",
     "new_token_ratio",
     "path_hash",
+    "chunk_hashes",
+    "CHUNK_TOKENS",
     "SLOFieldError",
     "kv_pool_blocks",
     "prefix_node_views",
@@ -446,6 +448,9 @@ def _tree_nodes(root: Any) -> Iterable[Any]:
 #: tokens collide with probability under n / 2^61); the base is any integer in (2^20, 2^61).
 _PATH_MOD = (1 << 61) - 1
 _PATH_BASE = 1_000_003
+#: Tokens per chunk of :attr:`PrefixNodeView.chunk_keys` (at least the page size): the generated
+#: traces' block size on this CPU (benchmarks/sglang_kv_placement.py); a GPU page is 16-64.
+CHUNK_TOKENS = 16
 
 
 def path_hash(prefix_hash: int, tokens: Iterable[int]) -> int:
@@ -467,6 +472,31 @@ def path_hash(prefix_hash: int, tokens: Iterable[int]) -> int:
     for t in tokens:
         h = (h * _PATH_BASE + int(t) + 1) % _PATH_MOD
     return h
+
+
+def chunk_hashes(prefix_hash: int, start: int, tokens: Sequence[int], chunk: int) -> list[int]:
+    """The path hashes at every multiple of ``chunk`` tokens from the root inside ``tokens``
+    (which start ``start`` tokens from the root) and at their end, first first: the chunk keys
+    of a node (a key at the node's end is not repeated).
+
+    Args:
+        prefix_hash: the :func:`path_hash` of the ``start`` tokens before the node.
+        start: tokens from the root to the node's first token.
+        tokens: the node's token ids (at least one).
+        chunk: tokens per chunk (>= 1).
+
+    Returns:
+        One int per chunk boundary in ``(start, start + len(tokens)]``, plus the end's.
+    """
+    out, h, pos = [], prefix_hash, start
+    for t in tokens:
+        h = (h * _PATH_BASE + int(t) + 1) % _PATH_MOD
+        pos += 1
+        if pos % chunk == 0:
+            out.append(h)
+    if not out or pos % chunk:
+        out.append(h)
+    return out
 
 
 def _node_tokens(node: Any) -> Sequence[int]:
@@ -492,7 +522,7 @@ def prefix_node_views(
     now_s: float,
     page_size: int,
     pinned: Iterable[int],
-    last_seen: dict[int, tuple[float, float, int, int]],
+    last_seen: dict[int, tuple[float, float, int, int, tuple[int, ...]]],
     full: Any,
 ) -> tuple[PrefixNodeView, ...]:
     """Views of the cached nodes of a Python-core ``UnifiedRadixCache`` tree.
@@ -501,32 +531,36 @@ def prefix_node_views(
     (``unified_cache/components/base.py::get_and_increase_time_counter``), not in seconds; a node
     whose tick changed since the previous call is reported as accessed ``now_s``, so recency is in
     adapter seconds at the resolution of these calls. Each view's ``content_key`` is the
-    :func:`path_hash` of the node's tokens from the root (hex), computed once per node and length
-    (a split shortens a node; its path's end, hence its hash, stays).
+    :func:`path_hash` of the node's tokens from the root (hex), and its ``chunk_keys`` the path
+    hashes at every :data:`CHUNK_TOKENS` (or page) boundary in it and at its end
+    (:func:`chunk_hashes`), computed once per node and length (a split shortens a node; its
+    path's end, hence its hash, stays).
 
     Args:
         root: ``tree_core.root_node``.
         now_s: adapter time, s.
         page_size: tokens per KV block.
         pinned: ids of the nodes the adapter pins (their locks do not make a node "in use").
-        last_seen: node id -> (tick, last access s, token length, path hash); updated in place
-            and pruned to live nodes.
+        last_seen: node id -> (tick, last access s, token length, tokens from the root to its
+            end, chunk hashes); updated in place and pruned to live nodes.
         full: ``ComponentType.FULL``.
 
     Returns:
         One view per node holding KV in HBM or on the host, by node id.
     """
     nodes = {n.id: n for n in _tree_nodes(root)}
-    paths: dict[int, int] = {}
+    chunk = max(CHUNK_TOKENS, page_size)
+    paths: dict[int, tuple[int, tuple[int, ...]]] = {}  # node id -> (end position, chunk hashes)
     for node_id, node in nodes.items():  # parents before children (_tree_nodes' order)
         prev = last_seen.get(node_id)
         if prev is not None and prev[2] == len(node.key):
-            paths[node_id] = prev[3]
+            paths[node_id] = prev[3], prev[4]
             continue
         parent = node.parent
-        start = paths.get(parent.id) if parent is not None and parent.parent is not None else None
-        paths[node_id] = path_hash(_namespace_hash(node) if start is None else start,
-                                   _node_tokens(node))  # fmt: skip
+        above = paths.get(parent.id) if parent is not None and parent.parent is not None else None
+        start, h = (0, _namespace_hash(node)) if above is None else (above[0], above[1][-1])
+        tokens = _node_tokens(node)
+        paths[node_id] = start + len(tokens), tuple(chunk_hashes(h, start, tokens, chunk))
     own_refs: dict[int, int] = {}
     for node_id in pinned:
         node = nodes.get(node_id)
@@ -545,7 +579,8 @@ def prefix_node_views(
         tick = float(node.last_access_time)
         prev = last_seen.get(node_id)
         access_s = prev[1] if prev is not None and prev[0] == tick else now_s
-        last_seen[node_id] = (tick, access_s, len(node.key), paths[node_id])
+        end, hashes = paths[node_id]
+        last_seen[node_id] = (tick, access_s, len(node.key), end, hashes)
         parent = node.parent
         views.append(
             PrefixNodeView(
@@ -557,7 +592,8 @@ def prefix_node_views(
                 hit_count=node.hit_count,
                 last_access_s=access_s,
                 in_use=data.lock_ref > own_refs.get(node_id, 0),
-                content_key=f"{paths[node_id]:x}",
+                content_key=f"{hashes[-1]:x}",
+                chunk_keys=tuple(f"{h:x}" for h in hashes),
             )
         )
     for stale in last_seen.keys() - nodes.keys():
