@@ -349,8 +349,14 @@ class S3FifoPlacementPolicy(_OrderPlacementPolicy):
         return S3FifoCache(capacity)
 
 
-#: The shadow caches :class:`AdaptivePlacementPolicy` may run, by expert name.
+#: The shadow caches :class:`AdaptivePlacementPolicy` may run, and the placement policies that
+#: order the engine's nodes while each leads, by expert name.
 _SHADOWS: dict[str, type[Any]] = {"lru": LruCache, "arc": ArcCache, "s3fifo": S3FifoCache}
+_ORDERS: dict[str, type[PlacementPolicy]] = {
+    "lru": LRUPlacementPolicy,
+    "arc": ArcPlacementPolicy,
+    "s3fifo": S3FifoPlacementPolicy,
+}
 
 
 @dataclass
@@ -373,13 +379,17 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     ``half_life_tokens`` tokens accessed. The shadows never hear of the engine's evictions: each
     is its own policy's whole cache.
 
-    The nodes are then scored by the leader's eviction order (0: next to go) of their earliest
-    chunk to go (the rest of a node is unreachable without it); nodes with a chunk the leader
-    no longer holds go first, oldest first. The first expert leads at the start (cold start:
-    LRU's order exactly); another takes the lead when its score exceeds the leader's by
+    The shadows only choose the leader. The nodes are ordered by the leader's own placement
+    policy (:class:`LRUPlacementPolicy`, :class:`ArcPlacementPolicy`,
+    :class:`S3FifoPlacementPolicy`), one of each kept in step with the engine on every call
+    (fed the same accesses and the engine's evictions, as the ``lru``, ``arc`` and ``s3fifo``
+    plugins are), so that with one leader throughout the decisions are that plugin's exactly;
+    a shadow, which never hears of the engine's evictions, holds other content than the
+    engine. The first expert leads at the start (cold start: LRU's order exactly); another
+    takes the lead when its score exceeds the leader's by
     ``switch_margin`` of the decayed tokens accessed (a lead in token hit rate) and by
     ``min_lead_tokens``, so near-tied experts are not chased. Never pins. Work per call:
-    O(accessed chunks x experts) for the shadows and O(chunks) for the leader's order.
+    O(accessed chunks x experts) for the shadows and each expert plugin's own work.
 
     Attributes:
         experts: shadow policies, among ``lru``, ``arc``, ``s3fifo``; the first is the cold start.
@@ -405,6 +415,7 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     accessed: float = field(default=0.0, init=False)
     switches: list[tuple[int, str, str]] = field(default_factory=list, init=False)
     _shadows: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    _orders: dict[str, PlacementPolicy] = field(default_factory=dict, init=False, repr=False)
     _seen: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     _chunks: dict[str, tuple[tuple[str, ...], float]] = field(
         default_factory=dict, init=False, repr=False
@@ -425,6 +436,7 @@ class AdaptivePlacementPolicy(PlacementPolicy):
             raise ValueError("switch_margin and min_lead_tokens must be >= 0")
         self.leader = self.experts[0]
         self.scores = dict.fromkeys(self.experts, 0.0)
+        self._orders = {e: _ORDERS[e]() for e in self.experts}
 
     def decide(
         self,
@@ -474,15 +486,8 @@ class AdaptivePlacementPolicy(PlacementPolicy):
                         hits[name] += tokens
                     shadow.access(chunk)
         self._update_leader(hits, total)
-        rank = {k: r for r, k in enumerate(self._shadows[self.leader].eviction_order())}
-        score = np.fromiter(
-            (min(rank.get(c, -1) for c in self._chunks[k][0]) for k in keys.tolist()),
-            np.float64,
-            n,
-        )
-        gone = score < 0
-        age = cols.age_s[gone]
-        score[gone] = -1.0 - age / (1.0 + age)  # the leader dropped them: oldest first
+        orders = {e: p._scores(keys, cols, now_s, has_cpu_tier) for e, p in self._orders.items()}
+        score = orders[self.leader][0]
         if len(self._seen) > 4 * n:  # forget nodes accessed long ago
             self._seen = {k: t for k, t in self._seen.items() if k in self._chunks}
         return score, None, False
