@@ -20,6 +20,7 @@ from superinfer.policy_core.kv_placement import (
     LRUPlacementPolicy,
     ReusePlacementPolicy,
 )
+from superinfer.policy_core.kv_placement_adaptive import ADAPTIVE_POLICIES
 from superinfer.policy_core.types import KVLocation, Placement, PlacementDecision, PrefixNodeView
 from superinfer.policy_core.validation import check_placement
 
@@ -80,10 +81,13 @@ def test_no_nodes_is_an_empty_decision_and_still_counts_the_call() -> None:
     assert (m["num_calls"], m["cpu_model"], m["hbm_model"]["mode"]) == (1, None, "fallback_lru")
 
 
-@pytest.mark.parametrize("name", ["lru", "lfu", "reuse", "arc", "s3fifo", "adaptive"])
+@pytest.mark.parametrize(
+    "name", ["lru", "lfu", "reuse", "arc", "s3fifo", "adaptive", "adaptive-regret"]
+)
 def test_each_plugin_is_its_pure_policy_plus_the_hook(name: str) -> None:
     plugin_cls = plugins.KV_POLICIES[name]
-    assert issubclass(plugin_cls, PLACEMENT_POLICIES[name]) and plugin_cls.name == name
+    policies = {**PLACEMENT_POLICIES, **ADAPTIVE_POLICIES}
+    assert issubclass(plugin_cls, policies[name]) and plugin_cls.name == name
     nodes = chain("a", 4, t=20.0) + chain("b", 3, t=60.0)
     kwargs = {
         "nodes": tuple(nodes),
@@ -94,7 +98,7 @@ def test_each_plugin_is_its_pure_policy_plus_the_hook(name: str) -> None:
         "total_hbm_blocks": 32,
     }
     via_hook = plugin_cls().superinfer_kv_placement(**kwargs)  # type: ignore[attr-defined]
-    assert via_hook == PLACEMENT_POLICIES[name]().decide(**kwargs)
+    assert via_hook == policies[name]().decide(**kwargs)
     assert via_hook.actions == {  # type: ignore[attr-defined]
         "a3": Placement.DROP,
         "a2": Placement.DROP,
@@ -112,6 +116,7 @@ def test_the_kv_policy_entry_points_name_the_plugins() -> None:
         "arc": "superinfer.adapters.kv_placement:ArcPlacement",
         "s3fifo": "superinfer.adapters.kv_placement:S3FifoPlacement",
         "adaptive": "superinfer.adapters.kv_placement:AdaptivePlacement",
+        "adaptive-regret": "superinfer.adapters.kv_placement:AdaptiveRegretPlacement",
         "priority": "superinfer.adapters.kv_placement:PriorityPlacement",
     }
     for name, target in targets.items():

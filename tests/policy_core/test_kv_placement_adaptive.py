@@ -8,10 +8,10 @@ import math
 import pytest
 
 from superinfer.policy_core.kv_baselines import LruCache, S3FifoCache
-from superinfer.policy_core.kv_placement import (
+from superinfer.policy_core.kv_placement import LRUPlacementPolicy, S3FifoPlacementPolicy
+from superinfer.policy_core.kv_placement_adaptive import (
     AdaptivePlacementPolicy,
-    LRUPlacementPolicy,
-    S3FifoPlacementPolicy,
+    AdaptiveRegretPlacementPolicy,
 )
 from superinfer.policy_core.types import KVLocation, Placement, PrefixNodeView
 
@@ -150,3 +150,34 @@ def test_a_hit_on_part_of_a_split_node_counts_its_chunks() -> None:
     assert (policy.scores, policy.accessed) == ({"lru": 16.0, "s3fifo": 16.0}, 80.0)
     # LRU leads (cold start): of the two leaves, n1's chunks were read before n3's
     assert decision.actions == {"n1": Placement.DROP}
+
+
+def test_regret_counts_the_reads_of_what_each_expert_would_have_evicted() -> None:
+    """Each call asks for one block: every expert names its victim (its plugin's DROP, fed the
+    same views); a later read of a named prompt is that expert's regret. LRU names ``H`` (the
+    oldest of the four shown) before each of its reads from the second on, S3-FIFO before three
+    of them, so S3-FIFO takes the lead once its regret is lower."""
+    accesses = stream(6)
+    policy = AdaptiveRegretPlacementPolicy(experts=("lru", "s3fifo"), half_life_tokens=math.inf,
+                                           switch_margin=0.0, min_lead_tokens=0.0)  # fmt: skip
+    plugins = {"lru": LRUPlacementPolicy(), "s3fifo": S3FifoPlacementPolicy()}
+    named: dict[str, set[str]] = {"lru": set(), "s3fifo": set()}
+    regret = {"lru": 0.0, "s3fifo": 0.0}
+    leaders = []
+    for t in range(3, len(accesses)):
+        views = engine_views(accesses, t)
+        for key in accesses[: t + 1] if t == 3 else [accesses[t]]:
+            for name in named:
+                if key in named[name]:
+                    named[name].discard(key)
+                    regret[name] += HOT_TOKENS if key == "H" else COLD_TOKENS
+        decision = policy.decide(views, float(t), 0, 0, 1, 4)
+        assert policy.regrets == regret
+        by_plugin = {name: p.decide(views, float(t), 0, 0, 1, 4) for name, p in plugins.items()}
+        for name, d in by_plugin.items():
+            named[name] |= {v.key for v in views if v.node_id in d.actions}
+        assert decision == by_plugin[policy.leader]
+        leaders.append(policy.leader)
+    assert regret == {"lru": 5 * HOT_TOKENS, "s3fifo": 3 * HOT_TOKENS}
+    assert policy.switches == [(8, "lru", "s3fifo")]  # H's third read, t = 10
+    assert leaders == ["lru"] * 7 + ["s3fifo"] * (len(accesses) - 10)

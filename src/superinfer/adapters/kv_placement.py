@@ -1,8 +1,8 @@
 """Prefix-cache placement plugins behind ``superinfer_kv_placement``: the reuse predictor with the
 placement planner (``reuse``), and LRU / LFU / ARC / S3-FIFO through the same planner (``lru``,
 ``lfu``, ``arc``, ``s3fifo``), the adaptive predictor that follows the best of LRU, ARC and
-S3-FIFO (``adaptive``), and priority-aware LRU (``priority``: SGLang's
-``--radix-eviction-policy priority`` for any engine).
+S3-FIFO (``adaptive``; ``adaptive-regret`` judges them by regret), and priority-aware LRU
+(``priority``: SGLang's ``--radix-eviction-policy priority`` for any engine).
 
 They are registered in the entry-point group ``superinfer.kv_policies`` and enabled with
 ``build_plugin_manager(policy, kv_policy="reuse")``. Each plugin is its pure policy of
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from superinfer.adapters.hookspecs import hookimpl
 from superinfer.policy_core.kv_placement import (
-    AdaptivePlacementPolicy,
     ArcPlacementPolicy,
     LFUPlacementPolicy,
     LRUPlacementPolicy,
@@ -22,12 +21,17 @@ from superinfer.policy_core.kv_placement import (
     ReusePlacementPolicy,
     S3FifoPlacementPolicy,
 )
+from superinfer.policy_core.kv_placement_adaptive import (
+    AdaptivePlacementPolicy,
+    AdaptiveRegretPlacementPolicy,
+)
 from superinfer.policy_core.kv_priority import PriorityPlacementPolicy
 from superinfer.policy_core.types import PlacementDecision, PrefixNodeView, RequestView
 
 __all__ = [
     "KV_POLICIES",
     "AdaptivePlacement",
+    "AdaptiveRegretPlacement",
     "ArcPlacement",
     "LFUPlacement",
     "LRUPlacement",
@@ -85,8 +89,15 @@ class S3FifoPlacement(_PlacementHook, S3FifoPlacementPolicy):
 
 class AdaptivePlacement(_PlacementHook, AdaptivePlacementPolicy):
     """The ``adaptive`` plugin:
-    :class:`~superinfer.policy_core.kv_placement.AdaptivePlacementPolicy` (issue 22's adaptive
-    reuse predictor: the order of whichever of LRU, S3-FIFO and ARC would have hit most)."""
+    :class:`~superinfer.policy_core.kv_placement_adaptive.AdaptivePlacementPolicy` (issue 22's
+    adaptive reuse predictor: the order of whichever of LRU, S3-FIFO and ARC would have hit
+    most)."""
+
+
+class AdaptiveRegretPlacement(_PlacementHook, AdaptiveRegretPlacementPolicy):
+    """The ``adaptive-regret`` plugin:
+    :class:`~superinfer.policy_core.kv_placement_adaptive.AdaptiveRegretPlacementPolicy` (the
+    adaptive predictor judging its experts by their regret on the engine's own cache)."""
 
 
 class PriorityPlacement(_PlacementHook, PriorityPlacementPolicy):
@@ -110,6 +121,7 @@ KV_POLICIES: dict[str, type[PlacementPolicy]] = {
         ArcPlacement,
         S3FifoPlacement,
         AdaptivePlacement,
+        AdaptiveRegretPlacement,
         PriorityPlacement,
     )
 }

@@ -1,7 +1,7 @@
-"""Prefix-cache placement policies: LRU, LFU, ARC, S3-FIFO, the learned reuse predictor and the
-adaptive one (which follows whichever of LRU, ARC and S3-FIFO would have hit most lately), each
-scoring the engine's cached prefix nodes and letting :class:`PlacementPlanner` decide what to
-drop, offload to the CPU tier, pin and prefetch (DESIGN §6).
+"""Prefix-cache placement policies: LRU, LFU, ARC, S3-FIFO and the learned reuse predictor (the
+adaptive one is :mod:`superinfer.policy_core.kv_placement_adaptive`), each scoring the engine's
+cached prefix nodes and letting :class:`PlacementPlanner` decide what to drop, offload to the CPU
+tier, pin and prefetch (DESIGN §6).
 
 Each keeps the access history of the nodes it is shown, by content (:attr:`PrefixNodeView.key`;
 a bounded ghost table, so a node's history survives its eviction and reaches the copy the engine
@@ -12,14 +12,13 @@ inserts again). Pure: stdlib and numpy only; the pluggy plugins that answer
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
-from superinfer.policy_core.kv_baselines import ArcCache, LruCache, S3FifoCache
+from superinfer.policy_core.kv_baselines import ArcCache, S3FifoCache
 from superinfer.policy_core.kv_placement_plan import PlacementPlanner, ScoreFn, parent_index
 from superinfer.policy_core.reuse import (
     NodeColumns,
@@ -36,7 +35,6 @@ from superinfer.policy_core.types import (
 
 __all__ = [
     "PLACEMENT_POLICIES",
-    "AdaptivePlacementPolicy",
     "ArcPlacementPolicy",
     "S3FifoPlacementPolicy",
     "LFUPlacementPolicy",
@@ -47,7 +45,6 @@ __all__ = [
 
 FloatArray = NDArray[np.float64]
 _MAX_CLASSES = 4
-_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -349,164 +346,6 @@ class S3FifoPlacementPolicy(_OrderPlacementPolicy):
         return S3FifoCache(capacity)
 
 
-#: The shadow caches :class:`AdaptivePlacementPolicy` may run, and the placement policies that
-#: order the engine's nodes while each leads, by expert name.
-_SHADOWS: dict[str, type[Any]] = {"lru": LruCache, "arc": ArcCache, "s3fifo": S3FifoCache}
-_ORDERS: dict[str, type[PlacementPolicy]] = {
-    "lru": LRUPlacementPolicy,
-    "arc": ArcPlacementPolicy,
-    "s3fifo": S3FifoPlacementPolicy,
-}
-
-
-@dataclass
-class AdaptivePlacementPolicy(PlacementPolicy):
-    """Issue 22's adaptive reuse predictor in the placement hook: the engine's nodes leave in
-    the order of whichever simple policy would have served the most prompt tokens lately.
-
-    The offline form (:class:`~superinfer.policy_core.reuse_adaptive.AdaptiveCache`) sees whole
-    requests over a known block forest; this one sees only what the hook shows, the engine's
-    cached nodes at each eviction. It keeps one shadow cache per expert (keys only, no KV) over
-    the nodes' chunks (:attr:`PrefixNodeView.chunk_keys`, content keys of fixed-size pieces that
-    an engine's split of a node does not change; a node without them is one chunk keyed
-    :attr:`PrefixNodeView.key`), each shadow as many chunks as the engine has shown at once, so
-    that a prefix the engine evicted and inserted again, or split, is a hit in a shadow that
-    kept it. At each call the nodes accessed since the last one (last access newer than last
-    seen; oldest first, deeper first on ties) are fed to every shadow, each node's chunks last
-    first (so that a parent is more recent than its child, as offline); each access of a chunk
-    adds its tokens (the node's tokens over its chunks) to the score of every shadow that held
-    it (the tokens that policy would have served from its cache), and all scores halve every
-    ``half_life_tokens`` tokens accessed. The shadows never hear of the engine's evictions: each
-    is its own policy's whole cache.
-
-    The shadows only choose the leader. The nodes are ordered by the leader's own placement
-    policy (:class:`LRUPlacementPolicy`, :class:`ArcPlacementPolicy`,
-    :class:`S3FifoPlacementPolicy`), one of each kept in step with the engine on every call
-    (fed the same accesses and the engine's evictions, as the ``lru``, ``arc`` and ``s3fifo``
-    plugins are), so that with one leader throughout the decisions are that plugin's exactly;
-    a shadow, which never hears of the engine's evictions, holds other content than the
-    engine. The first expert leads at the start (cold start: LRU's order exactly); another
-    takes the lead when its score exceeds the leader's by
-    ``switch_margin`` of the decayed tokens accessed (a lead in token hit rate) and by
-    ``min_lead_tokens``, so near-tied experts are not chased. Never pins. Work per call:
-    O(accessed chunks x experts) for the shadows and each expert plugin's own work.
-
-    Attributes:
-        experts: shadow policies, among ``lru``, ``arc``, ``s3fifo``; the first is the cold start.
-        half_life_tokens: half-life of the scores, in tokens accessed.
-        switch_margin: lead in decayed token hit rate needed to take the lead.
-        min_lead_tokens: lead in decayed hit tokens needed to take the lead.
-        leader: the expert followed now.
-        scores: decayed hit tokens of each shadow; ``accessed``: decayed tokens accessed.
-        switches: (call number, old leader, new leader) of each change of leader.
-
-    Raises:
-        ValueError: an unknown or repeated expert, or a value out of range.
-    """
-
-    name: ClassVar[str] = "adaptive"
-
-    experts: tuple[str, ...] = ("lru", "s3fifo", "arc")
-    half_life_tokens: float = 65_536.0
-    switch_margin: float = 0.005
-    min_lead_tokens: float = 256.0
-    leader: str = field(default="", init=False)
-    scores: dict[str, float] = field(default_factory=dict, init=False)
-    accessed: float = field(default=0.0, init=False)
-    switches: list[tuple[int, str, str]] = field(default_factory=list, init=False)
-    _shadows: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
-    _orders: dict[str, PlacementPolicy] = field(default_factory=dict, init=False, repr=False)
-    _seen: dict[str, float] = field(default_factory=dict, init=False, repr=False)
-    _chunks: dict[str, tuple[tuple[str, ...], float]] = field(
-        default_factory=dict, init=False, repr=False
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if (
-            not self.experts
-            or len(set(self.experts)) < len(self.experts)
-            or any(e not in _SHADOWS for e in self.experts)
-        ):
-            raise ValueError(f"experts must be distinct names among {sorted(_SHADOWS)}, "
-                             f"got {self.experts}")  # fmt: skip
-        if not self.half_life_tokens > 0:
-            raise ValueError(f"half_life_tokens must be > 0, got {self.half_life_tokens}")
-        if min(self.switch_margin, self.min_lead_tokens) < 0:
-            raise ValueError("switch_margin and min_lead_tokens must be >= 0")
-        self.leader = self.experts[0]
-        self.scores = dict.fromkeys(self.experts, 0.0)
-        self._orders = {e: _ORDERS[e]() for e in self.experts}
-
-    def decide(
-        self,
-        nodes: tuple[PrefixNodeView, ...],
-        now_s: float,
-        free_hbm_blocks: int,
-        free_cpu_blocks: int,
-        needed_hbm_blocks: int,
-        total_hbm_blocks: int,
-    ) -> PlacementDecision:
-        """:meth:`PlacementPolicy.decide`, after noting each node's chunks and their tokens."""
-        self._chunks = {}
-        for nd in nodes:
-            chunks = nd.chunk_keys or (nd.key,)
-            self._chunks[nd.key] = chunks, nd.num_tokens / len(chunks)
-        return super().decide(
-            nodes, now_s, free_hbm_blocks, free_cpu_blocks, needed_hbm_blocks, total_hbm_blocks
-        )
-
-    def metrics(self) -> dict[str, Any]:
-        out = super().metrics()
-        out.update(leader=self.leader, switches=len(self.switches), scores=dict(self.scores),
-                   accessed_tokens=self.accessed)  # fmt: skip
-        return out
-
-    def _scores(
-        self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
-    ) -> tuple[FloatArray | ScoreFn, FloatArray | ScoreFn | None, bool]:
-        n = len(keys)
-        shown = max(sum(len(c) for c, _ in self._chunks.values()), 1)
-        if not self._shadows:
-            self._shadows = {e: _SHADOWS[e](shown) for e in self.experts}
-        for shadow in self._shadows.values():
-            shadow.capacity = max(shown, shadow.capacity)
-        last = now_s - cols.age_s
-        fresh = [i for i in range(n) if self._seen.get(keys[i], -np.inf) < last[i]]
-        fresh.sort(key=lambda i: (last[i], -cols.depth[i]))
-        hits = dict.fromkeys(self.experts, 0.0)
-        total = 0.0
-        for i in fresh:
-            self._seen[keys[i]] = float(last[i])
-            chunks, tokens = self._chunks[keys[i]]
-            for chunk in reversed(chunks):
-                total += tokens
-                for name, shadow in self._shadows.items():
-                    if chunk in shadow:
-                        hits[name] += tokens
-                    shadow.access(chunk)
-        self._update_leader(hits, total)
-        orders = {e: p._scores(keys, cols, now_s, has_cpu_tier) for e, p in self._orders.items()}
-        score = orders[self.leader][0]
-        if len(self._seen) > 4 * n:  # forget nodes accessed long ago
-            self._seen = {k: t for k, t in self._seen.items() if k in self._chunks}
-        return score, None, False
-
-    def _update_leader(self, hits: dict[str, float], total: float) -> None:
-        decay = 0.5 ** (total / self.half_life_tokens)
-        for name in self.experts:
-            self.scores[name] = self.scores[name] * decay + hits[name]
-        self.accessed = self.accessed * decay + total
-        best = max(self.experts, key=lambda e: self.scores[e])  # first expert wins a tie
-        lead = self.scores[best] - self.scores[self.leader]
-        if lead > self.switch_margin * self.accessed and lead > self.min_lead_tokens:
-            self.switches.append((self.num_calls, self.leader, best))
-            _log.warning("adaptive placement: %s leads %s at call %d (%.0f vs %.0f of %.0f "
-                         "decayed tokens)", best, self.leader, self.num_calls, self.scores[best],
-                         self.scores[self.leader], self.accessed)  # fmt: skip
-            self.leader = best
-
-
 #: Placement policies by name (the names of their plugins' entry points).
 PLACEMENT_POLICIES: dict[str, type[PlacementPolicy]] = {
     cls.name: cls
@@ -516,6 +355,5 @@ PLACEMENT_POLICIES: dict[str, type[PlacementPolicy]] = {
         ReusePlacementPolicy,
         ArcPlacementPolicy,
         S3FifoPlacementPolicy,
-        AdaptivePlacementPolicy,
     )
 }

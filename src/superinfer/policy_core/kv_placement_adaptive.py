@@ -1,0 +1,316 @@
+"""The adaptive reuse predictor as a prefix-cache placement policy (issue 22): it follows
+whichever of LRU, S3-FIFO and ARC is doing best on the engine's traffic, judged either by shadow
+caches (:class:`AdaptivePlacementPolicy`, plugin ``adaptive``) or by each expert's regret on the
+engine's own cache (:class:`AdaptiveRegretPlacementPolicy`, plugin ``adaptive-regret``).
+
+Both order the engine's nodes with the leading expert's own placement policy of
+:mod:`superinfer.policy_core.kv_placement`, kept in step with the engine. Pure: stdlib and numpy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from superinfer.policy_core.kv_baselines import ArcCache, LruCache, S3FifoCache
+from superinfer.policy_core.kv_placement import (
+    ArcPlacementPolicy,
+    LRUPlacementPolicy,
+    PlacementPolicy,
+    S3FifoPlacementPolicy,
+)
+from superinfer.policy_core.kv_placement_plan import ScoreFn
+from superinfer.policy_core.reuse import NodeColumns
+from superinfer.policy_core.types import KVLocation, PlacementDecision, PrefixNodeView
+
+__all__ = ["ADAPTIVE_POLICIES", "AdaptivePlacementPolicy", "AdaptiveRegretPlacementPolicy"]
+
+FloatArray = NDArray[np.float64]
+_log = logging.getLogger(__name__)
+
+#: The shadow caches :class:`AdaptivePlacementPolicy` may run, and the placement policies that
+#: order the engine's nodes while each leads, by expert name.
+_SHADOWS: dict[str, type[Any]] = {"lru": LruCache, "arc": ArcCache, "s3fifo": S3FifoCache}
+_ORDERS: dict[str, type[PlacementPolicy]] = {
+    "lru": LRUPlacementPolicy,
+    "arc": ArcPlacementPolicy,
+    "s3fifo": S3FifoPlacementPolicy,
+}
+
+
+@dataclass
+class AdaptivePlacementPolicy(PlacementPolicy):
+    """Issue 22's adaptive reuse predictor in the placement hook: the engine's nodes leave in
+    the order of whichever simple policy would have served the most prompt tokens lately.
+
+    The offline form (:class:`~superinfer.policy_core.reuse_adaptive.AdaptiveCache`) sees whole
+    requests over a known block forest; this one sees only what the hook shows, the engine's
+    cached nodes at each eviction. It keeps one shadow cache per expert (keys only, no KV) over
+    the nodes' chunks (:attr:`PrefixNodeView.chunk_keys`, content keys of fixed-size pieces that
+    an engine's split of a node does not change; a node without them is one chunk keyed
+    :attr:`PrefixNodeView.key`), each shadow as many chunks as the engine has shown at once, so
+    that a prefix the engine evicted and inserted again, or split, is a hit in a shadow that
+    kept it. At each call the nodes accessed since the last one (last access newer than last
+    seen; oldest first, deeper first on ties) are fed to every shadow, each node's chunks last
+    first (so that a parent is more recent than its child, as offline); each access of a chunk
+    adds its tokens (the node's tokens over its chunks) to the score of every shadow that held
+    it (the tokens that policy would have served from its cache), and all scores halve every
+    ``half_life_tokens`` tokens accessed. The shadows never hear of the engine's evictions: each
+    is its own policy's whole cache.
+
+    The shadows only choose the leader. The nodes are ordered by the leader's own placement
+    policy (:class:`LRUPlacementPolicy`, :class:`ArcPlacementPolicy`,
+    :class:`S3FifoPlacementPolicy`), one of each kept in step with the engine on every call
+    (fed the same accesses and the engine's evictions, as the ``lru``, ``arc`` and ``s3fifo``
+    plugins are), so that with one leader throughout the decisions are that plugin's exactly;
+    a shadow, which never hears of the engine's evictions, holds other content than the
+    engine. The first expert leads at the start (cold start: LRU's order exactly); another
+    takes the lead when its score exceeds the leader's by
+    ``switch_margin`` of the decayed tokens accessed (a lead in token hit rate) and by
+    ``min_lead_tokens``, so near-tied experts are not chased. Never pins. Work per call:
+    O(accessed chunks x experts) for the shadows and each expert plugin's own work.
+
+    Attributes:
+        experts: shadow policies, among ``lru``, ``arc``, ``s3fifo``; the first is the cold start.
+        half_life_tokens: half-life of the scores, in tokens accessed.
+        switch_margin: lead in decayed token hit rate needed to take the lead.
+        min_lead_tokens: lead in decayed hit tokens needed to take the lead.
+        leader: the expert followed now.
+        scores: decayed hit tokens of each shadow; ``accessed``: decayed tokens accessed.
+        switches: (call number, old leader, new leader) of each change of leader.
+
+    Raises:
+        ValueError: an unknown or repeated expert, or a value out of range.
+    """
+
+    name: ClassVar[str] = "adaptive"
+
+    experts: tuple[str, ...] = ("lru", "s3fifo", "arc")
+    half_life_tokens: float = 65_536.0
+    switch_margin: float = 0.005
+    min_lead_tokens: float = 256.0
+    leader: str = field(default="", init=False)
+    scores: dict[str, float] = field(default_factory=dict, init=False)
+    accessed: float = field(default=0.0, init=False)
+    switches: list[tuple[int, str, str]] = field(default_factory=list, init=False)
+    _shadows: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    _orders: dict[str, PlacementPolicy] = field(default_factory=dict, init=False, repr=False)
+    _seen: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    _chunks: dict[str, tuple[tuple[str, ...], float]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (
+            not self.experts
+            or len(set(self.experts)) < len(self.experts)
+            or any(e not in _SHADOWS for e in self.experts)
+        ):
+            raise ValueError(f"experts must be distinct names among {sorted(_SHADOWS)}, "
+                             f"got {self.experts}")  # fmt: skip
+        if not self.half_life_tokens > 0:
+            raise ValueError(f"half_life_tokens must be > 0, got {self.half_life_tokens}")
+        if min(self.switch_margin, self.min_lead_tokens) < 0:
+            raise ValueError("switch_margin and min_lead_tokens must be >= 0")
+        self.leader = self.experts[0]
+        self.scores = dict.fromkeys(self.experts, 0.0)
+        self._orders = {e: _ORDERS[e]() for e in self.experts}
+
+    def decide(
+        self,
+        nodes: tuple[PrefixNodeView, ...],
+        now_s: float,
+        free_hbm_blocks: int,
+        free_cpu_blocks: int,
+        needed_hbm_blocks: int,
+        total_hbm_blocks: int,
+    ) -> PlacementDecision:
+        """:meth:`PlacementPolicy.decide`, after noting each node's chunks and their tokens."""
+        self._chunks = {}
+        for nd in nodes:
+            chunks = nd.chunk_keys or (nd.key,)
+            self._chunks[nd.key] = chunks, nd.num_tokens / len(chunks)
+        return super().decide(
+            nodes, now_s, free_hbm_blocks, free_cpu_blocks, needed_hbm_blocks, total_hbm_blocks
+        )
+
+    def metrics(self) -> dict[str, Any]:
+        out = super().metrics()
+        out.update(leader=self.leader, switches=len(self.switches), scores=dict(self.scores),
+                   accessed_tokens=self.accessed)  # fmt: skip
+        return out
+
+    def _scores(
+        self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
+    ) -> tuple[FloatArray | ScoreFn, FloatArray | ScoreFn | None, bool]:
+        n = len(keys)
+        shown = max(sum(len(c) for c, _ in self._chunks.values()), 1)
+        if not self._shadows:
+            self._shadows = {e: _SHADOWS[e](shown) for e in self.experts}
+        for shadow in self._shadows.values():
+            shadow.capacity = max(shown, shadow.capacity)
+        last = now_s - cols.age_s
+        fresh = [i for i in range(n) if self._seen.get(keys[i], -np.inf) < last[i]]
+        fresh.sort(key=lambda i: (last[i], -cols.depth[i]))
+        hits = dict.fromkeys(self.experts, 0.0)
+        total = 0.0
+        for i in fresh:
+            self._seen[keys[i]] = float(last[i])
+            chunks, tokens = self._chunks[keys[i]]
+            for chunk in reversed(chunks):
+                total += tokens
+                for name, shadow in self._shadows.items():
+                    if chunk in shadow:
+                        hits[name] += tokens
+                    shadow.access(chunk)
+        self._update_leader(hits, total)
+        orders = {e: p._scores(keys, cols, now_s, has_cpu_tier) for e, p in self._orders.items()}
+        score = orders[self.leader][0]
+        if len(self._seen) > 4 * n:  # forget nodes accessed long ago
+            self._seen = {k: t for k, t in self._seen.items() if k in self._chunks}
+        return score, None, False
+
+    def _update_leader(self, hits: dict[str, float], total: float) -> None:
+        decay = 0.5 ** (total / self.half_life_tokens)
+        for name in self.experts:
+            self.scores[name] = self.scores[name] * decay + hits[name]
+        self.accessed = self.accessed * decay + total
+        best = max(self.experts, key=lambda e: self.scores[e])  # first expert wins a tie
+        lead = self.scores[best] - self.scores[self.leader]
+        if lead > self.switch_margin * self.accessed and lead > self.min_lead_tokens:
+            self.switches.append((self.num_calls, self.leader, best))
+            _log.warning("adaptive placement: %s leads %s at call %d (%.0f vs %.0f of %.0f "
+                         "decayed tokens)", best, self.leader, self.num_calls, self.scores[best],
+                         self.scores[self.leader], self.accessed)  # fmt: skip
+            self.leader = best
+
+
+@dataclass
+class AdaptiveRegretPlacementPolicy(AdaptivePlacementPolicy):
+    """The adaptive predictor scored by regret on the engine's own cache instead of by shadow
+    caches (LeCaR, Vietri et al., HotStorage 2018; CACHEUS, Rodriguez et al., FAST 2021).
+
+    Every expert's placement policy is kept in step with the engine as in
+    :class:`AdaptivePlacementPolicy`, and at each eviction every expert names the victims it
+    would take: its lowest-scored leaves (not in use, in HBM) until ``needed_hbm_blocks`` are
+    covered. Their chunks enter that expert's ghost list (FIFO, as many chunks as the engine
+    shows). A later access to a chunk in an expert's ghost list is a hit that expert would have
+    lost: it adds the chunk's tokens to the expert's regret (and leaves the list). So the
+    experts are compared on the engine's real content and at its real size, where shadow
+    caches (which hold other content than the engine, and cannot hold what the engine holds
+    for running requests) measured differences of under a point between LRU and S3-FIFO on the
+    real SGLang server, whose own hit rates differed by 6. The leader is the expert with the
+    least decayed regret; another takes the lead when its regret is lower by ``switch_margin``
+    of the decayed tokens accessed and by ``min_lead_tokens``. Only one step is
+    counterfactual: after an expert's victims would have left, what it would have done next is
+    not simulated.
+
+    Attributes:
+        regrets: decayed tokens each expert would have lost.
+    """
+
+    name: ClassVar[str] = "adaptive-regret"
+
+    regrets: dict[str, float] = field(default_factory=dict, init=False)
+    _ghosts: dict[str, OrderedDict[str, None]] = field(default_factory=dict, init=False,
+                                                       repr=False)  # fmt: skip
+    _nodes: tuple[PrefixNodeView, ...] = field(default=(), init=False, repr=False)
+    _needed: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.regrets = dict.fromkeys(self.experts, 0.0)
+        self._ghosts = {e: OrderedDict() for e in self.experts}
+
+    def decide(
+        self,
+        nodes: tuple[PrefixNodeView, ...],
+        now_s: float,
+        free_hbm_blocks: int,
+        free_cpu_blocks: int,
+        needed_hbm_blocks: int,
+        total_hbm_blocks: int,
+    ) -> PlacementDecision:
+        """:meth:`AdaptivePlacementPolicy.decide`, after noting the nodes and the blocks to free."""
+        self._nodes, self._needed = nodes, needed_hbm_blocks
+        return super().decide(
+            nodes, now_s, free_hbm_blocks, free_cpu_blocks, needed_hbm_blocks, total_hbm_blocks
+        )
+
+    def metrics(self) -> dict[str, Any]:
+        out = super().metrics()
+        out["regrets"] = dict(self.regrets)
+        return out
+
+    def _scores(
+        self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
+    ) -> tuple[FloatArray | ScoreFn, FloatArray | ScoreFn | None, bool]:
+        n = len(keys)
+        last = now_s - cols.age_s
+        fresh = [i for i in range(n) if self._seen.get(keys[i], -np.inf) < last[i]]
+        lost = dict.fromkeys(self.experts, 0.0)
+        total = 0.0
+        for i in fresh:
+            self._seen[keys[i]] = float(last[i])
+            chunks, tokens = self._chunks[keys[i]]
+            total += tokens * len(chunks)
+            for chunk in chunks:
+                for name, ghost in self._ghosts.items():
+                    if ghost.pop(chunk, 0) is None:
+                        lost[name] += tokens
+        self._update_regret(lost, total)
+        orders = {e: p._scores(keys, cols, now_s, has_cpu_tier) for e, p in self._orders.items()}
+        if self._needed > 0:
+            capacity = max(sum(len(c) for c, _ in self._chunks.values()), 1)
+            for name, (score, _, _) in orders.items():
+                ghost = self._ghosts[name]
+                for i in self._victims(np.asarray(score, dtype=np.float64)):
+                    for chunk in self._chunks[keys[i]][0]:
+                        ghost[chunk] = None
+                        ghost.move_to_end(chunk)
+                while len(ghost) > capacity:
+                    ghost.popitem(last=False)
+        if len(self._seen) > 4 * n:  # forget nodes no longer shown
+            self._seen = {k: t for k, t in self._seen.items() if k in self._chunks}
+        return orders[self.leader][0], None, False
+
+    def _victims(self, score: FloatArray) -> list[int]:
+        """The nodes an expert with ``score`` would evict now: its lowest-scored leaves that are
+        in HBM and not in use, until ``needed_hbm_blocks`` are covered (a one-pass planner)."""
+        parents = {nd.parent_id for nd in self._nodes}
+        out, freed = [], 0
+        for i in np.argsort(score, kind="stable").tolist():
+            nd = self._nodes[i]
+            if nd.node_id in parents or nd.in_use or nd.location is not KVLocation.HBM:
+                continue
+            out.append(i)
+            freed += max(nd.num_blocks, 1)
+            if freed >= self._needed:
+                break
+        return out
+
+    def _update_regret(self, lost: dict[str, float], total: float) -> None:
+        decay = 0.5 ** (total / self.half_life_tokens)
+        for name in self.experts:
+            self.regrets[name] = self.regrets[name] * decay + lost[name]
+        self.accessed = self.accessed * decay + total
+        best = min(self.experts, key=lambda e: self.regrets[e])  # first expert wins a tie
+        lead = self.regrets[self.leader] - self.regrets[best]
+        if lead > self.switch_margin * self.accessed and lead > self.min_lead_tokens:
+            self.switches.append((self.num_calls, self.leader, best))
+            _log.warning("adaptive-regret placement: %s leads %s at call %d (regret %.0f vs "
+                         "%.0f of %.0f decayed tokens)", best, self.leader, self.num_calls,
+                         self.regrets[best], self.regrets[self.leader], self.accessed)  # fmt: skip
+            self.leader = best
+
+
+#: The adaptive placement policies by name (the names of their plugins' entry points).
+ADAPTIVE_POLICIES: dict[str, type[PlacementPolicy]] = {
+    cls.name: cls for cls in (AdaptivePlacementPolicy, AdaptiveRegretPlacementPolicy)
+}
