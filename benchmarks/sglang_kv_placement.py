@@ -18,9 +18,10 @@ and the learned reuse predictor, ``policy_core.kv_placement``). Runs alternate t
 
 First, the same block stream is replayed offline through ``cache-eval``'s block caches
 (``replay_blocks``: ``lru``, ``arc``, ``s3fifo``, ``learned``, the reuse predictor's model, and
-``adaptive``) at ``--max-total-tokens / --block-tokens`` blocks, a prediction of each order's
-prefix hit rate written to ``OUT/offline.csv`` (``policy, capacity_blocks, prefix_hit_rate``)
-before any server runs (``--offline-only`` stops there).
+``adaptive``) at ``--max-total-tokens / --block-tokens`` blocks (or at each of
+``--offline-capacities``), a prediction of each order's prefix hit rate written to
+``OUT/offline.csv`` (``policy, capacity_blocks, prefix_hit_rate``) before any server runs
+(``--offline-only`` stops there).
 
 Writes ``OUT/runs.csv`` (one row per run: ``kv_policy, repeat, n_requests, n_finished,
 n_failed, prompt_tokens, prompt_tokens_cached, prefix_hit_rate, ttft_mean_ms, ttft_p50_ms,
@@ -108,6 +109,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--offline-only", action="store_true")
+    parser.add_argument("--offline-capacities", default=None,
+                        help="comma-separated capacities in blocks for offline.csv [default: "
+                        "--max-total-tokens / --block-tokens]")  # fmt: skip
     args = parser.parse_args()
     if args.trace not in GENERATED_TRACES:
         parser.error(f"--trace: one of {', '.join(GENERATED_TRACES)}")
@@ -118,7 +122,9 @@ def main() -> int:
     print(f"{len(workload.requests)} requests, {workload.details['left_out']} left out "
           f"(prompt > {args.max_prompt_tokens})", flush=True)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    offline = pd.DataFrame(offline_rates(workload, args.max_total_tokens // args.block_tokens))
+    capacities = ([int(c) for c in args.offline_capacities.split(",")] if args.offline_capacities
+                  else [args.max_total_tokens // args.block_tokens])  # fmt: skip
+    offline = pd.DataFrame([row for c in capacities for row in offline_rates(workload, c)])
     offline.to_csv(args.out / "offline.csv", index=False, float_format="%.6g")
     print(offline.to_string(index=False), flush=True)
     if args.offline_only:

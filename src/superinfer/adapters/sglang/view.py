@@ -448,8 +448,7 @@ def _tree_nodes(root: Any) -> Iterable[Any]:
 #: tokens collide with probability under n / 2^61); the base is any integer in (2^20, 2^61).
 _PATH_MOD = (1 << 61) - 1
 _PATH_BASE = 1_000_003
-#: Tokens per chunk of :attr:`PrefixNodeView.chunk_keys` (at least the page size): the generated
-#: traces' block size on this CPU (benchmarks/sglang_kv_placement.py); a GPU page is 16-64.
+#: Tokens per chunk of :attr:`PrefixNodeView.chunk_keys` (at least the page size; GPU pages: 16-64)
 CHUNK_TOKENS = 16
 
 
