@@ -1,5 +1,5 @@
-"""The prefix-cache placement plugin on the real SGLang server: its own LRU order vs the reuse
-predictor, on a generated trace whose prefix sharing reaches the server's radix cache.
+"""The prefix-cache placement plugins on the real SGLang server, each policy's order against the
+others, on a generated trace whose prefix sharing reaches the server's radix cache.
 
 A ``gen-*`` block trace (``harness.offline.cache_workloads``; default ``gen-multi-turn``: users'
 sessions of several turns, each turn's prompt the session's history, think times between turns)
@@ -133,7 +133,6 @@ def main() -> int:
                    f"--context-length {args.context_length}")  # fmt: skip
     if args.model_path:
         sglang_args += f" --model-path {args.model_path}"
-    args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for repeat in range(args.repeats):
         for kv_policy in args.kv_policies.split(","):

@@ -41,6 +41,7 @@ __all__ = [
     "LRUPlacementPolicy",
     "PlacementPolicy",
     "ReusePlacementPolicy",
+    "accessed_since",
 ]
 
 FloatArray = NDArray[np.float64]
@@ -128,6 +129,7 @@ class PlacementPolicy:
         )
         has_cpu_tier = free_cpu_blocks > 0 or not bool(in_hbm.all())
         keys = np.asarray(history_keys, dtype=object)
+        self._see(nodes, needed_hbm_blocks)
         score, cpu_score, calibrated = self._scores(keys, cols, now_s, has_cpu_tier)
         plan = self.planner.plan_arrays(
             score=score,
@@ -169,6 +171,11 @@ class PlacementPolicy:
         raise NotImplementedError
 
     def _observe(self, hbm_ages_s: FloatArray, dropped_ages_s: FloatArray) -> None:
+        return None
+
+    def _see(self, nodes: tuple[PrefixNodeView, ...], needed_hbm_blocks: int) -> None:
+        """The nodes (in ``_scores``' order) and the blocks to free, before scoring; a policy
+        that needs more of the views than the history's columns keeps them here."""
         return None
 
     def _class_mask(self, nodes: tuple[PrefixNodeView, ...]) -> FloatArray | None:
@@ -287,6 +294,17 @@ class ReusePlacementPolicy(PlacementPolicy):
             self.cpu_model.observe_evictions(dropped_ages_s)
 
 
+def accessed_since(
+    seen: dict[str, float], keys: NDArray[Any], last: FloatArray, depth: FloatArray
+) -> list[int]:
+    """Indices of the nodes whose last access ``last`` (s) is newer than ``seen`` records for
+    their key, oldest first and deeper first on ties (so that a parent is more recent than its
+    child): the accesses an order-keeping policy has not been fed yet. ``seen`` is not changed."""
+    fresh = [i for i in range(len(keys)) if seen.get(keys[i], -np.inf) < last[i]]
+    fresh.sort(key=lambda i: (last[i], -depth[i]))
+    return fresh
+
+
 @dataclass
 class _OrderPlacementPolicy(PlacementPolicy):
     """A :mod:`~superinfer.policy_core.kv_baselines` algorithm kept over node ids: the nodes
@@ -314,9 +332,7 @@ class _OrderPlacementPolicy(PlacementPolicy):
         for key in [k for k in self._seen if k not in present]:
             self._algo.forget(key)
             del self._seen[key]
-        fresh = [i for i in range(n) if self._seen.get(keys[i], -np.inf) < last[i]]
-        fresh.sort(key=lambda i: (last[i], -cols.depth[i]))
-        for i in fresh:
+        for i in accessed_since(self._seen, keys, last, cols.depth):
             key = keys[i]
             self._seen[key] = float(last[i])
             for gone in self._algo.access(key):

@@ -23,10 +23,11 @@ from superinfer.policy_core.kv_placement import (
     LRUPlacementPolicy,
     PlacementPolicy,
     S3FifoPlacementPolicy,
+    accessed_since,
 )
 from superinfer.policy_core.kv_placement_plan import ScoreFn
 from superinfer.policy_core.reuse import NodeColumns
-from superinfer.policy_core.types import KVLocation, PlacementDecision, PrefixNodeView
+from superinfer.policy_core.types import KVLocation, PrefixNodeView
 
 __all__ = ["ADAPTIVE_POLICIES", "AdaptivePlacementPolicy", "AdaptiveRegretPlacementPolicy"]
 
@@ -104,6 +105,8 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     _chunks: dict[str, tuple[tuple[str, ...], float]] = field(
         default_factory=dict, init=False, repr=False
     )
+    _nodes: tuple[PrefixNodeView, ...] = field(default=(), init=False, repr=False)
+    _needed: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -122,23 +125,13 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         self.scores = dict.fromkeys(self.experts, 0.0)
         self._orders = {e: _ORDERS[e]() for e in self.experts}
 
-    def decide(
-        self,
-        nodes: tuple[PrefixNodeView, ...],
-        now_s: float,
-        free_hbm_blocks: int,
-        free_cpu_blocks: int,
-        needed_hbm_blocks: int,
-        total_hbm_blocks: int,
-    ) -> PlacementDecision:
-        """:meth:`PlacementPolicy.decide`, after noting each node's chunks and their tokens."""
+    def _see(self, nodes: tuple[PrefixNodeView, ...], needed_hbm_blocks: int) -> None:
+        """Note each node's chunks and their tokens, the nodes and the blocks to free."""
+        self._nodes, self._needed = nodes, needed_hbm_blocks
         self._chunks = {}
         for nd in nodes:
             chunks = nd.chunk_keys or (nd.key,)
             self._chunks[nd.key] = chunks, nd.num_tokens / len(chunks)
-        return super().decide(
-            nodes, now_s, free_hbm_blocks, free_cpu_blocks, needed_hbm_blocks, total_hbm_blocks
-        )
 
     def metrics(self) -> dict[str, Any]:
         out = super().metrics()
@@ -149,19 +142,30 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     def _scores(
         self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
     ) -> tuple[FloatArray | ScoreFn, FloatArray | ScoreFn | None, bool]:
-        n = len(keys)
-        shown = max(sum(len(c) for c, _ in self._chunks.values()), 1)
+        fresh = accessed_since(self._seen, keys, now_s - cols.age_s, cols.depth)
+        for i in fresh:
+            self._seen[keys[i]] = float(now_s - cols.age_s[i])
+        self._judge(keys, fresh)
+        orders = {e: p._scores(keys, cols, now_s, has_cpu_tier)[0] for e, p in self._orders.items()}
+        self._note_victims(keys, orders)
+        if len(self._seen) > 4 * len(keys):  # forget nodes no longer shown
+            self._seen = {k: t for k, t in self._seen.items() if k in self._chunks}
+        return orders[self.leader], None, False
+
+    def _shown_chunks(self) -> int:
+        """Chunks of the nodes shown now (at least 1): the shadows' and ghost lists' size."""
+        return max(sum(len(c) for c, _ in self._chunks.values()), 1)
+
+    def _judge(self, keys: NDArray[Any], fresh: list[int]) -> None:
+        """Feed the accessed nodes' chunks to the shadows and update the leader by hit tokens."""
+        shown = self._shown_chunks()
         if not self._shadows:
             self._shadows = {e: _SHADOWS[e](shown) for e in self.experts}
         for shadow in self._shadows.values():
             shadow.capacity = max(shown, shadow.capacity)
-        last = now_s - cols.age_s
-        fresh = [i for i in range(n) if self._seen.get(keys[i], -np.inf) < last[i]]
-        fresh.sort(key=lambda i: (last[i], -cols.depth[i]))
         hits = dict.fromkeys(self.experts, 0.0)
         total = 0.0
         for i in fresh:
-            self._seen[keys[i]] = float(last[i])
             chunks, tokens = self._chunks[keys[i]]
             for chunk in reversed(chunks):
                 total += tokens
@@ -169,25 +173,30 @@ class AdaptivePlacementPolicy(PlacementPolicy):
                     if chunk in shadow:
                         hits[name] += tokens
                     shadow.access(chunk)
-        self._update_leader(hits, total)
-        orders = {e: p._scores(keys, cols, now_s, has_cpu_tier) for e, p in self._orders.items()}
-        score = orders[self.leader][0]
-        if len(self._seen) > 4 * n:  # forget nodes accessed long ago
-            self._seen = {k: t for k, t in self._seen.items() if k in self._chunks}
-        return score, None, False
+        self._update_leader(self.scores, hits, total, lower_wins=False, what="")
 
-    def _update_leader(self, hits: dict[str, float], total: float) -> None:
+    def _note_victims(self, keys: NDArray[Any], orders: dict[str, Any]) -> None:
+        """After the experts' orders: nothing here (the regret variant notes their victims)."""
+        return None
+
+    def _update_leader(
+        self, table: dict[str, float], add: dict[str, float], total: float, *,
+        lower_wins: bool, what: str,
+    ) -> None:  # fmt: skip
+        """Decay ``table`` (scores or regrets) by ``total`` tokens read, add ``add``, and hand
+        the lead to the best expert if it leads by the margins; ``what`` labels the log line."""
         decay = 0.5 ** (total / self.half_life_tokens)
         for name in self.experts:
-            self.scores[name] = self.scores[name] * decay + hits[name]
+            table[name] = table[name] * decay + add[name]
         self.accessed = self.accessed * decay + total
-        best = max(self.experts, key=lambda e: self.scores[e])  # first expert wins a tie
-        lead = self.scores[best] - self.scores[self.leader]
+        sign = -1.0 if lower_wins else 1.0
+        best = max(self.experts, key=lambda e: sign * table[e])  # first expert wins a tie
+        lead = sign * (table[best] - table[self.leader])
         if lead > self.switch_margin * self.accessed and lead > self.min_lead_tokens:
             self.switches.append((self.num_calls, self.leader, best))
-            _log.warning("adaptive placement: %s leads %s at call %d (%.0f vs %.0f of %.0f "
-                         "decayed tokens)", best, self.leader, self.num_calls, self.scores[best],
-                         self.scores[self.leader], self.accessed)  # fmt: skip
+            _log.warning("%s placement: %s leads %s at call %d (%s%.0f vs %.0f of %.0f decayed "
+                         "tokens)", self.name, best, self.leader, self.num_calls, what,
+                         table[best], table[self.leader], self.accessed)  # fmt: skip
             self.leader = best
 
 
@@ -202,14 +211,13 @@ class AdaptiveRegretPlacementPolicy(AdaptivePlacementPolicy):
     covered. Their chunks enter that expert's ghost list (FIFO, as many chunks as the engine
     shows). A later access to a chunk in an expert's ghost list is a hit that expert would have
     lost: it adds the chunk's tokens to the expert's regret (and leaves the list). So the
-    experts are compared on the engine's real content and at its real size, where shadow
-    caches (which hold other content than the engine, and cannot hold what the engine holds
-    for running requests) measured differences of under a point between LRU and S3-FIFO on the
-    real SGLang server, whose own hit rates differed by 6. The leader is the expert with the
-    least decayed regret; another takes the lead when its regret is lower by ``switch_margin``
-    of the decayed tokens accessed and by ``min_lead_tokens``. Only one step is
-    counterfactual: after an expert's victims would have left, what it would have done next is
-    not simulated.
+    experts are compared on the engine's real content and at its real size, where shadow caches
+    (which hold other content than the engine) measured differences of under a point between LRU
+    and S3-FIFO on the real SGLang server, whose own hit rates differed by 6. The leader is the
+    expert with the least decayed regret; another takes the lead when its regret is lower by
+    ``switch_margin`` of the decayed tokens accessed and by ``min_lead_tokens``. Only one step
+    is counterfactual: after an expert's victims would have left, what it would have done next
+    is not simulated.
 
     Attributes:
         regrets: decayed tokens each expert would have lost.
@@ -220,65 +228,43 @@ class AdaptiveRegretPlacementPolicy(AdaptivePlacementPolicy):
     regrets: dict[str, float] = field(default_factory=dict, init=False)
     _ghosts: dict[str, OrderedDict[str, None]] = field(default_factory=dict, init=False,
                                                        repr=False)  # fmt: skip
-    _nodes: tuple[PrefixNodeView, ...] = field(default=(), init=False, repr=False)
-    _needed: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.regrets = dict.fromkeys(self.experts, 0.0)
         self._ghosts = {e: OrderedDict() for e in self.experts}
 
-    def decide(
-        self,
-        nodes: tuple[PrefixNodeView, ...],
-        now_s: float,
-        free_hbm_blocks: int,
-        free_cpu_blocks: int,
-        needed_hbm_blocks: int,
-        total_hbm_blocks: int,
-    ) -> PlacementDecision:
-        """:meth:`AdaptivePlacementPolicy.decide`, after noting the nodes and the blocks to free."""
-        self._nodes, self._needed = nodes, needed_hbm_blocks
-        return super().decide(
-            nodes, now_s, free_hbm_blocks, free_cpu_blocks, needed_hbm_blocks, total_hbm_blocks
-        )
-
     def metrics(self) -> dict[str, Any]:
         out = super().metrics()
         out["regrets"] = dict(self.regrets)
         return out
 
-    def _scores(
-        self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
-    ) -> tuple[FloatArray | ScoreFn, FloatArray | ScoreFn | None, bool]:
-        n = len(keys)
-        last = now_s - cols.age_s
-        fresh = [i for i in range(n) if self._seen.get(keys[i], -np.inf) < last[i]]
+    def _judge(self, keys: NDArray[Any], fresh: list[int]) -> None:
+        """Charge each expert the tokens of the accessed chunks it had named, update the leader."""
         lost = dict.fromkeys(self.experts, 0.0)
         total = 0.0
         for i in fresh:
-            self._seen[keys[i]] = float(last[i])
             chunks, tokens = self._chunks[keys[i]]
             total += tokens * len(chunks)
             for chunk in chunks:
                 for name, ghost in self._ghosts.items():
                     if ghost.pop(chunk, 0) is None:
                         lost[name] += tokens
-        self._update_regret(lost, total)
-        orders = {e: p._scores(keys, cols, now_s, has_cpu_tier) for e, p in self._orders.items()}
-        if self._needed > 0:
-            capacity = max(sum(len(c) for c, _ in self._chunks.values()), 1)
-            for name, (score, _, _) in orders.items():
-                ghost = self._ghosts[name]
-                for i in self._victims(np.asarray(score, dtype=np.float64)):
-                    for chunk in self._chunks[keys[i]][0]:
-                        ghost[chunk] = None
-                        ghost.move_to_end(chunk)
-                while len(ghost) > capacity:
-                    ghost.popitem(last=False)
-        if len(self._seen) > 4 * n:  # forget nodes no longer shown
-            self._seen = {k: t for k, t in self._seen.items() if k in self._chunks}
-        return orders[self.leader][0], None, False
+        self._update_leader(self.regrets, lost, total, lower_wins=True, what="regret ")
+
+    def _note_victims(self, keys: NDArray[Any], orders: dict[str, Any]) -> None:
+        """Each expert's victims at this eviction join its ghost list."""
+        if self._needed <= 0:
+            return
+        capacity = self._shown_chunks()
+        for name, score in orders.items():
+            ghost = self._ghosts[name]
+            for i in self._victims(np.asarray(score, dtype=np.float64)):
+                for chunk in self._chunks[keys[i]][0]:
+                    ghost[chunk] = None
+                    ghost.move_to_end(chunk)
+            while len(ghost) > capacity:
+                ghost.popitem(last=False)
 
     def _victims(self, score: FloatArray) -> list[int]:
         """The nodes an expert with ``score`` would evict now: its lowest-scored leaves that are
@@ -294,20 +280,6 @@ class AdaptiveRegretPlacementPolicy(AdaptivePlacementPolicy):
             if freed >= self._needed:
                 break
         return out
-
-    def _update_regret(self, lost: dict[str, float], total: float) -> None:
-        decay = 0.5 ** (total / self.half_life_tokens)
-        for name in self.experts:
-            self.regrets[name] = self.regrets[name] * decay + lost[name]
-        self.accessed = self.accessed * decay + total
-        best = min(self.experts, key=lambda e: self.regrets[e])  # first expert wins a tie
-        lead = self.regrets[self.leader] - self.regrets[best]
-        if lead > self.switch_margin * self.accessed and lead > self.min_lead_tokens:
-            self.switches.append((self.num_calls, self.leader, best))
-            _log.warning("adaptive-regret placement: %s leads %s at call %d (regret %.0f vs "
-                         "%.0f of %.0f decayed tokens)", best, self.leader, self.num_calls,
-                         self.regrets[best], self.regrets[self.leader], self.accessed)  # fmt: skip
-            self.leader = best
 
 
 #: The adaptive placement policies by name (the names of their plugins' entry points).

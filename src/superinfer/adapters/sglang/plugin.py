@@ -158,7 +158,7 @@ class SGLangAdapter:
         self.bank = PrefillBank()  # its admissions SGLang may start (.prefill_bank)
         self._kv: tuple[Any, Any] | None = None  # (allocator, tree cache) once bound
         self._retracting: Any = None  # the batch inside retract_decode
-        self._node_seen: dict[int, tuple[float, float, int, int, tuple[int, ...]]] = {}
+        self._node_seen: dict[int, tuple[float, float, int, int, tuple[str, ...]]] = {}
         self._seq, self._views = 0, ViewTracker()  # record numbers; full states' change sets
         labels = {"policy": config.policy, "kv_policy": config.kv_policy}
         self.telemetry = Telemetry.from_env(labels)  # SUPERINFER_STATS_FILE: counters (.stats)

@@ -444,8 +444,7 @@ def _tree_nodes(root: Any) -> Iterable[Any]:
         stack.extend(node.children.values())
 
 
-#: Polynomial hash of a token path modulo the Mersenne prime 2^61 - 1 (two different paths of n
-#: tokens collide with probability under n / 2^61); the base is any integer in (2^20, 2^61).
+#: Path hashes: polynomial modulo the prime 2^61 - 1 (two n-token paths collide w.p. < n / 2^61).
 _PATH_MOD = (1 << 61) - 1
 _PATH_BASE = 1_000_003
 #: Tokens per chunk of :attr:`PrefixNodeView.chunk_keys` (at least the page size; GPU pages: 16-64)
@@ -508,8 +507,7 @@ def _node_tokens(node: Any) -> Sequence[int]:
 
 def _namespace_hash(node: Any) -> int:
     """The hash a path starts from: SGLang namespaces a tree by ``extra_key`` (LoRA) and
-    ``cache_salt`` (``mem_cache/radix_cache.py::RadixKey``), so the same tokens under two
-    namespaces are two contents."""
+    ``cache_salt`` (``mem_cache/radix_cache.py::RadixKey``): two namespaces, two contents."""
     key = node.key
     names = f"{getattr(key, 'extra_key', None)}\x00{getattr(key, 'cache_salt', None)}"
     return path_hash(0, names.encode())
@@ -521,7 +519,7 @@ def prefix_node_views(
     now_s: float,
     page_size: int,
     pinned: Iterable[int],
-    last_seen: dict[int, tuple[float, float, int, int, tuple[int, ...]]],
+    last_seen: dict[int, tuple[float, float, int, int, tuple[str, ...]]],
     full: Any,
 ) -> tuple[PrefixNodeView, ...]:
     """Views of the cached nodes of a Python-core ``UnifiedRadixCache`` tree.
@@ -541,7 +539,7 @@ def prefix_node_views(
         page_size: tokens per KV block.
         pinned: ids of the nodes the adapter pins (their locks do not make a node "in use").
         last_seen: node id -> (tick, last access s, token length, tokens from the root to its
-            end, chunk hashes); updated in place and pruned to live nodes.
+            end, chunk hashes in hex); updated in place and pruned to live nodes.
         full: ``ComponentType.FULL``.
 
     Returns:
@@ -549,7 +547,7 @@ def prefix_node_views(
     """
     nodes = {n.id: n for n in _tree_nodes(root)}
     chunk = max(CHUNK_TOKENS, page_size)
-    paths: dict[int, tuple[int, tuple[int, ...]]] = {}  # node id -> (end position, chunk hashes)
+    paths: dict[int, tuple[int, tuple[str, ...]]] = {}  # node id -> (end position, chunk keys)
     for node_id, node in nodes.items():  # parents before children (_tree_nodes' order)
         prev = last_seen.get(node_id)
         if prev is not None and prev[2] == len(node.key):
@@ -557,9 +555,11 @@ def prefix_node_views(
             continue
         parent = node.parent
         above = paths.get(parent.id) if parent is not None and parent.parent is not None else None
-        start, h = (0, _namespace_hash(node)) if above is None else (above[0], above[1][-1])
+        start = 0 if above is None else above[0]
+        h = _namespace_hash(node) if above is None else int(above[1][-1], 16)
         tokens = _node_tokens(node)
-        paths[node_id] = start + len(tokens), tuple(chunk_hashes(h, start, tokens, chunk))
+        ints = chunk_hashes(h, start, tokens, chunk)
+        paths[node_id] = start + len(tokens), tuple(f"{x:x}" for x in ints)
     own_refs: dict[int, int] = {}
     for node_id in pinned:
         node = nodes.get(node_id)
@@ -591,8 +591,8 @@ def prefix_node_views(
                 hit_count=node.hit_count,
                 last_access_s=access_s,
                 in_use=data.lock_ref > own_refs.get(node_id, 0),
-                content_key=f"{hashes[-1]:x}",
-                chunk_keys=tuple(f"{h:x}" for h in hashes),
+                content_key=hashes[-1],
+                chunk_keys=hashes,
             )
         )
     for stale in last_seen.keys() - nodes.keys():
