@@ -25,7 +25,9 @@ First, the same block stream is replayed offline through ``cache-eval``'s block 
 
 Writes ``OUT/runs.csv`` (one row per run: ``kv_policy, repeat, n_requests, n_finished,
 n_failed, prompt_tokens, prompt_tokens_cached, prefix_hit_rate, ttft_mean_ms, ttft_p50_ms,
-ttft_p99_ms, wall_s``, over the finished requests) and each run's ``summary.csv`` and
+ttft_p99_ms, wall_s``, over the finished requests, then ``placements, placement_us_mean,
+placement_us_p50, placement_us_p99``: the plugin's placement calls and the µs each took, from
+its stats file) and each run's ``summary.csv`` and
 ``requests.parquet`` under ``OUT/<kv_policy>-<repeat>/``::
 
     .venv/bin/python benchmarks/sglang_kv_placement.py --repeats 3 --out results/sglang-kv-placement
@@ -38,6 +40,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -53,7 +56,8 @@ from superinfer.harness.workload.workload import Workload
 
 RUN_COLUMNS = ["kv_policy", "repeat", "n_requests", "n_finished", "n_failed", "prompt_tokens",
                "prompt_tokens_cached", "prefix_hit_rate", "ttft_mean_ms", "ttft_p50_ms",
-               "ttft_p99_ms", "wall_s"]  # fmt: skip
+               "ttft_p99_ms", "wall_s", "placements", "placement_us_mean", "placement_us_p50",
+               "placement_us_p99"]  # fmt: skip
 
 
 OFFLINE_POLICIES = ("lru", "arc", "s3fifo", "learned", "adaptive")
@@ -91,6 +95,21 @@ def run_row(requests: pd.DataFrame) -> dict[str, float]:
         "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft.size else float("nan"),
         "ttft_p99_ms": float(np.percentile(ttft, 99)) if ttft.size else float("nan"),
     }  # fmt: skip
+
+
+def placement_cost(info: dict[str, Any]) -> dict[str, float]:
+    """The plugin's placement calls and their wall time (``superinfer_kv_placement`` alone, µs:
+    mean, and p50 / p99 over the last 4,096) from a run's ``plugin_stats``; NaN without them."""
+    stats = next(iter(info.get("cells", {}).values()), {}).get("plugin_stats") or {}
+    us = stats.get("placement_us") or {}
+    count = us.get("count") or 0
+    nan = float("nan")
+    return {
+        "placements": stats.get("placements", nan),
+        "placement_us_mean": us["sum"] / count if count else nan,
+        "placement_us_p50": us.get("p50") or nan,
+        "placement_us_p99": us.get("p99") or nan,
+    }
 
 
 def main() -> int:
@@ -149,7 +168,7 @@ def main() -> int:
             result.requests.to_parquet(folder / "requests.parquet")
             (folder / "info.json").write_text(json.dumps(result.info, indent=1, default=str))
             rows.append({"kv_policy": kv_policy, "repeat": repeat, "wall_s": round(wall, 1),
-                         **run_row(result.requests)})  # fmt: skip
+                         **run_row(result.requests), **placement_cost(result.info)})  # fmt: skip
             print(rows[-1], flush=True)
             pd.DataFrame(rows)[RUN_COLUMNS].to_csv(args.out / "runs.csv", index=False,
                                                    float_format="%.6g")  # fmt: skip

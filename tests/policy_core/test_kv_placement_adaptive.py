@@ -4,6 +4,7 @@ shadow caches score the experts by content, it follows the leader's order, and i
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -13,9 +14,10 @@ from superinfer.policy_core.kv_placement_adaptive import (
     AdaptivePlacementPolicy,
     AdaptiveRegretPlacementPolicy,
 )
-from superinfer.policy_core.types import KVLocation, Placement, PrefixNodeView
+from superinfer.policy_core.types import SLO, KVLocation, Placement, PrefixNodeView, RequestView
 
 HOT_TOKENS, COLD_TOKENS = 100, 10
+CHAT = SLO("chat", ttft_ms=1000.0)
 
 
 def stream(periods: int) -> list[str]:
@@ -32,7 +34,8 @@ def stream(periods: int) -> list[str]:
 def engine_views(accesses: list[str], t: int) -> tuple[PrefixNodeView, ...]:
     """What an engine holding the 4 most recently used prompts shows after access ``t``: each a
     root node with a fresh node id on every call (as SGLang's re-inserted nodes get), its
-    content key the prompt's name, its last access the instant of its last read."""
+    content key and only chunk key the prompt's name, its last access the instant of its last
+    read."""
     last: dict[str, int] = {}
     for i, key in enumerate(accesses[: t + 1]):
         last[key] = i
@@ -42,7 +45,7 @@ def engine_views(accesses: list[str], t: int) -> tuple[PrefixNodeView, ...]:
             node_id=f"{key}@{t}", parent_id=None,
             num_tokens=HOT_TOKENS if key == "H" else COLD_TOKENS, num_blocks=1,
             location=KVLocation.HBM, hit_count=0, last_access_s=float(last[key]), in_use=False,
-            content_key=key,
+            content_key=key, chunk_keys=(key,),
         )
         for key in shown
     )  # fmt: skip
@@ -152,6 +155,21 @@ def test_a_hit_on_part_of_a_split_node_counts_its_chunks() -> None:
     assert decision.actions == {"n1": Placement.DROP}
 
 
+def test_a_partial_chunk_at_a_nodes_end_is_neither_read_nor_held() -> None:
+    """A node with a content key and no whole chunk ending in it (a prompt's 7-token tail) adds
+    nothing to the tokens read, and the shadows hold as many slots as whole chunks are shown."""
+    policy = AdaptivePlacementPolicy(experts=("lru", "s3fifo"), half_life_tokens=math.inf)
+    tail = PrefixNodeView("n2", "n1", 7, 1, KVLocation.HBM, 0, 1.0, False, 1, content_key="t")
+    policy.decide((chunked("n1", ("c1", "c2"), 1.0), tail), 1.0, 0, 0, 0, 8)
+    assert (policy.scores, policy.accessed) == ({"lru": 0.0, "s3fifo": 0.0}, 32.0)
+    assert {name: shadow.capacity for name, shadow in policy._shadows.items()} == {
+        "lru": 2, "s3fifo": 2}  # fmt: skip
+    # a node without a content key (the simulator's hashed block) is one chunk, its id
+    block = PrefixNodeView("b9", None, 16, 1, KVLocation.HBM, 0, 2.0, False)
+    policy.decide((chunked("n1", ("c1", "c2"), 1.0), tail, block), 2.0, 0, 0, 0, 8)
+    assert policy.accessed == 48.0 and "b9" in policy._shadows["lru"]
+
+
 def test_regret_counts_the_reads_of_what_each_expert_would_have_evicted() -> None:
     """Each call asks for one block: every expert names its victim (its plugin's DROP, fed the
     same views); a later read of a named prompt is that expert's regret. LRU names ``H`` (the
@@ -181,3 +199,44 @@ def test_regret_counts_the_reads_of_what_each_expert_would_have_evicted() -> Non
     assert regret == {"lru": 5 * HOT_TOKENS, "s3fifo": 3 * HOT_TOKENS}
     assert policy.switches == [(8, "lru", "s3fifo")]  # H's third read, t = 10
     assert leaders == ["lru"] * 7 + ["s3fifo"] * (len(accesses) - 10)
+
+
+def prompt(t: int, key: str) -> RequestView:
+    """Request ``t`` of :func:`stream`, its prompt one chunk keyed ``key``."""
+    tokens = HOT_TOKENS if key == "H" else COLD_TOKENS
+    return RequestView(f"r{t}", float(t), tokens, 1, CHAT, prompt_chunk_keys=(key,))
+
+
+def test_prompts_are_read_once_each_and_the_nodes_touches_no_more() -> None:
+    """With prompt keys the shadows read each request once, at arrival (those before the first
+    eviction wait for it): the scores are the oracle caches' hits on the arrivals, though every
+    node the engine shows was touched again at every call (a node-based reading would count
+    each touch as a hit in every shadow)."""
+    accesses = stream(6)
+    policy = AdaptivePlacementPolicy(experts=("lru", "s3fifo"), half_life_tokens=math.inf,
+                                     switch_margin=0.0, min_lead_tokens=0.0)  # fmt: skip
+    lru, s3 = LruCache[str](4), S3FifoCache[str](4)
+    hits = {"lru": 0, "s3fifo": 0}
+    for t, key in enumerate(accesses):
+        policy.observe_request(prompt(t, key))
+        tokens = HOT_TOKENS if key == "H" else COLD_TOKENS
+        hits["lru"] += tokens if key in lru else 0
+        hits["s3fifo"] += tokens if key in s3 else 0
+        lru.access(key)
+        s3.access(key)
+        if t < 3:
+            assert policy.scores == {"lru": 0.0, "s3fifo": 0.0} and policy.accessed == 0.0
+            continue
+        touched = tuple(replace(v, last_access_s=float(t)) for v in engine_views(accesses, t))
+        policy.decide(touched, float(t), 0, 0, 1, 4)
+        assert policy.scores == hits
+    assert policy.from_prompts and hits == {"lru": 0, "s3fifo": 4 * HOT_TOKENS}
+    assert policy.accessed == 6 * HOT_TOKENS + 24 * COLD_TOKENS
+    # at H's third arrival (t = 10), after 7 calls: the lead changes as a request arrives
+    assert policy.switches == [(7, "lru", "s3fifo")]
+    # the regret variant reads a prompt at once (its ghost lists need no size)
+    regret = AdaptiveRegretPlacementPolicy()
+    regret.observe_request(prompt(0, "H"))
+    assert (regret.accessed, regret.from_prompts) == (HOT_TOKENS, True)
+    regret.observe_request(RequestView("r1", 1.0, 5, 1, CHAT))  # no keys: nothing read
+    assert regret.accessed == HOT_TOKENS

@@ -93,11 +93,21 @@ class AdaptivePlacement(_PlacementHook, AdaptivePlacementPolicy):
     adaptive reuse predictor: the order of whichever of LRU, S3-FIFO and ARC would have hit
     most)."""
 
+    @hookimpl
+    def superinfer_request_arrived(self, request: RequestView, now_s: float) -> None:
+        """Read the new request's prompt chunks (when the engine gives them)."""
+        self.observe_request(request)
+
 
 class AdaptiveRegretPlacement(_PlacementHook, AdaptiveRegretPlacementPolicy):
     """The ``adaptive-regret`` plugin:
     :class:`~superinfer.policy_core.kv_placement_adaptive.AdaptiveRegretPlacementPolicy` (the
     adaptive predictor judging its experts by their regret on the engine's own cache)."""
+
+    @hookimpl
+    def superinfer_request_arrived(self, request: RequestView, now_s: float) -> None:
+        """Read the new request's prompt chunks (when the engine gives them)."""
+        self.observe_request(request)
 
 
 class PriorityPlacement(_PlacementHook, PriorityPlacementPolicy):

@@ -10,7 +10,7 @@ Both order the engine's nodes with the leading expert's own placement policy of
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -27,12 +27,14 @@ from superinfer.policy_core.kv_placement import (
 )
 from superinfer.policy_core.kv_placement_plan import ScoreFn
 from superinfer.policy_core.reuse import NodeColumns
-from superinfer.policy_core.types import KVLocation, PrefixNodeView
+from superinfer.policy_core.types import KVLocation, PrefixNodeView, RequestView
 
 __all__ = ["ADAPTIVE_POLICIES", "AdaptivePlacementPolicy", "AdaptiveRegretPlacementPolicy"]
 
 FloatArray = NDArray[np.float64]
 _log = logging.getLogger(__name__)
+#: Prompt chunks read before the first eviction (when shadows get their size) kept at most.
+_MAX_PENDING = 65_536
 
 #: The shadow caches :class:`AdaptivePlacementPolicy` may run, and the placement policies that
 #: order the engine's nodes while each leads, by expert name.
@@ -52,17 +54,26 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     The offline form (:class:`~superinfer.policy_core.reuse_adaptive.AdaptiveCache`) sees whole
     requests over a known block forest; this one sees only what the hook shows, the engine's
     cached nodes at each eviction. It keeps one shadow cache per expert (keys only, no KV) over
-    the nodes' chunks (:attr:`PrefixNodeView.chunk_keys`, content keys of fixed-size pieces that
-    an engine's split of a node does not change; a node without them is one chunk keyed
-    :attr:`PrefixNodeView.key`), each shadow as many chunks as the engine has shown at once, so
-    that a prefix the engine evicted and inserted again, or split, is a hit in a shadow that
-    kept it. At each call the nodes accessed since the last one (last access newer than last
-    seen; oldest first, deeper first on ties) are fed to every shadow, each node's chunks last
-    first (so that a parent is more recent than its child, as offline); each access of a chunk
-    adds its tokens (the node's tokens over its chunks) to the score of every shadow that held
+    the nodes' chunks (:attr:`PrefixNodeView.chunk_keys`, content keys of the whole fixed-size
+    pieces that end in a node, which an engine's split of a node does not change; a node without
+    a content key is one chunk keyed by its id), each shadow as many chunks as the engine has
+    shown at once (whole chunks only, so that a shadow holds about as many tokens as the
+    engine: a partial chunk per node as one more slot made the shadows larger than the engine,
+    where the experts' hit rates converge), so that a prefix the engine evicted and inserted
+    again, or split, is a hit in a shadow that kept it. At each call the nodes accessed since
+    the last one (last access newer than last seen; oldest first, deeper first on ties) are fed
+    to every shadow, each node's chunks last first (so that a parent is more recent than its
+    child, as offline); each access of a chunk adds its tokens (the node's tokens over its
+    chunks) to the score of every shadow that held
     it (the tokens that policy would have served from its cache), and all scores halve every
     ``half_life_tokens`` tokens accessed. The shadows never hear of the engine's evictions: each
     is its own policy's whole cache.
+
+    Where the engine gives each new request's prompt chunk keys
+    (:attr:`RequestView.prompt_chunk_keys`, read by :meth:`observe_request`), the shadows read
+    those instead, once per request as the offline replay does, and the nodes' accesses no
+    longer (on the real SGLang server the nodes' accesses, touched again at every prefix match
+    and insert, made every shadow hit more and ranked the experts within a point).
 
     The shadows only choose the leader. The nodes are ordered by the leader's own placement
     policy (:class:`LRUPlacementPolicy`, :class:`ArcPlacementPolicy`,
@@ -84,6 +95,8 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         leader: the expert followed now.
         scores: decayed hit tokens of each shadow; ``accessed``: decayed tokens accessed.
         switches: (call number, old leader, new leader) of each change of leader.
+        from_prompts: whether the experts are judged on the requests' prompts (after the first
+            keyed prompt) rather than on the nodes' accesses.
 
     Raises:
         ValueError: an unknown or repeated expert, or a value out of range.
@@ -107,6 +120,10 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     )
     _nodes: tuple[PrefixNodeView, ...] = field(default=(), init=False, repr=False)
     _needed: int = field(default=0, init=False, repr=False)
+    from_prompts: bool = field(default=False, init=False)
+    _pending: deque[tuple[str, float]] = field(
+        default_factory=lambda: deque(maxlen=_MAX_PENDING), init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -130,14 +147,30 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         self._nodes, self._needed = nodes, needed_hbm_blocks
         self._chunks = {}
         for nd in nodes:
-            chunks = nd.chunk_keys or (nd.key,)
-            self._chunks[nd.key] = chunks, nd.num_tokens / len(chunks)
+            chunks = nd.chunk_keys if nd.content_key is not None else (nd.node_id,)
+            self._chunks[nd.key] = chunks, nd.num_tokens / max(len(chunks), 1)
 
     def metrics(self) -> dict[str, Any]:
         out = super().metrics()
         out.update(leader=self.leader, switches=len(self.switches), scores=dict(self.scores),
-                   accessed_tokens=self.accessed)  # fmt: skip
+                   accessed_tokens=self.accessed, from_prompts=self.from_prompts)  # fmt: skip
         return out
+
+    def observe_request(self, request: RequestView) -> None:
+        """Read a new request's prompt (:attr:`RequestView.prompt_chunk_keys`, each chunk its
+        share of ``prompt_tokens``, deepest first as a node's): from the first keyed prompt
+        on, the experts are judged on the requests' reads, once each, as the offline replay
+        judges them, and no longer on the nodes' accesses (SGLang touches a node at every
+        prefix match of a waiting request and again when a request's KV is inserted, each a hit
+        in every shadow). Before the first eviction the reads wait, up to the last 65,536."""
+        chunks = request.prompt_chunk_keys
+        if not chunks:
+            return
+        self.from_prompts = True
+        tokens = request.prompt_tokens / len(chunks)
+        self._pending.extend((chunk, tokens) for chunk in reversed(chunks))
+        if self._ready():
+            self._flush()
 
     def _scores(
         self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
@@ -157,22 +190,38 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         return max(sum(len(c) for c, _ in self._chunks.values()), 1)
 
     def _judge(self, keys: NDArray[Any], fresh: list[int]) -> None:
-        """Feed the accessed nodes' chunks to the shadows and update the leader by hit tokens."""
+        """Size the shadows to the chunks shown, then read the requests' prompts waiting or,
+        without prompt keys, the accessed nodes' chunks (each node's last first)."""
         shown = self._shown_chunks()
         if not self._shadows:
             self._shadows = {e: _SHADOWS[e](shown) for e in self.experts}
         for shadow in self._shadows.values():
             shadow.capacity = max(shown, shadow.capacity)
+        if not self.from_prompts:
+            for i in fresh:
+                chunks, tokens = self._chunks[keys[i]]
+                self._pending.extend((chunk, tokens) for chunk in reversed(chunks))
+        self._flush()
+
+    def _ready(self) -> bool:
+        """Whether reads can be judged now (the shadows exist: after the first call)."""
+        return bool(self._shadows)
+
+    def _flush(self) -> None:
+        reads = list(self._pending)
+        self._pending.clear()
+        self._read(reads)
+
+    def _read(self, reads: list[tuple[str, float]]) -> None:
+        """Feed (chunk, tokens) reads to the shadows, in order; update the leader by hit tokens."""
         hits = dict.fromkeys(self.experts, 0.0)
         total = 0.0
-        for i in fresh:
-            chunks, tokens = self._chunks[keys[i]]
-            for chunk in reversed(chunks):
-                total += tokens
-                for name, shadow in self._shadows.items():
-                    if chunk in shadow:
-                        hits[name] += tokens
-                    shadow.access(chunk)
+        for chunk, tokens in reads:
+            total += tokens
+            for name, shadow in self._shadows.items():
+                if chunk in shadow:
+                    hits[name] += tokens
+                shadow.access(chunk)
         self._update_leader(self.scores, hits, total, lower_wins=False, what="")
 
     def _note_victims(self, keys: NDArray[Any], orders: dict[str, Any]) -> None:
@@ -240,16 +289,25 @@ class AdaptiveRegretPlacementPolicy(AdaptivePlacementPolicy):
         return out
 
     def _judge(self, keys: NDArray[Any], fresh: list[int]) -> None:
-        """Charge each expert the tokens of the accessed chunks it had named, update the leader."""
+        """Read the requests' prompts waiting or, without prompt keys, the accessed nodes'."""
+        if not self.from_prompts:
+            for i in fresh:
+                chunks, tokens = self._chunks[keys[i]]
+                self._pending.extend((chunk, tokens) for chunk in chunks)
+        self._flush()
+
+    def _ready(self) -> bool:
+        return True  # the ghost lists need no size to be read
+
+    def _read(self, reads: list[tuple[str, float]]) -> None:
+        """Charge each expert the tokens of the reads it had named; update the leader."""
         lost = dict.fromkeys(self.experts, 0.0)
         total = 0.0
-        for i in fresh:
-            chunks, tokens = self._chunks[keys[i]]
-            total += tokens * len(chunks)
-            for chunk in chunks:
-                for name, ghost in self._ghosts.items():
-                    if ghost.pop(chunk, 0) is None:
-                        lost[name] += tokens
+        for chunk, tokens in reads:
+            total += tokens
+            for name, ghost in self._ghosts.items():
+                if ghost.pop(chunk, 0) is None:
+                    lost[name] += tokens
         self._update_leader(self.regrets, lost, total, lower_wins=True, what="regret ")
 
     def _note_victims(self, keys: NDArray[Any], orders: dict[str, Any]) -> None:

@@ -182,6 +182,10 @@ class RequestView:
         replica: index of the engine replica whose queues hold it (0 for a single engine); set
             before ``superinfer_request_arrived`` so a policy serving several replicas can keep
             per-replica queues without scanning every state.
+        prompt_chunk_keys: content keys of the prompt's whole chunks, the same keys as the
+            :attr:`PrefixNodeView.chunk_keys` of the nodes that hold that prompt once cached, so
+            a placement policy can replay what requests read (``adaptive``); given by SGLang's
+            adapter at ``superinfer_request_arrived`` when a placement plugin is on, else ``()``.
     """
 
     request_id: str
@@ -201,6 +205,7 @@ class RequestView:
     kv_blocks: int = 0
     shared_kv_blocks: int = 0
     replica: int = 0
+    prompt_chunk_keys: tuple[str, ...] = ()
 
     @property
     def own_kv_blocks(self) -> int:
@@ -503,12 +508,14 @@ class PrefixNodeView:
             (SGLang's radix nodes take a fresh counter id on every insert); ``None``: the node
             id already names the content (our simulator's block hashes). Policies key their
             access history on :attr:`key`.
-        chunk_keys: content keys of the node's fixed-size chunks (the path hash at every
-            multiple of the engine's chunk size, counted in tokens from the root, that falls in
-            the node, and at its end), first first, the last one ``content_key``; they do not
-            change when the engine splits the node, so a policy that compares what several
-            caches would hold (``adaptive``) can count a hit on part of a node. ``()``: the
-            node is one chunk (a hashed KV block).
+        chunk_keys: content keys of the whole fixed-size chunks that end in the node (the path
+            hash at every multiple of the engine's chunk size, counted in tokens from the root,
+            that falls in the node), first first; they do not change when the engine splits the
+            node, so a policy that compares what several caches would hold (``adaptive``) can
+            count a hit on part of a node, and every key stands for the same number of tokens
+            (a partial chunk at the node's end is left out: it is the start of the chunk its
+            child ends). Used only with a ``content_key``: ``()`` then means no chunk ends in
+            the node; without one, the node is one chunk (a hashed KV block).
     """
 
     node_id: str

@@ -29,11 +29,13 @@ from superinfer.adapters.manager import build_plugin_manager  # noqa: E402
 from superinfer.adapters.sglang.apply import Band, SuperinferEvictionStrategy  # noqa: E402
 from superinfer.adapters.sglang.config import AdapterConfig  # noqa: E402
 from superinfer.adapters.sglang.plugin import SGLangAdapter  # noqa: E402
-from superinfer.adapters.sglang.view import EngineLimits, chunk_hashes, path_hash  # noqa: E402
+from superinfer.adapters.sglang.prefix_view import chunk_hashes, path_hash  # noqa: E402
+from superinfer.adapters.sglang.view import EngineLimits  # noqa: E402
 from superinfer.policy_core.types import (  # noqa: E402
     Placement,
     PlacementDecision,
     PrefixNodeView,
+    RequestView,
     ScheduleDecision,
     StepState,
 )
@@ -242,16 +244,58 @@ def test_a_prefix_inserted_again_or_split_keeps_its_content_key() -> None:
     b = by_id[placer.node_of["B"]]
     assert (b.num_tokens, b.content_key) == (4, keys[placer.node_of["B"]])
     assert by_id[b.parent_id].content_key == f"{path_hash(root, range(100, 104)):x}"
-    assert b.chunk_keys == (b.content_key,)  # 8 tokens from the root: inside one 16-token chunk
+    assert b.chunk_keys == ()  # 8 tokens from the root: no 16-token chunk ends in it
 
 
-def test_chunk_hashes_mark_every_chunk_boundary_from_the_root_and_the_end() -> None:
+class Reader(Placer):
+    """A placer that also keeps the views of the requests that arrive."""
+
+    def __init__(self) -> None:
+        super().__init__({}, {})
+        self.arrived: list[RequestView] = []
+
+    @hookimpl
+    def superinfer_request_arrived(self, request: RequestView, now_s: float) -> None:
+        self.arrived.append(request)
+
+
+def test_a_new_requests_prompt_keys_are_the_chunk_keys_of_the_nodes_that_cache_it() -> None:
+    """A 40-token prompt arrives with the keys of its two whole 16-token chunks (the 8-token
+    tail has none); cached and split after its 20th token by a prompt that diverges there, its
+    nodes carry the same keys, one each (positions 16 and 32 from the root)."""
+    world = World(128, "superinfer", "python")
+    reader = Reader()
+    adapter = make_adapter(reader, world=world)
+    arrive(adapter, [], make_req("r1", 40))
+    keys = reader.arrived[0].prompt_chunk_keys
+    root = path_hash(0, b"None\x00None")
+    assert keys == (f"{path_hash(root, range(16)):x}", f"{path_hash(root, range(32)):x}")
+    for ids in (range(40), [*range(20), *range(500, 520)]):
+        value = world.allocator.alloc(len(ids)).to(torch.int64)
+        world.cache.insert(InsertParams(key=RadixKey(array("q", ids)), value=value))
+    evict(adapter, world, 1)
+    by_tokens = {v.num_tokens: v for v in reader.seen[0] if v.parent_id is None}
+    first = by_tokens[20]
+    child = next(v for v in reader.seen[0] if v.parent_id == first.node_id and
+                 v.content_key == f"{path_hash(root, range(40)):x}")  # fmt: skip
+    assert first.chunk_keys + child.chunk_keys == keys
+    # without a placement plugin the adapter does not hash prompts
+    plain = make_adapter("fcfs", world=world)
+    seen: list[RequestView] = []
+    plain.hook.superinfer_request_arrived = lambda request, now_s: seen.append(request)
+    arrive(plain, [], make_req("r2", 40))
+    assert seen[0].prompt_chunk_keys == ()
+
+
+def test_chunk_hashes_mark_every_chunk_boundary_from_the_root_then_the_end() -> None:
     h0 = path_hash(0, [9])
-    # tokens 5, 6, 7 at positions 2, 3, 4 from the root: boundaries (chunk 2) after 6 and 7
-    assert chunk_hashes(h0, 1, [5, 6, 7], 2) == [path_hash(h0, [5]), path_hash(h0, [5, 6, 7])]
+    # tokens 5, 6, 7 at positions 2, 3, 4 from the root (chunk 2): boundaries after 5 and 7,
+    # and 7 is the end too
+    assert chunk_hashes(h0, 1, [5, 6, 7], 2) == [path_hash(h0, [5]), path_hash(h0, [5, 6, 7]),
+                                                 path_hash(h0, [5, 6, 7])]  # fmt: skip
     # at positions 1, 2, 3: a boundary after 6, then the end
     assert chunk_hashes(h0, 0, [5, 6, 7], 2) == [path_hash(h0, [5, 6]), path_hash(h0, [5, 6, 7])]
-    assert chunk_hashes(h0, 0, [5], 4) == [path_hash(h0, [5])]
+    assert chunk_hashes(h0, 0, [5], 4) == [path_hash(h0, [5])]  # no boundary: the end alone
     assert path_hash(0, [1, 2]) == 2 * 1_000_003 + 3  # (0 * B + 2) * B + 3
 
 

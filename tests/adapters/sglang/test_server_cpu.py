@@ -120,3 +120,4 @@ def test_reuse_placement_keeps_the_shared_chat_prefix_under_eviction_pressure(
     assert after["cached_tokens"] >= min(hits), (after["cached_tokens"], hits)
     stats = wait_stats(server, lambda s: s["placements"] > placements)
     assert stats["placements"] > placements, stats
+    assert stats["placement_us"]["count"] >= stats["placements"]  # every call, None answers too

@@ -42,6 +42,7 @@ def test_stats_file_is_rewritten_atomically_and_rate_limited(tmp_path: Path) -> 
         "policy": "superinfer", "decisions": 3, "preempted": 1, "kv": {"in_use": 0}, "steps": 0,
         "policy_us": {"sum": 100.0, "count": 1, "p50": 100.0, "p99": 100.0},
         "step_us": {"sum": 0.0, "count": 0, "p50": None, "p99": None},
+        "placement_us": {"sum": 0.0, "count": 0, "p50": None, "p99": None},
     }  # fmt: skip
     assert not telemetry.publish(Counters(decisions=4))  # within the interval
     assert telemetry.publish(Counters(decisions=5), force=True)

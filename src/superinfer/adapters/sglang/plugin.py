@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from superinfer.adapters.manager import UnknownPolicyError, build_plugin_manager
 from superinfer.adapters.sglang.config import ENV_SWITCH, AdapterConfig, ConfigError, load_config
+from superinfer.adapters.sglang.prefix_view import prefix_node_views
 from superinfer.adapters.sglang.stats import Telemetry, kv_usage
 from superinfer.adapters.sglang.view import (
     EngineLimits,
@@ -50,7 +51,6 @@ from superinfer.adapters.sglang.view import (
     clock_for,
     kv_pool_blocks,
     new_token_ratio,
-    prefix_node_views,
     request_view,
     reserved_blocks,
     resolve_slo,
@@ -146,10 +146,8 @@ class SGLangAdapter:
         from superinfer.adapters.sglang.apply import PlacementBook
         from superinfer.adapters.sglang.prefill_bank import PrefillBank
 
-        self.config = config
-        self.hook = hook
-        self.limits = limits or EngineLimits()
-        self.engine = engine
+        self.config, self.hook = config, hook
+        self.limits, self.engine = limits or EngineLimits(), engine
         self.clock = clock_for(config)  # logical until a scheduler says how many ranks decide
         self.records: dict[str, RequestRecord] = {}
         self.stats = AdapterStats()
@@ -275,9 +273,9 @@ class SGLangAdapter:
                 req.priority = sglang_priority(
                     rec.rank, low_values_first=self.limits.low_priority_values_first
                 )
-            self.hook.superinfer_request_arrived(
-                request=self.view(req, running=False), now_s=self.clock.now_s
-            )
+            keys = bool(self.hook.superinfer_kv_placement.get_hookimpls())  # for `adaptive`
+            view = request_view(req, rec, running=False, page_size=self.limits.page_size, keys=keys)
+            self.hook.superinfer_request_arrived(request=view, now_s=self.clock.now_s)
         return original(scheduler, req, *a, **k)
 
     def _end(self, req: Any, reason: str | None) -> None:
@@ -503,11 +501,13 @@ class SGLangAdapter:
             full=ComponentType.FULL,
         )
         allocator, page = cache.token_to_kv_pool_allocator, self.limits.page_size
+        start = time.perf_counter()  # measured, never decided on
         decision: PlacementDecision | None = self.hook.superinfer_kv_placement(
             nodes=views, now_s=self.clock.now_s, free_hbm_blocks=allocator.available_size() // page,
             free_cpu_blocks=0, needed_hbm_blocks=-(-needed_tokens // page),
             total_hbm_blocks=allocator.size // page,
         )  # fmt: skip
+        self.telemetry.placement.add(time.perf_counter() - start)
         if decision is not None:
             self.book.apply(cache, decision, views)
             self.stats.placements += 1

@@ -12,6 +12,7 @@ Fields (all counters since the scheduler started): ``pid``, ``policy``, ``kv_pol
 ``retraction_points``, ``placements``, ``precision_plans``, ``steps``,
 ``policy_us`` (``sum``, ``count``, ``p50``, ``p99``: wall time of each ``superinfer_schedule``
 call, microseconds), ``step_us`` (the same for each ``Scheduler.run_batch``: the forward pass),
+``placement_us`` (the same for each ``superinfer_kv_placement`` call, the node views not counted),
 ``kv`` (KV pool tokens after the step: ``total``, ``free``, ``cached`` in evictable radix nodes,
 ``in_use`` by requests), ``pins`` (prefix nodes pinned by the placement policy),
 ``written_unix_s``.
@@ -129,7 +130,8 @@ class StatsFile:
 
 
 class Telemetry:
-    """What the adapter measures about itself: policy and step wall times, and the stats file.
+    """What the adapter measures about itself: policy, step and placement wall times, and the
+    stats file.
 
     Args:
         path: the stats file (``SUPERINFER_STATS_FILE``), or ``None`` to write none.
@@ -139,6 +141,7 @@ class Telemetry:
     def __init__(self, path: str | None, header: Mapping[str, Any]) -> None:
         self.policy = LatencyStats()
         self.step = LatencyStats()
+        self.placement = LatencyStats()
         self.file = StatsFile(path, header) if path else None
 
     @classmethod
@@ -159,6 +162,7 @@ class Telemetry:
             "steps": self.step.count,
             "policy_us": self.policy.as_dict(),
             "step_us": self.step.as_dict(),
+            "placement_us": self.placement.as_dict(),
         }
         return self.file.maybe_write(counters, extra, force=force)
 
