@@ -100,7 +100,8 @@ def run_row(requests: pd.DataFrame) -> dict[str, float]:
 def placement_cost(info: dict[str, Any]) -> dict[str, float]:
     """The plugin's placement calls and their wall time (``superinfer_kv_placement`` alone, µs:
     mean, and p50 / p99 over the last 4,096) from a run's ``plugin_stats``; NaN without them."""
-    stats = next(iter(info.get("cells", {}).values()), {}).get("plugin_stats") or {}
+    cell = next(iter(info.get("cells", {}).values()), {})
+    stats = cell.get("sglang", {}).get("plugin_stats") or {}
     us = stats.get("placement_us") or {}
     count = us.get("count") or 0
     nan = float("nan")

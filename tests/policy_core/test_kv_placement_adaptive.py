@@ -240,3 +240,19 @@ def test_prompts_are_read_once_each_and_the_nodes_touches_no_more() -> None:
     assert (regret.accessed, regret.from_prompts) == (HOT_TOKENS, True)
     regret.observe_request(RequestView("r1", 1.0, 5, 1, CHAT))  # no keys: nothing read
     assert regret.accessed == HOT_TOKENS
+
+
+def test_a_read_hits_a_shadow_in_its_prefix_only() -> None:
+    """A prefix cache serves a prompt's chunks up to the first it lacks: a 3-slot LRU shadow
+    holding ``a`` but not ``x`` serves none of prompt ``(x, a)``, and one chunk of ``(a, b)``."""
+    policy = AdaptivePlacementPolicy(experts=("lru",), half_life_tokens=math.inf)
+    for t, chunks in enumerate((("a", "b", "c"), ("d",), ("x", "a"), ("a", "b"))):
+        policy.observe_request(RequestView(f"r{t}", float(t), 16 * len(chunks), 1, CHAT,
+                                           prompt_chunk_keys=chunks))  # fmt: skip
+        if t == 0:  # the first eviction sizes the shadow: 3 whole chunks shown
+            policy.decide((chunked("n1", ("s1", "s2", "s3"), 0.0),), 0.0, 0, 0, 0, 8)
+        # LRU after each read (deepest chunk first), least recent first: c b a; b a d (c out);
+        # d a x (b out); x b a (d out)
+        assert policy.scores["lru"] == (16.0 if t == 3 else 0.0)
+    assert list(policy._shadows["lru"].order) == ["x", "b", "a"]
+    assert policy.accessed == 16 * 8
