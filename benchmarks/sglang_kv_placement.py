@@ -21,13 +21,15 @@ First, the same block stream is replayed offline through ``cache-eval``'s block 
 ``adaptive``) at ``--max-total-tokens / --block-tokens`` blocks (or at each of
 ``--offline-capacities``), a prediction of each order's prefix hit rate written to
 ``OUT/offline.csv`` (``policy, capacity_blocks, prefix_hit_rate``) before any server runs
-(``--offline-only`` stops there).
+(``--offline-only`` stops there; ``--rows-from DIR`` rebuilds ``OUT/runs.csv`` from an earlier
+run's folders instead of running servers).
 
 Writes ``OUT/runs.csv`` (one row per run: ``kv_policy, repeat, n_requests, n_finished,
 n_failed, prompt_tokens, prompt_tokens_cached, prefix_hit_rate, ttft_mean_ms, ttft_p50_ms,
 ttft_p99_ms, wall_s``, over the finished requests, then ``placements, placement_us_mean,
 placement_us_p50, placement_us_p99``: the plugin's placement calls and the µs each took, from
-its stats file) and each run's ``summary.csv`` and
+its stats file; ``hit_q1`` to ``hit_q4``: the prefix hit rate of each quarter of the finished
+requests in arrival order) and each run's ``summary.csv`` and
 ``requests.parquet`` under ``OUT/<kv_policy>-<repeat>/``::
 
     .venv/bin/python benchmarks/sglang_kv_placement.py --repeats 3 --out results/sglang-kv-placement
@@ -57,7 +59,7 @@ from superinfer.harness.workload.workload import Workload
 RUN_COLUMNS = ["kv_policy", "repeat", "n_requests", "n_finished", "n_failed", "prompt_tokens",
                "prompt_tokens_cached", "prefix_hit_rate", "ttft_mean_ms", "ttft_p50_ms",
                "ttft_p99_ms", "wall_s", "placements", "placement_us_mean", "placement_us_p50",
-               "placement_us_p99"]  # fmt: skip
+               "placement_us_p99", "hit_q1", "hit_q2", "hit_q3", "hit_q4"]  # fmt: skip
 
 
 OFFLINE_POLICIES = ("lru", "arc", "s3fifo", "learned", "adaptive")
@@ -86,6 +88,17 @@ def run_row(requests: pd.DataFrame) -> dict[str, float]:
     prompt = float(done["prompt_tokens"].sum())
     cached = float(done["cached_tokens"].sum()) if "cached_tokens" in done else float("nan")
     ttft = done["ttft_ms"].to_numpy(dtype=float)
+    ordered = done.sort_values("arrival_s", kind="stable")
+    quarters = {}
+    for q, part in enumerate(np.array_split(np.arange(len(ordered)), 4), start=1):
+        rows = ordered.iloc[part]
+        tokens = float(rows["prompt_tokens"].sum())
+        hit = (
+            float(rows["cached_tokens"].sum()) / tokens
+            if tokens and "cached_tokens" in rows
+            else float("nan")
+        )
+        quarters[f"hit_q{q}"] = hit
     return {
         "n_requests": len(reqs), "n_finished": len(done),
         "n_failed": int((reqs["status"] == "failed").sum()),
@@ -94,6 +107,7 @@ def run_row(requests: pd.DataFrame) -> dict[str, float]:
         "ttft_mean_ms": float(ttft.mean()) if ttft.size else float("nan"),
         "ttft_p50_ms": float(np.percentile(ttft, 50)) if ttft.size else float("nan"),
         "ttft_p99_ms": float(np.percentile(ttft, 99)) if ttft.size else float("nan"),
+        **quarters,
     }  # fmt: skip
 
 
@@ -113,6 +127,30 @@ def placement_cost(info: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def rebuild_rows(runs: Path, policies: list[str], repeats: int, out: Path) -> int:
+    """``out/runs.csv`` again from the ``<kv_policy>-<repeat>`` folders of an earlier run
+    (``requests.parquet``, ``info.json``; ``wall_s`` from its ``runs.csv``), in run order; a
+    missing folder is skipped with a note."""
+    old = pd.read_csv(runs / "runs.csv") if (runs / "runs.csv").exists() else pd.DataFrame()
+    walls = {(r.kv_policy, r.repeat): r.wall_s for r in old.itertuples()} if len(old) else {}
+    rows = []
+    for repeat in range(repeats):
+        for kv_policy in policies:
+            folder = runs / f"{kv_policy}-{repeat}"
+            if not (folder / "requests.parquet").exists():
+                print(f"{folder}: no requests.parquet, skipped", flush=True)
+                continue
+            info = json.loads((folder / "info.json").read_text())
+            rows.append({"kv_policy": kv_policy, "repeat": repeat,
+                         "wall_s": walls.get((kv_policy, repeat), float("nan")),
+                         **run_row(pd.read_parquet(folder / "requests.parquet")),
+                         **placement_cost(info)})  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows)[RUN_COLUMNS].to_csv(out / "runs.csv", index=False, float_format="%.6g")
+    print(f"wrote {out / 'runs.csv'} ({len(rows)} runs)", flush=True)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default="gen-multi-turn")
@@ -129,6 +167,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--offline-only", action="store_true")
+    parser.add_argument("--rows-from", type=Path, default=None,
+                        help="rebuild OUT/runs.csv from the run folders of an earlier --out "
+                        "(no server runs; wall_s from its runs.csv)")  # fmt: skip
     parser.add_argument("--offline-capacities", default=None,
                         help="comma-separated capacities in blocks for offline.csv [default: "
                         "--max-total-tokens / --block-tokens]")  # fmt: skip
@@ -149,6 +190,8 @@ def main() -> int:
     print(offline.to_string(index=False), flush=True)
     if args.offline_only:
         return 0
+    if args.rows_from is not None:
+        return rebuild_rows(args.rows_from, args.kv_policies.split(","), args.repeats, args.out)
     sglang_args = (f"--max-total-tokens {args.max_total_tokens} --enable-cache-report "
                    f"--context-length {args.context_length}")  # fmt: skip
     if args.model_path:
