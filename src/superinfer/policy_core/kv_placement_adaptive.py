@@ -61,19 +61,18 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     engine: a partial chunk per node as one more slot made the shadows larger than the engine,
     where the experts' hit rates converge), so that a prefix the engine evicted and inserted
     again, or split, is a hit in a shadow that kept it. At each call the nodes accessed since
-    the last one (last access newer than last seen; oldest first, deeper first on ties) are fed
-    to every shadow, each node's chunks last first (so that a parent is more recent than its
-    child, as offline); each access of a chunk adds its tokens (the node's tokens over its
-    chunks) to the score of every shadow that held
-    it (the tokens that policy would have served from its cache), and all scores halve every
-    ``half_life_tokens`` tokens accessed. The shadows never hear of the engine's evictions: each
-    is its own policy's whole cache.
+    the last one (last access newer than last seen; oldest first, deeper first on ties) are
+    read by every shadow; a read adds to a shadow's score the tokens of its chunks up to the
+    first that shadow lacks (each chunk the node's tokens over its chunks: what that policy
+    would have served from its cache, a prefix), then its chunks enter the shadow; all scores
+    halve every ``half_life_tokens`` tokens read. The shadows never hear of the engine's
+    evictions: each is its own policy's whole cache.
 
     Where the engine gives each new request's prompt chunk keys
     (:attr:`RequestView.prompt_chunk_keys`, read by :meth:`observe_request`), the shadows read
     those instead, once per request as the offline replay does, and the nodes' accesses no
-    longer (on the real SGLang server the nodes' accesses, touched again at every prefix match
-    and insert, made every shadow hit more and ranked the experts within a point).
+    longer (on the real SGLang server, where every prefix match and insert touches a node
+    again, reading the nodes ranked the experts within a point: ``results/sglang-kv-placement``).
 
     The shadows only choose the leader. The nodes are ordered by the leader's own placement
     policy (:class:`LRUPlacementPolicy`, :class:`ArcPlacementPolicy`,
@@ -84,8 +83,9 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     engine. The first expert leads at the start (cold start: LRU's order exactly); another
     takes the lead when its score exceeds the leader's by
     ``switch_margin`` of the decayed tokens accessed (a lead in token hit rate) and by
-    ``min_lead_tokens``, so near-tied experts are not chased. Never pins. Work per call:
-    O(accessed chunks x experts) for the shadows and each expert plugin's own work.
+    ``min_lead_tokens``, so near-tied experts are not chased. Never pins. Work: O(chunks read
+    x experts) for the shadows (at each arrival when prompts are read, else in the call) and
+    each expert plugin's own work in every call.
 
     Attributes:
         experts: shadow policies, among ``lru``, ``arc``, ``s3fifo``; the first is the cold start.
@@ -189,16 +189,19 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         return max(sum(len(c) for c, _ in self._chunks.values()), 1)
 
     def _judge(self, keys: NDArray[Any], fresh: list[int]) -> None:
-        """Size the shadows to the chunks shown, then read the requests' prompts waiting or,
-        without prompt keys, the accessed nodes' chunks (each node's last first)."""
-        shown = self._shown_chunks()
+        """Size what the reads go to, then read the requests' prompts waiting or, without
+        prompt keys, the accessed nodes' chunks."""
+        self._size(self._shown_chunks())
+        if not self.from_prompts:
+            self._pending.extend(self._chunks[keys[i]] for i in fresh)
+        self._flush()
+
+    def _size(self, shown: int) -> None:
+        """The shadows hold as many chunks as the most shown at once."""
         if not self._shadows:
             self._shadows = {e: _SHADOWS[e](shown) for e in self.experts}
         for shadow in self._shadows.values():
             shadow.capacity = max(shown, shadow.capacity)
-        if not self.from_prompts:
-            self._pending.extend(self._chunks[keys[i]] for i in fresh)
-        self._flush()
 
     def _ready(self) -> bool:
         """Whether reads can be judged now (the shadows exist: after the first call)."""
@@ -295,11 +298,8 @@ class AdaptiveRegretPlacementPolicy(AdaptivePlacementPolicy):
         out["regrets"] = dict(self.regrets)
         return out
 
-    def _judge(self, keys: NDArray[Any], fresh: list[int]) -> None:
-        """Read the requests' prompts waiting or, without prompt keys, the accessed nodes'."""
-        if not self.from_prompts:
-            self._pending.extend(self._chunks[keys[i]] for i in fresh)
-        self._flush()
+    def _size(self, shown: int) -> None:
+        return None  # no shadows; the ghost lists are trimmed as victims join them
 
     def _ready(self) -> bool:
         return True  # the ghost lists need no size to be read
