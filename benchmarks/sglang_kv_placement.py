@@ -21,8 +21,8 @@ First, the same block stream is replayed offline through ``cache-eval``'s block 
 ``adaptive``) at ``--max-total-tokens / --block-tokens`` blocks (or at each of
 ``--offline-capacities``), a prediction of each order's prefix hit rate written to
 ``OUT/offline.csv`` (``policy, capacity_blocks, prefix_hit_rate``) before any server runs
-(``--offline-only`` stops there; ``--rows-from DIR`` rebuilds ``OUT/runs.csv`` from an earlier
-run's folders instead of running servers).
+(``--offline-only`` stops there; ``--rows-from DIR`` instead only rebuilds ``OUT/runs.csv`` from
+an earlier run's folders).
 
 Writes ``OUT/runs.csv`` (one row per run: ``kv_policy, repeat, n_requests, n_finished,
 n_failed, prompt_tokens, prompt_tokens_cached, prefix_hit_rate, ttft_mean_ms, ttft_p50_ms,
@@ -127,6 +127,15 @@ def placement_cost(info: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def run_record(
+    kv_policy: str, repeat: int, wall_s: float, requests: pd.DataFrame, info: dict[str, Any]
+) -> dict[str, Any]:
+    """One ``runs.csv`` row: the run's names, its wall time, :func:`run_row` and
+    :func:`placement_cost`."""
+    return {"kv_policy": kv_policy, "repeat": repeat, "wall_s": wall_s, **run_row(requests),
+            **placement_cost(info)}  # fmt: skip
+
+
 def rebuild_rows(runs: Path, policies: list[str], repeats: int, out: Path) -> int:
     """``out/runs.csv`` again from the ``<kv_policy>-<repeat>`` folders of an earlier run
     (``requests.parquet``, ``info.json``; ``wall_s`` from its ``runs.csv``), in run order; a
@@ -141,10 +150,9 @@ def rebuild_rows(runs: Path, policies: list[str], repeats: int, out: Path) -> in
                 print(f"{folder}: no requests.parquet, skipped", flush=True)
                 continue
             info = json.loads((folder / "info.json").read_text())
-            rows.append({"kv_policy": kv_policy, "repeat": repeat,
-                         "wall_s": walls.get((kv_policy, repeat), float("nan")),
-                         **run_row(pd.read_parquet(folder / "requests.parquet")),
-                         **placement_cost(info)})  # fmt: skip
+            wall = walls.get((kv_policy, repeat), float("nan"))
+            requests = pd.read_parquet(folder / "requests.parquet")
+            rows.append(run_record(kv_policy, repeat, wall, requests, info))
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows)[RUN_COLUMNS].to_csv(out / "runs.csv", index=False, float_format="%.6g")
     print(f"wrote {out / 'runs.csv'} ({len(rows)} runs)", flush=True)
@@ -174,6 +182,8 @@ def main() -> int:
                         help="comma-separated capacities in blocks for offline.csv [default: "
                         "--max-total-tokens / --block-tokens]")  # fmt: skip
     args = parser.parse_args()
+    if args.rows_from is not None:  # no workload, no offline replay, no server
+        return rebuild_rows(args.rows_from, args.kv_policies.split(","), args.repeats, args.out)
     if args.trace not in GENERATED_TRACES:
         parser.error(f"--trace: one of {', '.join(GENERATED_TRACES)}")
     workload = generated_workload(args.trace, block_tokens=args.block_tokens,
@@ -190,8 +200,6 @@ def main() -> int:
     print(offline.to_string(index=False), flush=True)
     if args.offline_only:
         return 0
-    if args.rows_from is not None:
-        return rebuild_rows(args.rows_from, args.kv_policies.split(","), args.repeats, args.out)
     sglang_args = (f"--max-total-tokens {args.max_total_tokens} --enable-cache-report "
                    f"--context-length {args.context_length}")  # fmt: skip
     if args.model_path:
@@ -211,8 +219,8 @@ def main() -> int:
             result.summary.to_csv(folder / "summary.csv", index=False)
             result.requests.to_parquet(folder / "requests.parquet")
             (folder / "info.json").write_text(json.dumps(result.info, indent=1, default=str))
-            rows.append({"kv_policy": kv_policy, "repeat": repeat, "wall_s": round(wall, 1),
-                         **run_row(result.requests), **placement_cost(result.info)})  # fmt: skip
+            rows.append(run_record(kv_policy, repeat, round(wall, 1), result.requests,
+                                   result.info))  # fmt: skip
             print(rows[-1], flush=True)
             pd.DataFrame(rows)[RUN_COLUMNS].to_csv(args.out / "runs.csv", index=False,
                                                    float_format="%.6g")  # fmt: skip

@@ -65,6 +65,16 @@ class _PlacementHook(PlacementPolicy):
         )
 
 
+class _ArrivalHook(_PlacementHook):
+    """The placement hook, and each new request passed to the policy's ``observe_request``
+    (the adaptive plugins read its prompt; ``priority`` learns its class's urgency)."""
+
+    @hookimpl
+    def superinfer_request_arrived(self, request: RequestView, now_s: float) -> None:
+        """Show the new request to the policy."""
+        self.observe_request(request)  # type: ignore[attr-defined]
+
+
 class LRUPlacement(_PlacementHook, LRUPlacementPolicy):
     """The ``lru`` plugin: :class:`~superinfer.policy_core.kv_placement.LRUPlacementPolicy`."""
 
@@ -87,38 +97,23 @@ class S3FifoPlacement(_PlacementHook, S3FifoPlacementPolicy):
     (S3-FIFO, Yang et al., SOSP 2023)."""
 
 
-class AdaptivePlacement(_PlacementHook, AdaptivePlacementPolicy):
+class AdaptivePlacement(_ArrivalHook, AdaptivePlacementPolicy):
     """The ``adaptive`` plugin:
     :class:`~superinfer.policy_core.kv_placement_adaptive.AdaptivePlacementPolicy` (issue 22's
     adaptive reuse predictor: the order of whichever of LRU, S3-FIFO and ARC would have hit
     most)."""
 
-    @hookimpl
-    def superinfer_request_arrived(self, request: RequestView, now_s: float) -> None:
-        """Read the new request's prompt chunks (when the engine gives them)."""
-        self.observe_request(request)
 
-
-class AdaptiveRegretPlacement(_PlacementHook, AdaptiveRegretPlacementPolicy):
+class AdaptiveRegretPlacement(_ArrivalHook, AdaptiveRegretPlacementPolicy):
     """The ``adaptive-regret`` plugin:
     :class:`~superinfer.policy_core.kv_placement_adaptive.AdaptiveRegretPlacementPolicy` (the
     adaptive predictor judging its experts by their regret on the engine's own cache)."""
 
-    @hookimpl
-    def superinfer_request_arrived(self, request: RequestView, now_s: float) -> None:
-        """Read the new request's prompt chunks (when the engine gives them)."""
-        self.observe_request(request)
 
-
-class PriorityPlacement(_PlacementHook, PriorityPlacementPolicy):
+class PriorityPlacement(_ArrivalHook, PriorityPlacementPolicy):
     """The ``priority`` plugin:
     :class:`~superinfer.policy_core.kv_priority.PriorityPlacementPolicy`, which learns each SLO
     class's urgency from the requests that arrive."""
-
-    @hookimpl
-    def superinfer_request_arrived(self, request: RequestView, now_s: float) -> None:
-        """Learn the urgency of the request's SLO class."""
-        self.observe_request(request)
 
 
 #: Placement plugins by the name their entry point has.

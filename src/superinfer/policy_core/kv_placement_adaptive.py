@@ -57,16 +57,15 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     the nodes' chunks (:attr:`PrefixNodeView.chunk_keys`, content keys of the whole fixed-size
     pieces that end in a node, which an engine's split of a node does not change; a node without
     a content key is one chunk keyed by its id), each shadow as many chunks as the engine has
-    shown at once (whole chunks only, so that a shadow holds about as many tokens as the
-    engine: a partial chunk per node as one more slot made the shadows larger than the engine,
-    where the experts' hit rates converge), so that a prefix the engine evicted and inserted
-    again, or split, is a hit in a shadow that kept it. At each call the nodes accessed since
-    the last one (last access newer than last seen; oldest first, deeper first on ties) are
-    read by every shadow; a read adds to a shadow's score the tokens of its chunks up to the
-    first that shadow lacks (each chunk the node's tokens over its chunks: what that policy
-    would have served from its cache, a prefix), then its chunks enter the shadow; all scores
-    halve every ``half_life_tokens`` tokens read. The shadows never hear of the engine's
-    evictions: each is its own policy's whole cache.
+    shown at once (whole chunks only, so that every slot stands for the same tokens; with a
+    node's partial last chunk as one more slot, a slot held 1 to 16 tokens), so that a prefix
+    the engine evicted and inserted again, or split, is a hit in a shadow that kept it. At each
+    call the nodes accessed since the last one (last access newer than last seen; oldest first,
+    deeper first on ties) are read by every shadow; a read adds to a shadow's score the tokens
+    of its chunks up to the first that shadow lacks (each chunk the node's tokens over its
+    chunks: what that policy would have served from its cache, a prefix), then its chunks enter
+    the shadow; all scores halve every ``half_life_tokens`` tokens read. The shadows never hear
+    of the engine's evictions: each is its own policy's whole cache.
 
     Where the engine gives each new request's prompt chunk keys
     (:attr:`RequestView.prompt_chunk_keys`, read by :meth:`observe_request`), the shadows read
@@ -103,6 +102,9 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     """
 
     name: ClassVar[str] = "adaptive"
+    #: Asks engines for :attr:`RequestView.prompt_chunk_keys` (SGLang's adapter hashes each new
+    #: prompt only when a plugin says so).
+    reads_prompt_keys: ClassVar[bool] = True
 
     experts: tuple[str, ...] = ("lru", "s3fifo", "arc")
     half_life_tokens: float = 65_536.0
@@ -120,6 +122,8 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     )
     _nodes: tuple[PrefixNodeView, ...] = field(default=(), init=False, repr=False)
     _needed: int = field(default=0, init=False, repr=False)
+    #: Chunks of the nodes shown at this call (at least 1): the shadows' and ghost lists' size.
+    _shown: int = field(default=1, init=False, repr=False)
     from_prompts: bool = field(default=False, init=False)
     _pending: deque[tuple[tuple[str, ...], float]] = field(
         default_factory=lambda: deque(maxlen=_MAX_PENDING), init=False, repr=False
@@ -149,6 +153,7 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         for nd in nodes:
             chunks = nd.chunk_keys if nd.content_key is not None else (nd.node_id,)
             self._chunks[nd.key] = chunks, nd.num_tokens / max(len(chunks), 1)
+        self._shown = max(sum(len(c) for c, _ in self._chunks.values()), 1)
 
     def metrics(self) -> dict[str, Any]:
         out = super().metrics()
@@ -184,14 +189,10 @@ class AdaptivePlacementPolicy(PlacementPolicy):
             self._seen = {k: t for k, t in self._seen.items() if k in self._chunks}
         return orders[self.leader], None, False
 
-    def _shown_chunks(self) -> int:
-        """Chunks of the nodes shown now (at least 1): the shadows' and ghost lists' size."""
-        return max(sum(len(c) for c, _ in self._chunks.values()), 1)
-
     def _judge(self, keys: NDArray[Any], fresh: list[int]) -> None:
         """Size what the reads go to, then read the requests' prompts waiting or, without
         prompt keys, the accessed nodes' chunks."""
-        self._size(self._shown_chunks())
+        self._size(self._shown)
         if not self.from_prompts:
             self._pending.extend(self._chunks[keys[i]] for i in fresh)
         self._flush()
@@ -218,7 +219,8 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         chunks up to the first one that shadow lacks (a prefix cache serves a prefix: offline,
         ``reuse_adaptive``'s shadows count prefix hits too; counting every chunk held, the
         S3-FIFO and LRU shadows hit 0.669 and 0.663 of the tokens read by the first switch on
-        the real SGLang server, where the offline replay of the run gives 0.600 and 0.560);
+        the real SGLang server, where the offline replay of the run gives 0.600 and 0.560:
+        ``results/sglang-kv-placement/adaptive_switches.csv``, ``tries/runs-bd8c695.csv``);
         each read's chunks then enter every shadow deepest first (so that a parent is more
         recent than its child, as offline)."""
         hits = dict.fromkeys(self.experts, 0.0)
@@ -321,7 +323,7 @@ class AdaptiveRegretPlacementPolicy(AdaptivePlacementPolicy):
         """Each expert's victims at this eviction join its ghost list."""
         if self._needed <= 0:
             return
-        capacity = self._shown_chunks()
+        capacity = self._shown
         for name, score in orders.items():
             ghost = self._ghosts[name]
             for i in self._victims(np.asarray(score, dtype=np.float64)):

@@ -185,7 +185,8 @@ class RequestView:
         prompt_chunk_keys: content keys of the prompt's whole chunks, the same keys as the
             :attr:`PrefixNodeView.chunk_keys` of the nodes that hold that prompt once cached, so
             a placement policy can replay what requests read (``adaptive``); given by SGLang's
-            adapter at ``superinfer_request_arrived`` when a placement plugin is on, else ``()``.
+            adapter at ``superinfer_request_arrived`` when a plugin that reads them is on (its
+            class sets ``reads_prompt_keys``), else ``()``.
     """
 
     request_id: str

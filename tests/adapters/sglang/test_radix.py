@@ -248,7 +248,10 @@ def test_a_prefix_inserted_again_or_split_keeps_its_content_key() -> None:
 
 
 class Reader(Placer):
-    """A placer that also keeps the views of the requests that arrive."""
+    """A placer that also keeps the views of the requests that arrive, and asks for their
+    prompt keys (``reads_prompt_keys``, as the ``adaptive`` plugins do)."""
+
+    reads_prompt_keys = True
 
     def __init__(self) -> None:
         super().__init__({}, {})
@@ -279,12 +282,15 @@ def test_a_new_requests_prompt_keys_are_the_chunk_keys_of_the_nodes_that_cache_i
     child = next(v for v in reader.seen[0] if v.parent_id == first.node_id and
                  v.content_key == f"{path_hash(root, range(40)):x}")  # fmt: skip
     assert first.chunk_keys + child.chunk_keys == keys
-    # without a placement plugin the adapter does not hash prompts
-    plain = make_adapter("fcfs", world=world)
-    seen: list[RequestView] = []
-    plain.hook.superinfer_request_arrived = lambda request, now_s: seen.append(request)
-    arrive(plain, [], make_req("r2", 40))
-    assert seen[0].prompt_chunk_keys == ()
+    # without a plugin that reads them (here a placement plugin that does not) the adapter
+    # does not hash prompts
+    Reader.reads_prompt_keys = False
+    try:
+        other = Reader()
+        arrive(make_adapter(other, world=world), [], make_req("r2", 40))
+    finally:
+        Reader.reads_prompt_keys = True
+    assert other.arrived[0].prompt_chunk_keys == ()
 
 
 def test_chunk_hashes_mark_every_chunk_boundary_from_the_root_then_the_end() -> None:

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 from superinfer.adapters.manager import UnknownPolicyError, build_plugin_manager
 from superinfer.adapters.sglang.config import ENV_SWITCH, AdapterConfig, ConfigError, load_config
-from superinfer.adapters.sglang.prefix_view import prefix_node_views
+from superinfer.adapters.sglang.prefix_view import prefix_node_views, wants_prompt_keys
 from superinfer.adapters.sglang.stats import Telemetry, kv_usage
 from superinfer.adapters.sglang.view import (
     EngineLimits,
@@ -273,7 +273,7 @@ class SGLangAdapter:
                 req.priority = sglang_priority(
                     rec.rank, low_values_first=self.limits.low_priority_values_first
                 )
-            keys = bool(self.hook.superinfer_kv_placement.get_hookimpls())  # for `adaptive`
+            keys = wants_prompt_keys(self.hook)  # only a plugin that reads them (`adaptive`)
             view = request_view(req, rec, running=False, page_size=self.limits.page_size, keys=keys)
             self.hook.superinfer_request_arrived(request=view, now_s=self.clock.now_s)
         return original(scheduler, req, *a, **k)
