@@ -17,12 +17,12 @@ and the learned reuse predictor, ``policy_core.kv_placement``). Runs alternate t
 (``lru, reuse, lru, ...``) for ``--repeats`` rounds, so a slow spell of the host lands on both.
 
 First, the same block stream is replayed offline through ``cache-eval``'s block caches
-(``replay_blocks``: ``lru``, ``arc``, ``s3fifo``, ``learned``, the reuse predictor's model, and
-``adaptive``) at ``--max-total-tokens / --block-tokens`` blocks (or at each of
-``--offline-capacities``), a prediction of each order's prefix hit rate written to
-``OUT/offline.csv`` (``policy, capacity_blocks, prefix_hit_rate``) before any server runs
-(``--offline-only`` stops there; ``--rows-from DIR`` instead only rebuilds ``OUT/runs.csv`` from
-an earlier run's folders).
+(``replay_blocks``: ``lru``, ``arc``, ``s3fifo``, ``learned``, the reuse predictor's model,
+``hazard``, the reuse-hazard expert, and ``adaptive``) at ``--max-total-tokens /
+--block-tokens`` blocks (or at each of ``--offline-capacities``), a prediction of each order's
+prefix hit rate written to ``OUT/offline.csv`` (``policy, capacity_blocks, prefix_hit_rate``)
+before any server runs (``--offline-only`` stops there; ``--rows-from DIR`` instead only
+rebuilds ``OUT/runs.csv`` from an earlier run's folders).
 
 Writes ``OUT/runs.csv`` (one row per run: ``kv_policy, repeat, n_requests, n_finished,
 n_failed, prompt_tokens, prompt_tokens_cached, prefix_hit_rate, ttft_mean_ms, ttft_p50_ms,
@@ -62,7 +62,7 @@ RUN_COLUMNS = ["kv_policy", "repeat", "n_requests", "n_finished", "n_failed", "p
                "placement_us_p99", "hit_q1", "hit_q2", "hit_q3", "hit_q4"]  # fmt: skip
 
 
-OFFLINE_POLICIES = ("lru", "arc", "s3fifo", "learned", "adaptive")
+OFFLINE_POLICIES = ("lru", "arc", "s3fifo", "learned", "hazard", "adaptive")
 
 
 def offline_rates(

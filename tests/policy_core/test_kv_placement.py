@@ -117,6 +117,7 @@ def test_the_kv_policy_entry_points_name_the_plugins() -> None:
         "s3fifo": "superinfer.adapters.kv_placement:S3FifoPlacement",
         "adaptive": "superinfer.adapters.kv_placement:AdaptivePlacement",
         "adaptive-regret": "superinfer.adapters.kv_placement:AdaptiveRegretPlacement",
+        "hazard": "superinfer.adapters.kv_placement:HazardPlacement",
         "priority": "superinfer.adapters.kv_placement:PriorityPlacement",
     }
     for name, target in targets.items():

@@ -1,7 +1,8 @@
 """Prefix-cache placement plugins behind ``superinfer_kv_placement``: the reuse predictor with the
 placement planner (``reuse``), and LRU / LFU / ARC / S3-FIFO through the same planner (``lru``,
 ``lfu``, ``arc``, ``s3fifo``), the adaptive predictor that follows the best of LRU, ARC and
-S3-FIFO (``adaptive``; ``adaptive-regret`` judges them by regret), and priority-aware LRU
+S3-FIFO (``adaptive``; ``adaptive-regret`` judges them by regret), the reuse-hazard expert
+(``hazard``: hit density of each node's learned time to reuse), and priority-aware LRU
 (``priority``: SGLang's ``--radix-eviction-policy priority`` for any engine).
 
 They are registered in the entry-point group ``superinfer.kv_policies`` and enabled with
@@ -25,6 +26,7 @@ from superinfer.policy_core.kv_placement_adaptive import (
     AdaptivePlacementPolicy,
     AdaptiveRegretPlacementPolicy,
 )
+from superinfer.policy_core.kv_placement_hazard import HazardPlacementPolicy
 from superinfer.policy_core.kv_priority import PriorityPlacementPolicy
 from superinfer.policy_core.types import PlacementDecision, PrefixNodeView, RequestView
 
@@ -33,6 +35,7 @@ __all__ = [
     "AdaptivePlacement",
     "AdaptiveRegretPlacement",
     "ArcPlacement",
+    "HazardPlacement",
     "LFUPlacement",
     "LRUPlacement",
     "PriorityPlacement",
@@ -110,6 +113,12 @@ class AdaptiveRegretPlacement(_ArrivalHook, AdaptiveRegretPlacementPolicy):
     adaptive predictor judging its experts by their regret on the engine's own cache)."""
 
 
+class HazardPlacement(_ArrivalHook, HazardPlacementPolicy):
+    """The ``hazard`` plugin:
+    :class:`~superinfer.policy_core.kv_placement_hazard.HazardPlacementPolicy` (the reuse-hazard
+    expert: evicts by the hit density of each node's learned time to reuse)."""
+
+
 class PriorityPlacement(_ArrivalHook, PriorityPlacementPolicy):
     """The ``priority`` plugin:
     :class:`~superinfer.policy_core.kv_priority.PriorityPlacementPolicy`, which learns each SLO
@@ -127,6 +136,7 @@ KV_POLICIES: dict[str, type[PlacementPolicy]] = {
         S3FifoPlacement,
         AdaptivePlacement,
         AdaptiveRegretPlacement,
+        HazardPlacement,
         PriorityPlacement,
     )
 }
