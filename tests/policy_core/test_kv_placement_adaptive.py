@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from superinfer.policy_core.kv_baselines import LruCache, S3FifoCache
@@ -14,6 +15,7 @@ from superinfer.policy_core.kv_placement_adaptive import (
     AdaptivePlacementPolicy,
     AdaptiveRegretPlacementPolicy,
 )
+from superinfer.policy_core.kv_placement_hazard import HazardPlacementPolicy, HazardShadow
 from superinfer.policy_core.types import SLO, KVLocation, Placement, PrefixNodeView, RequestView
 
 HOT_TOKENS, COLD_TOKENS = 100, 10
@@ -54,7 +56,8 @@ def engine_views(accesses: list[str], t: int) -> tuple[PrefixNodeView, ...]:
 def test_the_expert_that_keeps_the_hot_prefix_takes_the_lead_and_its_order_is_applied() -> None:
     accesses = stream(6)
     policy = AdaptivePlacementPolicy(experts=("lru", "s3fifo"), half_life_tokens=math.inf,
-                                     switch_margin=0.0, min_lead_tokens=0.0)  # fmt: skip
+                                     switch_margin=0.0, min_lead_tokens=0.0,
+                                     follow=False)  # fmt: skip
     # The oracles: the same accesses (the first call sees the first four at once) through the
     # exactly tested caches of kv_baselines, 4 slots each (the most nodes shown at once).
     lru, s3 = LruCache[str](4), S3FifoCache[str](4)
@@ -256,3 +259,57 @@ def test_a_read_hits_a_shadow_in_its_prefix_only() -> None:
         assert policy.scores["lru"] == (16.0 if t == 3 else 0.0)
     assert list(policy._shadows["lru"].order) == ["x", "b", "a"]
     assert policy.accessed == 16 * 8
+
+
+def test_after_a_switch_the_nodes_the_leaders_shadow_lacks_leave_first() -> None:
+    """``follow``: once S3-FIFO leads (after H's third arrival), a node whose chunk S3-FIFO's
+    shadow does not hold (``x8``, touched again by the engine) leaves before the S3-FIFO
+    order's own victim (the oldest one-time prompt shown, ``x9``)."""
+    accesses = stream(3)
+    twins = [AdaptivePlacementPolicy(experts=("lru", "s3fifo"), half_life_tokens=math.inf,
+                                     switch_margin=0.0, min_lead_tokens=0.0, follow=follow)
+             for follow in (True, False)]  # fmt: skip
+    for policy in twins:
+        for t, key in enumerate(accesses):
+            policy.observe_request(prompt(t, key))
+            if t >= 3:
+                policy.decide(engine_views(accesses, t), float(t), 0, 0, 1, 4)
+        assert policy.leader == "s3fifo"
+    held = [k for k in ("H", *(f"x{i}" for i in range(12))) if k in twins[0]._shadows["s3fifo"]]
+    assert held == ["H", "x9", "x10", "x11"]
+    t = len(accesses)
+    x8, *others = engine_views(accesses, t - 1)
+    views = (*others, replace(x8, last_access_s=float(t)))
+    followed, plain = (p.decide(views, float(t), 0, 0, 1, 4) for p in twins)
+    assert followed.actions == {"x8@14": Placement.DROP}
+    assert plain.actions == {"x9@14": Placement.DROP}
+
+
+def test_the_hazard_expert_learns_from_the_prompts_and_its_shadow_holds_the_best_scored() -> None:
+    """The default experts include ``hazard``: its order reads each prompt at arrival, and its
+    shadow keeps, after each read, the chunks that order's model scores highest."""
+    policy = AdaptivePlacementPolicy(half_life_tokens=math.inf)
+    assert policy.experts == ("lru", "s3fifo", "arc", "hazard")
+    hazard = policy._orders["hazard"]
+    assert isinstance(hazard, HazardPlacementPolicy)
+    hazard.min_intervals, hazard.refit_reads = 1, 1
+    policy.decide((chunked("n1", ("s1", "s2"), 0.0),), 0.0, 0, 0, 0, 8)  # shadows of 2 chunks
+    for t, chunks in enumerate((("a",), ("b",), ("a",), ("c",), ("a",), ("d",))):
+        policy.observe_request(RequestView(f"r{t}", float(t + 1), 16, 1, CHAT,
+                                           prompt_chunk_keys=chunks))  # fmt: skip
+    assert hazard.num_closed == 2 and hazard.fitted  # a: 2 s after its 1st read, then its 2nd
+    shadow = policy._shadows["hazard"]
+    keys = ["a", "b", "c", "d"]
+    best = [keys[i] for i in np.argsort(hazard.key_scores(keys, 6.0))[-2:]]
+    assert sorted(shadow._held) == sorted(best) and len(shadow) == 2
+
+
+def test_the_hazard_shadow_trims_once_per_read_oldest_first_before_the_model_has_learned() -> None:
+    model = HazardPlacementPolicy()
+    shadow = HazardShadow(2, model)
+    for t, key in enumerate(("a", "b", "c")):
+        model.read((key,), float(t))
+        assert shadow.access(key) == []
+    assert len(shadow) == 3 and shadow.settle() == ["a"] and "a" not in shadow
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
+        HazardShadow(0, model)
