@@ -71,8 +71,8 @@ def test_without_a_kv_policy_the_engine_keeps_its_own_eviction() -> None:
 
 def test_unknown_kv_policy_is_a_clear_error() -> None:
     match = (
-        r"unknown kv policy 'nosuch'; registered: adaptive, adaptive-regret, arc, hazard, lfu, lru, "
-        r"priority, reuse, s3fifo$"
+        r"unknown kv policy 'nosuch'; registered: adaptive, adaptive-regret, arc, hazard, lfu, "
+        r"lru, priority, reuse, s3fifo$"
     )
     with pytest.raises(UnknownPolicyError, match=match):
         build_plugin_manager("fcfs", kv_policy="nosuch")

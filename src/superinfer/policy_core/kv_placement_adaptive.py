@@ -1,7 +1,8 @@
-"""The adaptive reuse predictor as a prefix-cache placement policy (issue 22): it follows
-whichever of LRU, S3-FIFO and ARC is doing best on the engine's traffic, judged either by shadow
-caches (:class:`AdaptivePlacementPolicy`, plugin ``adaptive``) or by each expert's regret on the
-engine's own cache (:class:`AdaptiveRegretPlacementPolicy`, plugin ``adaptive-regret``).
+"""The adaptive reuse predictor as a prefix-cache placement policy (issue 22): it follows whichever
+of LRU, S3-FIFO, ARC and the reuse-hazard model is doing best on the engine's traffic, judged
+either by shadow caches (:class:`AdaptivePlacementPolicy`, plugin ``adaptive``) or by each
+expert's regret on the engine's own cache (:class:`AdaptiveRegretPlacementPolicy`, plugin
+``adaptive-regret``).
 
 Both order the engine's nodes with the leading expert's own placement policy of
 :mod:`superinfer.policy_core.kv_placement`, kept in step with the engine. Pure: stdlib and numpy.
@@ -80,26 +81,26 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     longer (on the real SGLang server, where every prefix match and insert touches a node
     again, reading the nodes ranked the experts within a point: ``results/sglang-kv-placement``).
 
-    The shadows choose the leader. The nodes are ordered by the leader's own placement
-    policy (:class:`LRUPlacementPolicy`, :class:`ArcPlacementPolicy`,
-    :class:`S3FifoPlacementPolicy`, :class:`~superinfer.policy_core.kv_placement_hazard.
-    HazardPlacementPolicy`), one of each kept in step with the engine on every call (fed the
-    same accesses and the engine's evictions, as the ``lru``, ``arc``, ``s3fifo`` and ``hazard``
-    plugins are), so that with one leader throughout the decisions are that plugin's exactly;
-    a shadow, which never hears of the engine's evictions, holds other content than the
-    engine. After the first switch, with ``follow``, the nodes whose deepest whole chunk the
-    leader's shadow lacks leave first: the engine's content, shaped by the old leader, moves
-    to the new one's sooner (on the real SGLang server, without it, the hit rate lagged the
-    new leader's by 2.4 points for a quarter of the trace after the switch:
-    ``results/sglang-kv-placement/prompts/runs.csv``). The first expert leads at the start (cold start: LRU's order exactly); another
-    takes the lead when its score exceeds the leader's by
-    ``switch_margin`` of the decayed tokens accessed (a lead in token hit rate) and by
-    ``min_lead_tokens``, so near-tied experts are not chased. Never pins. Work: O(chunks read
-    x experts) for the shadows (at each arrival when prompts are read, else in the call) and
-    each expert plugin's own work in every call.
+    The shadows choose the leader. The nodes are ordered by the leader's own placement policy
+    (:class:`LRUPlacementPolicy`, :class:`ArcPlacementPolicy`, :class:`S3FifoPlacementPolicy`,
+    :class:`HazardPlacementPolicy` of :mod:`~superinfer.policy_core.kv_placement_hazard`), one
+    of each kept in step with the engine on every call (fed the same accesses and the engine's
+    evictions, as the ``lru``, ``arc``, ``s3fifo`` and ``hazard`` plugins are), so that with one
+    leader throughout the decisions are that plugin's exactly; a shadow, which never hears of
+    the engine's evictions, holds other content than the engine. After the first switch, with
+    ``follow``, the nodes whose deepest whole chunk the leader's shadow lacks leave first: the
+    engine's content, shaped by the old leader, moves to the new one's sooner (on the real
+    SGLang server, without it, the hit rate lagged the new leader's by 2.4 points for a quarter
+    of the trace after the switch: ``results/sglang-kv-placement/prompts/runs.csv``). The first
+    expert leads at the start (cold start: LRU's order exactly); another takes the lead when its
+    score exceeds the leader's by ``switch_margin`` of the decayed tokens accessed (a lead in
+    token hit rate) and by ``min_lead_tokens``, so near-tied experts are not chased. Never pins.
+    Work: O(chunks read x experts) for the shadows (at each arrival when prompts are read, else
+    in the call) and each expert plugin's own work in every call.
 
     Attributes:
-        experts: shadow policies, among ``lru``, ``arc``, ``s3fifo``; the first is the cold start.
+        experts: shadow policies, among ``lru``, ``arc``, ``s3fifo``, ``hazard``; the first is
+            the cold start.
         half_life_tokens: half-life of the scores, in tokens accessed.
         switch_margin: lead in decayed token hit rate needed to take the lead.
         min_lead_tokens: lead in decayed hit tokens needed to take the lead.
