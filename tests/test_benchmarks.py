@@ -465,3 +465,16 @@ def test_long_prompt_chunks_sorts_a_prefill_by_how_it_ran() -> None:
     assert kind_of(small, 10.0) == "time-bound"
     assert kind_of(full, 9.8) == "budget-bound +queued"  # first chunk 0.21 s after arrival
     assert kind_of(full[:2], 9.87) == "two steps"  # 0.14 s: not queued
+
+
+def test_sglang_kv_placement_gaps_finds_each_prompts_reusable_prefix_and_its_idle_time() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import sglang_kv_placement_gaps as g
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    # a session's turns at 0, 10 and 25 s, each its history plus a new chunk; a one-shot at 12 s
+    table = g.reusable([[1, 2], [1, 2, 3], [9], [1, 2, 3, 4]], [0.0, 10.0, 12.0, 25.0])
+    assert table.reusable_chunks.tolist() == [0, 2, 0, 3]
+    assert table.gap_s.fillna(-1.0).tolist() == [-1.0, 10.0, -1.0, 15.0]
+    assert table.reads.tolist() == [0, 1, 0, 1]
