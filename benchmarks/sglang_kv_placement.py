@@ -81,6 +81,30 @@ def offline_rates(
     ]  # fmt: skip
 
 
+def add_workload_args(parser: argparse.ArgumentParser) -> None:
+    """The options that make the run's workload (``--trace``, ``--block-tokens``,
+    ``--window-s``, ``--speedup``, ``--max-prompt-tokens``, ``--output-tokens``, ``--seed``),
+    shared with ``sglang_kv_placement_gaps.py``, which rebuilds a run's workload."""
+    parser.add_argument("--trace", default="gen-multi-turn")
+    parser.add_argument("--block-tokens", type=int, default=16)
+    parser.add_argument("--window-s", type=float, default=900.0, help="of the trace's time")
+    parser.add_argument("--speedup", type=float, default=3.0, help="replay this much faster")
+    parser.add_argument("--max-prompt-tokens", type=int, default=1900)
+    parser.add_argument("--output-tokens", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def workload_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Workload:
+    """The workload :func:`add_workload_args`' options name (an unknown ``--trace`` is a
+    parser error)."""
+    if args.trace not in GENERATED_TRACES:
+        parser.error(f"--trace: one of {', '.join(GENERATED_TRACES)}")
+    return generated_workload(args.trace, block_tokens=args.block_tokens,
+                              window_s=args.window_s, max_prompt_tokens=args.max_prompt_tokens,
+                              output_tokens=args.output_tokens, seed=args.seed,
+                              speedup=args.speedup)  # fmt: skip
+
+
 def run_row(requests: pd.DataFrame) -> dict[str, float]:
     """The ``runs.csv`` figures of one run's requests table (over its finished requests)."""
     reqs = add_latency_columns(requests)
@@ -161,18 +185,12 @@ def rebuild_rows(runs: Path, policies: list[str], repeats: int, out: Path) -> in
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", default="gen-multi-turn")
-    parser.add_argument("--block-tokens", type=int, default=16)
-    parser.add_argument("--window-s", type=float, default=900.0, help="of the trace's time")
-    parser.add_argument("--speedup", type=float, default=3.0, help="replay this much faster")
-    parser.add_argument("--max-prompt-tokens", type=int, default=1900)
-    parser.add_argument("--output-tokens", type=int, default=8)
+    add_workload_args(parser)
     parser.add_argument("--max-total-tokens", type=int, default=8192)
     parser.add_argument("--context-length", type=int, default=2048)
     parser.add_argument("--model-path", default=None)
     parser.add_argument("--kv-policies", default="lru,reuse")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--offline-only", action="store_true")
     parser.add_argument("--rows-from", type=Path, default=None,
@@ -184,12 +202,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.rows_from is not None:  # no workload, no offline replay, no server
         return rebuild_rows(args.rows_from, args.kv_policies.split(","), args.repeats, args.out)
-    if args.trace not in GENERATED_TRACES:
-        parser.error(f"--trace: one of {', '.join(GENERATED_TRACES)}")
-    workload = generated_workload(args.trace, block_tokens=args.block_tokens,
-                                  window_s=args.window_s, max_prompt_tokens=args.max_prompt_tokens,
-                                  output_tokens=args.output_tokens, seed=args.seed,
-                                  speedup=args.speedup)  # fmt: skip
+    workload = workload_from_args(parser, args)
     print(f"{len(workload.requests)} requests, {workload.details['left_out']} left out "
           f"(prompt > {args.max_prompt_tokens})", flush=True)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)

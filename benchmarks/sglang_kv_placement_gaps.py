@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from superinfer.harness.offline.cache_workloads import generated_workload
+from sglang_kv_placement import add_workload_args, workload_from_args
 
 #: Gap buckets' right edges, s (the last one open).
 GAP_EDGES_S = (0.0, 5.0, 10.0, 20.0, 40.0, 80.0, np.inf)
@@ -56,19 +55,10 @@ def main() -> int:
     parser.add_argument("--runs", type=Path, required=True, help="a sglang_kv_placement --out")
     parser.add_argument("--kv-policies", required=True)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--trace", default="gen-multi-turn")
-    parser.add_argument("--block-tokens", type=int, default=16)
-    parser.add_argument("--window-s", type=float, default=900.0)
-    parser.add_argument("--speedup", type=float, default=3.0)
-    parser.add_argument("--max-prompt-tokens", type=int, default=1900)
-    parser.add_argument("--output-tokens", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--csv", type=Path, required=True)
+    add_workload_args(parser)  # the run's own options, to rebuild its workload
     args = parser.parse_args()
-    workload = generated_workload(args.trace, block_tokens=args.block_tokens,
-                                  window_s=args.window_s, max_prompt_tokens=args.max_prompt_tokens,
-                                  output_tokens=args.output_tokens, seed=args.seed,
-                                  speedup=args.speedup)  # fmt: skip
+    workload = workload_from_args(parser, args)
     reqs = sorted(workload.requests, key=lambda r: r.arrival_s)
     table = reusable([list(r.block_hashes) for r in reqs], [r.arrival_s for r in reqs])
     table["reusable_tokens"] = table.reusable_chunks * args.block_tokens

@@ -38,11 +38,10 @@ _log = logging.getLogger(__name__)
 #: Prompts read before the first eviction (when the shadows get their size) kept at most.
 _MAX_PENDING = 4_096
 
-#: The shadow caches :class:`AdaptivePlacementPolicy` may run (``hazard``'s:
-#: :class:`HazardShadow`, over the ``hazard`` order's model), and the placement policies that
-#: order the engine's nodes while each leads, by expert name.
-_SHADOWS: dict[str, type[Any]] = {"lru": LruCache, "arc": ArcCache, "s3fifo": S3FifoCache,
-                                  "hazard": HazardShadow}  # fmt: skip
+#: The placement policies that order the engine's nodes while each expert leads, and the key
+#: caches that shadow them, by expert name (``hazard``'s shadow, a :class:`HazardShadow` over
+#: the ``hazard`` order's model, is made by ``AdaptivePlacementPolicy._shadow``).
+_SHADOWS: dict[str, type[Any]] = {"lru": LruCache, "arc": ArcCache, "s3fifo": S3FifoCache}
 _ORDERS: dict[str, type[PlacementPolicy]] = {
     "lru": LRUPlacementPolicy,
     "arc": ArcPlacementPolicy,
@@ -152,9 +151,9 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         if (
             not self.experts
             or len(set(self.experts)) < len(self.experts)
-            or any(e not in _SHADOWS for e in self.experts)
+            or any(e not in _ORDERS for e in self.experts)
         ):
-            raise ValueError(f"experts must be distinct names among {sorted(_SHADOWS)}, "
+            raise ValueError(f"experts must be distinct names among {sorted(_ORDERS)}, "
                              f"got {self.experts}")  # fmt: skip
         if not self.half_life_tokens > 0:
             raise ValueError(f"half_life_tokens must be > 0, got {self.half_life_tokens}")

@@ -152,8 +152,8 @@ class HazardPlacementPolicy(PlacementPolicy):
         """Each class's ``rho`` at the age points, from the closed intervals and the open ones
         (every key known, censored at its age)."""
         lasts = np.fromiter((v[0] for v in self._keys.values()), np.float64, len(self._keys))
-        reads = np.fromiter((v[1] for v in self._keys.values()), np.int64, len(self._keys))
-        cls = np.minimum(np.floor(np.log2(reads)).astype(np.int64), self.classes - 1)
+        cls = self._class(np.fromiter((v[1] for v in self._keys.values()), np.int64,
+                                      len(self._keys)))  # fmt: skip
         nb = len(AGE_EDGES_S)
         bins = np.clip(np.searchsorted(AGE_EDGES_S, now_s - lasts, side="right") - 1, 0, nb - 1)
         rho = np.zeros((self.classes, nb + 1))
@@ -189,8 +189,7 @@ class HazardPlacementPolicy(PlacementPolicy):
             known = self._keys.get(tail) if tail is not None else None
             if known is not None:
                 age[i], reads[i] = now_s - known[0], known[1]
-        score: FloatArray = self.density(age, reads) - _TIE * age / (1.0 + age)  # older first
-        return score, None, False
+        return self._evict_score(age, reads), None, False
 
     def key_scores(self, keys: list[str], now_s: float) -> FloatArray:
         """Shape (N,): the eviction score at ``now_s`` of each chunk key (lowest: first to
@@ -204,7 +203,19 @@ class HazardPlacementPolicy(PlacementPolicy):
             return -age
         reads = np.fromiter((table[k][1] if k in table else 1 for k in keys), np.int64,
                             len(keys))  # fmt: skip
-        out: FloatArray = self.density(age, reads) - _TIE * age / (1.0 + age)
+        return self._evict_score(age, reads)
+
+    def _evict_score(self, age_s: FloatArray, reads: NDArray[np.int64]) -> FloatArray:
+        """:meth:`density` less the age tie-break (equal densities: the older first)."""
+        out: FloatArray = self.density(age_s, reads) - _TIE * age_s / (1.0 + age_s)
+        return out
+
+    def _class(self, reads: NDArray[np.int64]) -> NDArray[np.int64]:
+        """The interval class of keys read ``reads`` (>= 1) times: ``floor(log2(reads))``,
+        capped at ``classes - 1`` (``read``'s ``bit_length() - 1`` for one key)."""
+        out: NDArray[np.int64] = np.minimum(
+            np.floor(np.log2(np.maximum(reads, 1))).astype(np.int64), self.classes - 1
+        )
         return out
 
     def density(self, age_s: FloatArray, reads: NDArray[np.int64]) -> FloatArray:
@@ -213,8 +224,7 @@ class HazardPlacementPolicy(PlacementPolicy):
         between the age points (the last point's beyond it). Zeros before the first fit."""
         if not self.fits:
             return np.zeros(len(age_s))
-        cls = np.minimum(np.floor(np.log2(np.maximum(reads, 1))).astype(np.int64),
-                         self.classes - 1)  # fmt: skip
+        cls = self._class(reads)
         out: FloatArray = cls.choose([np.interp(age_s, self._x, self._rho[c])
                                       for c in range(self.classes)])  # fmt: skip
         return out
