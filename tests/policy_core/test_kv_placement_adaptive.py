@@ -313,3 +313,23 @@ def test_the_hazard_shadow_trims_once_per_read_oldest_first_before_the_model_has
     assert len(shadow) == 3 and shadow.settle() == ["a"] and "a" not in shadow
     with pytest.raises(ValueError, match="capacity must be >= 1"):
         HazardShadow(0, model)
+
+
+def test_the_prompts_before_the_first_eviction_are_judged_as_of_each_read() -> None:
+    """The prompts ``a b c d a`` (one chunk each, 1 s apart) arrive before the first eviction
+    and wait; the first call sizes the shadows at 2 chunks and reads them in order. The hazard
+    order (LRU before it has learned) learns each prompt as its shadow reads it: after ``c`` its
+    shadow drops ``a`` (then the oldest), so the second ``a`` misses, as in LRU's shadow. Had
+    the order read every prompt at arrival, the shadow would have trimmed with ``a`` read last
+    (at 5 s), kept it, and scored a hit that it only knew of from the future."""
+    policy = AdaptivePlacementPolicy(experts=("lru", "hazard"), half_life_tokens=math.inf)
+    hazard = policy._orders["hazard"]
+    assert isinstance(hazard, HazardPlacementPolicy)
+    for t, key in enumerate("abcda", start=1):
+        policy.observe_request(RequestView(f"r{t}", float(t), 16, 1, CHAT,
+                                           prompt_chunk_keys=(key,)))  # fmt: skip
+    assert (hazard.num_closed, policy.accessed) == (0, 0.0)  # waiting: nothing read yet
+    policy.decide((chunked("n1", ("s1", "s2"), 0.0),), 5.0, 0, 0, 0, 8)
+    assert hazard.num_closed == 1 and hazard.now_s == 5.0  # a's second read closed its gap
+    assert policy.scores == {"lru": 0.0, "hazard": 0.0} and policy.accessed == 80.0
+    assert sorted(policy._shadows["hazard"]._held) == ["a", "d"]

@@ -142,7 +142,8 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     #: Chunks of the nodes shown at this call (at least 1): the shadows' and ghost lists' size.
     _shown: int = field(default=1, init=False, repr=False)
     from_prompts: bool = field(default=False, init=False)
-    _pending: deque[tuple[tuple[str, ...], float]] = field(
+    #: Reads waiting for the shadows: chunk keys, tokens per chunk, the request (None: a node).
+    _pending: deque[tuple[tuple[str, ...], float, RequestView | None]] = field(
         default_factory=lambda: deque(maxlen=_MAX_PENDING), init=False, repr=False
     )
 
@@ -186,17 +187,26 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         the requests' reads, once each, as the offline replay judges them, and no longer on
         the nodes' accesses (SGLang touches a node at every prefix match of a waiting request
         and again when a request's KV is inserted, each a hit in every shadow). Before the
-        first eviction the reads wait, up to the last 4,096."""
+        first eviction the reads wait, up to the last 4,096 (an older one leaves unjudged; the
+        ``hazard`` order still learns from it). The ``hazard`` order learns each prompt as the
+        shadows read it, so that its shadow's trim after a read sees the keys' reads up to that
+        read, not later ones."""
         chunks = request.prompt_chunk_keys
         if not chunks:
             return
-        hazard = self._orders.get("hazard")
-        if isinstance(hazard, HazardPlacementPolicy):  # the hazard order learns from prompts
-            hazard.observe_request(request)
         self.from_prompts = True
-        self._pending.append((chunks, request.prompt_tokens / len(chunks)))
+        if len(self._pending) == self._pending.maxlen:
+            self._learn(self._pending.popleft()[2])
+        self._pending.append((chunks, request.prompt_tokens / len(chunks), request))
         if self._ready():
             self._flush()
+
+    def _learn(self, request: RequestView | None) -> None:
+        """The ``hazard`` order, if an expert, reads ``request``'s prompt (None: a node's
+        access, which that order reads itself)."""
+        hazard = self._orders.get("hazard")
+        if request is not None and isinstance(hazard, HazardPlacementPolicy):
+            hazard.observe_request(request)
 
     def _scores(
         self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
@@ -232,7 +242,7 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         prompt keys, the accessed nodes' chunks."""
         self._size(self._shown)
         if not self.from_prompts:
-            self._pending.extend(self._chunks[keys[i]] for i in fresh)
+            self._pending.extend((*self._chunks[keys[i]], None) for i in fresh)
         self._flush()
 
     def _size(self, shown: int) -> None:
@@ -259,19 +269,20 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         self._pending.clear()
         self._read(reads)
 
-    def _read(self, reads: list[tuple[tuple[str, ...], float]]) -> None:
-        """Feed reads (a prompt's or a node's chunks root first, tokens per chunk) to the
-        shadows, in order, and update the leader by hit tokens. A read hits a shadow in its
-        chunks up to the first one that shadow lacks (a prefix cache serves a prefix: offline,
-        ``reuse_adaptive``'s shadows count prefix hits too; counting every chunk held, the
-        S3-FIFO and LRU shadows hit 0.669 and 0.663 of the tokens read by the first switch on
-        the real SGLang server, where the offline replay of the run gives 0.600 and 0.560:
-        ``results/sglang-kv-placement/adaptive_switches.csv``, ``tries/runs-bd8c695.csv``);
-        each read's chunks then enter every shadow deepest first (so that a parent is more
-        recent than its child, as offline)."""
+    def _read(self, reads: list[tuple[tuple[str, ...], float, RequestView | None]]) -> None:
+        """Feed reads (a prompt's or a node's chunks root first, tokens per chunk, the request) to
+        the ``hazard`` order and the shadows, in order, and update the leader by hit tokens. A
+        read hits a shadow in its chunks up to the first one that shadow lacks (a prefix cache
+        serves a prefix: offline, ``reuse_adaptive``'s shadows count prefix hits too; counting
+        every chunk held, the S3-FIFO and LRU shadows hit 0.669 and 0.663 of the tokens read by
+        the first switch on the real SGLang server, where the offline replay of the run gives
+        0.600 and 0.560: ``results/sglang-kv-placement/adaptive_switches.csv``,
+        ``tries/runs-bd8c695.csv``); each read's chunks then enter every shadow deepest first (so
+        that a parent is more recent than its child, as offline)."""
         hits = dict.fromkeys(self.experts, 0.0)
         total = 0.0
-        for chunks, tokens in reads:
+        for chunks, tokens, request in reads:
+            self._learn(request)
             total += tokens * len(chunks)
             for name, shadow in self._shadows.items():
                 k = 0
@@ -354,12 +365,13 @@ class AdaptiveRegretPlacementPolicy(AdaptivePlacementPolicy):
     def _ready(self) -> bool:
         return True  # the ghost lists need no size to be read
 
-    def _read(self, reads: list[tuple[tuple[str, ...], float]]) -> None:
-        """Charge each expert the tokens of the chunks read that it had named; update the
-        leader."""
+    def _read(self, reads: list[tuple[tuple[str, ...], float, RequestView | None]]) -> None:
+        """Charge each expert the tokens of the chunks read that it had named (the ``hazard``
+        order reads the prompts); update the leader."""
         lost = dict.fromkeys(self.experts, 0.0)
         total = 0.0
-        for chunks, tokens in reads:
+        for chunks, tokens, request in reads:
+            self._learn(request)
             total += tokens * len(chunks)
             for chunk in chunks:
                 for name, ghost in self._ghosts.items():
