@@ -153,6 +153,37 @@ class TestPrefixCache:
         assert 2 not in cache.nodes  # dropped, not offloaded, as the plugin said
         assert result.counters["offloaded_blocks"] == 0
 
+    def test_a_placement_plugin_reads_the_prompts_keys_and_the_nodes_by_the_same_keys(
+        self,
+    ) -> None:
+        """A hashed prompt arrives with its block hashes as ``prompt_chunk_keys`` (what
+        ``adaptive`` and ``hazard`` read), and each cached node shows its hash as its content
+        key and only chunk key; an unhashed prompt arrives with none."""
+        arrived: list[tuple[str, tuple[str, ...]]] = []
+        shown: set[tuple[str, str | None, tuple[str, ...]]] = set()
+
+        class Recorder:
+            name = "recorder"
+
+            @hookimpl
+            def superinfer_request_arrived(self, request, now_s):  # noqa: ANN001, ANN201
+                arrived.append((request.request_id, request.prompt_chunk_keys))
+
+            @hookimpl
+            def superinfer_kv_placement(self, nodes, now_s, free_hbm_blocks, free_cpu_blocks):  # noqa: ANN001, ANN201
+                shown.update((n.node_id, n.content_key, n.chunk_keys) for n in nodes)
+                return PlacementDecision({})
+
+        from superinfer.adapters.manager import build_plugin_manager
+
+        pm = build_plugin_manager("fcfs")
+        pm.register(Recorder())
+        sim = Simulator(config(num_gpu_blocks_override=96), pm.hook)
+        sim.run([hashed("a", 0.0, 1024, 2, (7, 8)), hashed("b", 1.0, 512, 2, (7,)),
+                 spec("filler", 10.0, 1000, 2)])  # fmt: skip
+        assert arrived == [("a", ("7", "8")), ("b", ("7",)), ("filler", ())]
+        assert shown == {("7", "7", ("7",)), ("8", "8", ("8",))}
+
 
 class SwapOnce:
     """fcfs, except that the first request to reach 5 output tokens is swapped out and resumed."""

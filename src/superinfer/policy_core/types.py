@@ -184,9 +184,10 @@ class RequestView:
             per-replica queues without scanning every state.
         prompt_chunk_keys: content keys of the prompt's whole chunks, the same keys as the
             :attr:`PrefixNodeView.chunk_keys` of the nodes that hold that prompt once cached, so
-            a placement policy can replay what requests read (``adaptive``); given by SGLang's
-            adapter at ``superinfer_request_arrived`` when a plugin that reads them is on (its
-            class sets ``reads_prompt_keys``), else ``()``.
+            a placement policy can replay what requests read (``adaptive``, ``hazard``); given
+            at ``superinfer_request_arrived`` by SGLang's adapter when a plugin that reads them
+            is on (its class sets ``reads_prompt_keys``) and by our simulator when the workload
+            has block hashes (a key per hashed block), else ``()``.
     """
 
     request_id: str
@@ -506,9 +507,9 @@ class PrefixNodeView:
             ``ScheduleDecision.prefetch``). A policy keeps such nodes and prefetches them from CPU.
         content_key: a key of the node's content (its tokens from the root to its end) that a
             re-inserted copy of the same prefix gets again, for engines whose node ids are not
-            (SGLang's radix nodes take a fresh counter id on every insert); ``None``: the node
-            id already names the content (our simulator's block hashes). Policies key their
-            access history on :attr:`key`.
+            (SGLang's radix nodes take a fresh counter id on every insert; our simulator's node
+            ids are block hashes, which it gives again here); ``None``: the node id names the
+            content. Policies key their access history on :attr:`key`.
         chunk_keys: content keys of the whole fixed-size chunks that end in the node (the path
             hash at every multiple of the engine's chunk size, counted in tokens from the root,
             that falls in the node), first first; they do not change when the engine splits the

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from superinfer.policy_core.batching import blocks_for_tokens
@@ -210,7 +211,10 @@ class Simulator:
         rep = self._route(req)
         req.replica = rep.index
         spec = req.spec
-        self.hook.superinfer_request_arrived(request=req.view(), now_s=now_s)
+        view = req.view()
+        if spec.block_hashes:  # the prompt's content keys, as SGLang's adapter gives them
+            view = replace(view, prompt_chunk_keys=tuple(map(str, spec.block_hashes)))
+        self.hook.superinfer_request_arrived(request=view, now_s=now_s)
         total = spec.prompt_tokens + spec.max_output_tokens
         if total > self.config.model.max_model_len_tokens:
             self._end(req, RequestStatus.REJECTED, "exceeds_max_model_len")

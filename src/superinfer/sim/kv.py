@@ -85,9 +85,12 @@ class Node:
 
     def view(self, num_waiting_refs: int = 0) -> PrefixNodeView:
         """The policy-facing view of this node (``num_waiting_refs``: queued requests whose
-        prompt runs through it, which the engine counts)."""
+        prompt runs through it, which the engine counts). Its content key and only chunk key
+        are its block hash (a node is one hashed block of the trace), the keys of the arriving
+        requests' ``prompt_chunk_keys``."""
+        key = str(self.key)
         return PrefixNodeView(
-            node_id=str(self.key),
+            node_id=key,
             parent_id=None if self.parent is None else str(self.parent.key),
             num_tokens=self.tokens,
             num_blocks=self.blocks,
@@ -98,6 +101,8 @@ class Node:
             depth=self.depth,
             slo_classes=tuple(sorted(self.classes)),
             num_waiting_refs=num_waiting_refs,
+            content_key=key,
+            chunk_keys=(key,),
         )
 
 
