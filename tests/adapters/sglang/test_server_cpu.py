@@ -113,7 +113,10 @@ def test_reuse_placement_keeps_the_shared_chat_prefix_under_eviction_pressure(
 ) -> None:
     shared = prompt(500, 60)
     first = generate(server, shared + " question " + prompt(600, 5), 4, "chat")
-    assert first["cached_tokens"] == 0
+    # The shared prefix is new to the server: at most its first word ("epsilon77", 3 tokens) can
+    # match an earlier test's prompt still in the radix cache (1 token, "epsilon", in one of
+    # three full runs on 2026-12-06).
+    assert first["cached_tokens"] <= 3, first["cached_tokens"]
     hits = [
         generate(server, shared + " question " + prompt(601 + i, 5), 4, "chat")["cached_tokens"]
         for i in range(3)
