@@ -133,6 +133,8 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     switches: list[tuple[int, str, str]] = field(default_factory=list, init=False)
     _shadows: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
     _orders: dict[str, PlacementPolicy] = field(default_factory=dict, init=False, repr=False)
+    #: The ``hazard`` order if it is an expert (it learns from the prompts the shadows read).
+    _hazard: HazardPlacementPolicy | None = field(default=None, init=False, repr=False)
     _seen: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     _chunks: dict[str, tuple[tuple[str, ...], float]] = field(
         default_factory=dict, init=False, repr=False
@@ -163,6 +165,8 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         self.leader = self.experts[0]
         self.scores = dict.fromkeys(self.experts, 0.0)
         self._orders = {e: _ORDERS[e]() for e in self.experts}
+        hazard = self._orders.get("hazard")
+        self._hazard = hazard if isinstance(hazard, HazardPlacementPolicy) else None
 
     def _see(self, nodes: tuple[PrefixNodeView, ...], needed_hbm_blocks: int) -> None:
         """Note each node's chunks and their tokens, the nodes and the blocks to free."""
@@ -204,9 +208,8 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     def _learn(self, request: RequestView | None) -> None:
         """The ``hazard`` order, if an expert, reads ``request``'s prompt (None: a node's
         access, which that order reads itself)."""
-        hazard = self._orders.get("hazard")
-        if request is not None and isinstance(hazard, HazardPlacementPolicy):
-            hazard.observe_request(request)
+        if request is not None and self._hazard is not None:
+            self._hazard.observe_request(request)
 
     def _scores(
         self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
