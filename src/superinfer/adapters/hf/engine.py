@@ -111,7 +111,23 @@ def load_model_folder(folder: Path, dtype: str = "float32") -> LoadedModel:
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            tensor.data = _own_copy(tensor.data)
     return _warmed(model, tokenizer, dtype, start, folder)
+
+
+def _own_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s bytes in an array of their own (allocated by numpy, as transformers' GGUF
+    loader allocates each weight), off the safetensors file's mapped pages.
+
+    Why: where the weights live moves this engine's step time by a few percent. A batch-32
+    decode step, paired and rotated over 40-60 rounds on the 2-core AVX2 VM (2026-12-06), as a
+    median ratio to the GGUF-built model's: weights left on the file's pages 1.015-1.056x,
+    copied by ``torch.clone`` 1.016-1.025x, copied into numpy arrays (this) 0.975-1.008x.
+    """
+    flat = tensor.contiguous().view(torch.uint8).numpy().copy()  # bf16 has no numpy dtype
+    return torch.from_numpy(flat).view(tensor.dtype).reshape(tensor.shape)
 
 
 def _warmed(model: Any, tokenizer: Any, dtype: str, start: float, source: Path) -> LoadedModel:
