@@ -5,6 +5,7 @@ exactly), and the order it gives where LRU's is wrong."""
 from __future__ import annotations
 
 from bisect import bisect_right
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -129,6 +130,19 @@ def test_without_prompt_keys_it_learns_from_the_nodes_accesses() -> None:
         policy.decide((node("a", t), node("b", t - 0.5)), t + 0.1, 0, 0, 0, 4)
     assert not policy.from_prompts
     assert policy.num_closed == 4 and policy.fitted  # a and b, twice each
+
+
+def test_nodes_without_a_content_key_are_one_chunk_keyed_by_their_id() -> None:
+    """An engine whose node ids name the content (TensorRT-LLM's hashed blocks: no
+    ``content_key``) gets the same learning: each node is read as its id at its last access."""
+    policy = HazardPlacementPolicy(min_intervals=2, refit_reads=1)
+    for t in (1.0, 5.0, 9.0):
+        nodes = tuple(replace(n, content_key=None, chunk_keys=())
+                      for n in (node("a", t), node("b", t - 0.5)))  # fmt: skip
+        assert [n.chunks for n in nodes] == [("n-a",), ("n-b",)]
+        policy.decide(nodes, t + 0.1, 0, 0, 0, 4)
+    assert policy.num_closed == 4 and policy.fitted
+    assert list(policy._keys) == ["n-b", "n-a"]
 
 
 def test_keys_beyond_max_keys_are_forgotten_least_recently_read_first() -> None:

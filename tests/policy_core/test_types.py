@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from superinfer.policy_core.types import SLO
+from superinfer.policy_core.types import SLO, KVLocation, PrefixNodeView
 from tests.factories import make_view
 
 
@@ -40,3 +40,11 @@ def test_pending_tokens(computed: int, generated: int, pending: int, prefilling:
     assert view.num_tokens == 100 + generated
     assert view.pending_tokens == pending
     assert view.is_prefilling is prefilling
+
+
+def test_a_node_is_its_chunk_keys_with_a_content_key_else_one_chunk_named_by_its_id() -> None:
+    base = PrefixNodeView("7", None, 32, 2, KVLocation.HBM, 0, 0.0, False)
+    assert (base.key, base.chunks) == ("7", ("7",))
+    keyed = dataclasses.replace(base, content_key="h2", chunk_keys=("h1", "h2"))
+    assert (keyed.key, keyed.chunks) == ("h2", ("h1", "h2"))
+    assert dataclasses.replace(base, content_key="h1").chunks == ()  # no whole chunk ends in it

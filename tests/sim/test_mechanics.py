@@ -156,14 +156,16 @@ class TestPrefixCache:
     def test_a_placement_plugin_reads_the_prompts_keys_and_the_nodes_by_the_same_keys(
         self,
     ) -> None:
-        """A hashed prompt arrives with its block hashes as ``prompt_chunk_keys`` (what
-        ``adaptive`` and ``hazard`` read), and each cached node shows its hash as its content
-        key and only chunk key; an unhashed prompt arrives with none."""
+        """For a plugin that reads prompt keys (``reads_prompt_keys``: ``adaptive``, ``hazard``)
+        a hashed prompt arrives with its block hashes as ``prompt_chunk_keys``, and each cached
+        node is one chunk keyed by its hash (its id); an unhashed prompt arrives with none, and
+        so does every prompt when no plugin reads them (the simulator hashes nothing then)."""
         arrived: list[tuple[str, tuple[str, ...]]] = []
-        shown: set[tuple[str, str | None, tuple[str, ...]]] = set()
+        shown: set[tuple[str, str, tuple[str, ...]]] = set()
 
         class Recorder:
             name = "recorder"
+            reads_prompt_keys = True
 
             @hookimpl
             def superinfer_request_arrived(self, request, now_s):  # noqa: ANN001, ANN201
@@ -171,18 +173,27 @@ class TestPrefixCache:
 
             @hookimpl
             def superinfer_kv_placement(self, nodes, now_s, free_hbm_blocks, free_cpu_blocks):  # noqa: ANN001, ANN201
-                shown.update((n.node_id, n.content_key, n.chunk_keys) for n in nodes)
+                shown.update((n.node_id, n.key, n.chunks) for n in nodes)
                 return PlacementDecision({})
 
         from superinfer.adapters.manager import build_plugin_manager
 
-        pm = build_plugin_manager("fcfs")
-        pm.register(Recorder())
-        sim = Simulator(config(num_gpu_blocks_override=96), pm.hook)
-        sim.run([hashed("a", 0.0, 1024, 2, (7, 8)), hashed("b", 1.0, 512, 2, (7,)),
-                 spec("filler", 10.0, 1000, 2)])  # fmt: skip
+        def run(reads: bool) -> None:
+            recorder = Recorder()
+            recorder.reads_prompt_keys = reads
+            pm = build_plugin_manager("fcfs")
+            pm.register(recorder)
+            sim = Simulator(config(num_gpu_blocks_override=96), pm.hook)
+            assert sim.prompt_keys is reads
+            sim.run([hashed("a", 0.0, 1024, 2, (7, 8)), hashed("b", 1.0, 512, 2, (7,)),
+                     spec("filler", 10.0, 1000, 2)])  # fmt: skip
+
+        run(True)
         assert arrived == [("a", ("7", "8")), ("b", ("7",)), ("filler", ())]
         assert shown == {("7", "7", ("7",)), ("8", "8", ("8",))}
+        arrived.clear()
+        run(False)
+        assert arrived == [("a", ()), ("b", ()), ("filler", ())]
 
 
 class SwapOnce:

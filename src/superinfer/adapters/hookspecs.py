@@ -7,6 +7,8 @@ which is what lets a hook gain arguments later without breaking plugins.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pluggy
 
 from superinfer.policy_core.types import (
@@ -24,7 +26,16 @@ PROJECT_NAME = "superinfer"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
-__all__ = ["PROJECT_NAME", "hookimpl", "hookspec"]
+__all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "wants_prompt_keys"]
+
+
+def wants_prompt_keys(hook: Any) -> bool:
+    """Whether a plugin of ``hook`` (a pluggy hook relay) that sees new requests reads their
+    :attr:`RequestView.prompt_chunk_keys` (its class sets ``reads_prompt_keys``: ``adaptive``,
+    ``hazard``), so an engine hashes prompts only for such a plugin. Engines ask once per run
+    (the simulator) or at each arrival (SGLang's adapter)."""
+    impls = hook.superinfer_request_arrived.get_hookimpls()
+    return any(getattr(impl.plugin, "reads_prompt_keys", False) for impl in impls)
 
 
 # -------------------------------------------------------------------------------------------------

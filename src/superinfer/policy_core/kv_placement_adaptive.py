@@ -59,7 +59,7 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     The offline form (:class:`~superinfer.policy_core.reuse_adaptive.AdaptiveCache`) sees whole
     requests over a known block forest; this one sees only what the hook shows, the engine's
     cached nodes at each eviction. It keeps one shadow cache per expert (keys only, no KV) over
-    the nodes' chunks (:attr:`PrefixNodeView.chunk_keys`, content keys of the whole fixed-size
+    the nodes' chunks (:attr:`PrefixNodeView.chunks`, content keys of the whole fixed-size
     pieces that end in a node, which an engine's split of a node does not change; a node without
     a content key is one chunk keyed by its id), each shadow as many chunks as the engine has
     shown at once (whole chunks only, so that every slot stands for the same tokens; with a
@@ -175,7 +175,7 @@ class AdaptivePlacementPolicy(PlacementPolicy):
             order._see(nodes, needed_hbm_blocks)
         self._chunks = {}
         for nd in nodes:
-            chunks = nd.chunk_keys if nd.content_key is not None else (nd.node_id,)
+            chunks = nd.chunks
             self._chunks[nd.key] = chunks, nd.num_tokens / max(len(chunks), 1)
         self._shown = max(sum(len(c) for c, _ in self._chunks.values()), 1)
 

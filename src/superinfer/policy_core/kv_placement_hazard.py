@@ -55,9 +55,11 @@ class HazardPlacementPolicy(PlacementPolicy):
     every prefix match too, so there the prompts are read).
 
     **What it scores.** A node is scored by its deepest whole chunk
-    (:attr:`PrefixNodeView.chunk_keys`): ``rho`` of that key's class at its age (time since its
-    last read), interpolated; a node with no known chunk (no whole chunk, or one never read:
-    the output an engine inserted, until a prompt reads it) by its own age in class 0. The
+    (:attr:`PrefixNodeView.chunks`: its ``chunk_keys``, or the node itself without a content
+    key, as for TensorRT-LLM's hashed blocks): ``rho`` of that key's class at its age (time
+    since its last read), interpolated; a node with no known chunk (no whole chunk, or one
+    never read: the output an engine inserted, until a prompt reads it) by its own age in
+    class 0. The
     planner evicts the lowest scores first, leaves only (equal ``rho``: the older first). Never
     pins.
 
@@ -168,7 +170,7 @@ class HazardPlacementPolicy(PlacementPolicy):
     def _see(self, nodes: tuple[PrefixNodeView, ...], needed_hbm_blocks: int) -> None:
         """Note each node's deepest whole chunk (None: it has none)."""
         self._nodes = nodes
-        self._tails = [nd.chunk_keys[-1] if nd.chunk_keys else None for nd in nodes]
+        self._tails = [nd.chunks[-1] if nd.chunks else None for nd in nodes]
 
     def _scores(
         self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool
@@ -177,7 +179,7 @@ class HazardPlacementPolicy(PlacementPolicy):
             last = now_s - cols.age_s
             for i in accessed_since(self._seen, keys, last, cols.depth):
                 self._seen[keys[i]] = float(last[i])
-                self.read(self._nodes[i].chunk_keys, float(last[i]))
+                self.read(self._nodes[i].chunks, float(last[i]))
             if len(self._seen) > 4 * len(keys):  # forget nodes no longer shown
                 shown = set(keys.tolist())
                 self._seen = {k: t for k, t in self._seen.items() if k in shown}

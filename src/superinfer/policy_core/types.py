@@ -539,6 +539,12 @@ class PrefixNodeView:
         """The key a policy remembers this node's history by: ``content_key``, else ``node_id``."""
         return self.node_id if self.content_key is None else self.content_key
 
+    @property
+    def chunks(self) -> tuple[str, ...]:
+        """The keys of the node's whole chunks, first first: ``chunk_keys`` with a
+        ``content_key``, else the node as one chunk (``(node_id,)``, a hashed KV block)."""
+        return (self.node_id,) if self.content_key is None else self.chunk_keys
+
 
 @dataclass(frozen=True, slots=True)
 class PlacementDecision:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from superinfer.adapters.hookspecs import wants_prompt_keys
 from superinfer.policy_core.batching import blocks_for_tokens
 from superinfer.policy_core.types import (
     AdmissionRule,
@@ -112,6 +113,7 @@ class Simulator:
         ]  # fmt: skip
         self.placement_enabled = bool(hook.superinfer_kv_placement.get_hookimpls())
         self.precision_enabled = bool(hook.superinfer_kv_precision.get_hookimpls())
+        self.prompt_keys = wants_prompt_keys(hook)
         self.kv = KVMovement(hook, self.placement_enabled)
         self.router = make_router(config.router)
         for replica in self.replicas:
@@ -212,7 +214,7 @@ class Simulator:
         req.replica = rep.index
         spec = req.spec
         view = req.view()
-        if spec.block_hashes:  # the prompt's content keys, as SGLang's adapter gives them
+        if self.prompt_keys and spec.block_hashes:  # its content keys, as SGLang's adapter gives
             view = replace(view, prompt_chunk_keys=tuple(map(str, spec.block_hashes)))
         self.hook.superinfer_request_arrived(request=view, now_s=now_s)
         total = spec.prompt_tokens + spec.max_output_tokens

@@ -85,9 +85,9 @@ class Node:
 
     def view(self, num_waiting_refs: int = 0) -> PrefixNodeView:
         """The policy-facing view of this node (``num_waiting_refs``: queued requests whose
-        prompt runs through it, which the engine counts). Its content key and only chunk key
-        are its block hash (a node is one hashed block of the trace), the keys of the arriving
-        requests' ``prompt_chunk_keys``."""
+        prompt runs through it, which the engine counts). Its id is its block hash (a node is
+        one hashed block of the trace, one chunk), the key of the arriving requests'
+        ``prompt_chunk_keys``."""
         key = str(self.key)
         return PrefixNodeView(
             node_id=key,
@@ -101,8 +101,6 @@ class Node:
             depth=self.depth,
             slo_classes=tuple(sorted(self.classes)),
             num_waiting_refs=num_waiting_refs,
-            content_key=key,
-            chunk_keys=(key,),
         )
 
 

@@ -38,9 +38,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from superinfer.adapters.hookspecs import wants_prompt_keys
 from superinfer.adapters.manager import UnknownPolicyError, build_plugin_manager
 from superinfer.adapters.sglang.config import ENV_SWITCH, AdapterConfig, ConfigError, load_config
-from superinfer.adapters.sglang.prefix_view import prefix_node_views, wants_prompt_keys
+from superinfer.adapters.sglang.prefix_view import prefix_node_views
 from superinfer.adapters.sglang.stats import Telemetry, kv_usage
 from superinfer.adapters.sglang.view import (
     EngineLimits,

@@ -18,7 +18,6 @@ __all__ = [
     "path_hash",
     "prefix_node_views",
     "prompt_chunk_keys",
-    "wants_prompt_keys",
 ]
 
 
@@ -206,11 +205,3 @@ def prompt_chunk_keys(req: Any, page_size: int) -> tuple[str, ...]:
     chunk = max(CHUNK_TOKENS, page_size)
     hashes = chunk_hashes(_namespace_hash(req), 0, ids, chunk)[:-1]
     return tuple(f"{h:x}" for h in hashes)
-
-
-def wants_prompt_keys(hook: Any) -> bool:
-    """Whether a plugin of ``hook`` (a pluggy hook relay) that sees new requests reads their
-    :attr:`RequestView.prompt_chunk_keys` (its class sets ``reads_prompt_keys``), so the adapter
-    hashes prompts only for such a plugin (``adaptive``), not for every placement policy."""
-    impls = hook.superinfer_request_arrived.get_hookimpls()
-    return any(getattr(impl.plugin, "reads_prompt_keys", False) for impl in impls)
