@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from superinfer.policy_core import kv_placement_adaptive
 from superinfer.policy_core.kv_baselines import LruCache, S3FifoCache
 from superinfer.policy_core.kv_placement import LRUPlacementPolicy, S3FifoPlacementPolicy
 from superinfer.policy_core.kv_placement_adaptive import (
@@ -333,3 +334,24 @@ def test_the_prompts_before_the_first_eviction_are_judged_as_of_each_read() -> N
     assert hazard.num_closed == 1 and hazard.now_s == 5.0  # a's second read closed its gap
     assert policy.scores == {"lru": 0.0, "hazard": 0.0} and policy.accessed == 80.0
     assert sorted(policy._shadows["hazard"]._held) == ["a", "d"]
+
+
+def test_a_prompt_pushed_out_of_the_waiting_reads_still_teaches_the_hazard_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With room for 2 waiting reads (4,096 in use), the prompts ``a b a`` arrive before the
+    first eviction: the first ``a`` is pushed out by the third and goes unjudged, but the
+    hazard order reads it then (at 1 s), so the first call's flush of ``b, a`` closes ``a``'s
+    2 s gap; the shadows judge only the 2 reads still waiting (32 tokens)."""
+    monkeypatch.setattr(kv_placement_adaptive, "_MAX_PENDING", 2)
+    policy = AdaptivePlacementPolicy(experts=("lru", "hazard"), half_life_tokens=math.inf)
+    hazard = policy._orders["hazard"]
+    assert isinstance(hazard, HazardPlacementPolicy)
+    for t, key in enumerate("aba", start=1):
+        policy.observe_request(RequestView(f"r{t}", float(t), 16, 1, CHAT,
+                                           prompt_chunk_keys=(key,)))  # fmt: skip
+    assert dict(hazard._keys) == {"a": (1.0, 1)} and hazard.num_closed == 0
+    assert [r[0] for r in policy._pending] == [("b",), ("a",)]
+    policy.decide((chunked("n1", ("s1", "s2"), 0.0),), 5.0, 0, 0, 0, 8)
+    assert dict(hazard._keys) == {"a": (3.0, 2), "b": (2.0, 1)} and hazard.num_closed == 1
+    assert policy.accessed == 32.0
