@@ -139,8 +139,6 @@ class AdaptivePlacementPolicy(PlacementPolicy):
     _chunks: dict[str, tuple[tuple[str, ...], float]] = field(
         default_factory=dict, init=False, repr=False
     )
-    _nodes: tuple[PrefixNodeView, ...] = field(default=(), init=False, repr=False)
-    _needed: int = field(default=0, init=False, repr=False)
     #: Chunks of the nodes shown at this call (at least 1): the shadows' and ghost lists' size.
     _shown: int = field(default=1, init=False, repr=False)
     from_prompts: bool = field(default=False, init=False)
@@ -169,8 +167,7 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         self._hazard = hazard if isinstance(hazard, HazardPlacementPolicy) else None
 
     def _see(self, nodes: tuple[PrefixNodeView, ...], needed_hbm_blocks: int) -> None:
-        """Note each node's chunks and their tokens, the nodes and the blocks to free."""
-        self._nodes, self._needed = nodes, needed_hbm_blocks
+        """Note each node's chunks and their tokens (every order notes what it needs)."""
         for order in self._orders.values():
             order._see(nodes, needed_hbm_blocks)
         self._chunks = {}
@@ -284,17 +281,19 @@ class AdaptivePlacementPolicy(PlacementPolicy):
         that a parent is more recent than its child, as offline)."""
         hits = dict.fromkeys(self.experts, 0.0)
         total = 0.0
+        shadows = [(name, shadow, isinstance(shadow, HazardShadow))
+                   for name, shadow in self._shadows.items()]  # fmt: skip
         for chunks, tokens, request in reads:
             self._learn(request)
             total += tokens * len(chunks)
-            for name, shadow in self._shadows.items():
+            for name, shadow, settles in shadows:
                 k = 0
                 while k < len(chunks) and chunks[k] in shadow:
                     k += 1
                 hits[name] += k * tokens
                 for chunk in reversed(chunks):
                     shadow.access(chunk)
-                if isinstance(shadow, HazardShadow):
+                if settles:
                     shadow.settle()
         self._update_leader(self.scores, hits, total, lower_wins=False, what="")
 
@@ -351,6 +350,8 @@ class AdaptiveRegretPlacementPolicy(AdaptivePlacementPolicy):
     regrets: dict[str, float] = field(default_factory=dict, init=False)
     _ghosts: dict[str, OrderedDict[str, None]] = field(default_factory=dict, init=False,
                                                        repr=False)  # fmt: skip
+    _nodes: tuple[PrefixNodeView, ...] = field(default=(), init=False, repr=False)
+    _needed: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -361,6 +362,11 @@ class AdaptiveRegretPlacementPolicy(AdaptivePlacementPolicy):
         out = super().metrics()
         out["regrets"] = dict(self.regrets)
         return out
+
+    def _see(self, nodes: tuple[PrefixNodeView, ...], needed_hbm_blocks: int) -> None:
+        """Also note the nodes and the blocks to free (each expert's victims)."""
+        super()._see(nodes, needed_hbm_blocks)
+        self._nodes, self._needed = nodes, needed_hbm_blocks
 
     def _size(self, shown: int) -> None:
         return None  # no shadows; the ghost lists are trimmed as victims join them
