@@ -117,3 +117,36 @@ def test_the_installed_copy_is_the_ggufs_weights_and_the_engine_loads_it(smollm2
             got = copy.get_tensor(name)
             assert (got.dtype, tuple(got.shape)) == (torch.float32, shape)
             assert torch.equal(got, want), name
+
+
+def test_a_damaged_copy_warns_naming_it_and_the_gguf_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy whose stamp matches but whose weights are garbage (damaged after the build): the
+    load warns, naming the folder and the error, and reads the GGUF (stubbed here: its load
+    takes 20 s)."""
+    require("transformers")
+    from superinfer.adapters.hf import engine
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    folder = tmp_path / "dense"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    _stamp(folder, gguf)
+    read: list[tuple[Path, str]] = []
+    monkeypatch.setattr(engine, "smollm2_gguf_path", lambda: gguf)
+    monkeypatch.setattr(engine, "dense_copy", lambda path: dense.dense_copy(path, folder))
+    monkeypatch.setattr(engine, "load_gguf", lambda path, dtype: read.append((path, dtype)) or 7)
+    engine.load_smollm2.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning) as caught:
+            assert engine.load_smollm2("float32") == 7
+    finally:
+        engine.load_smollm2.cache_clear()
+    assert read == [(gguf, "float32")]
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert message.startswith(f"SmolLM2's dense copy in {folder} cannot be loaded (")
+    assert message.endswith("reading the GGUF instead (`make install-hf` rebuilds the copy)")
+    assert "\n" not in message

