@@ -316,6 +316,20 @@ def test_the_hazard_shadow_trims_once_per_read_oldest_first_before_the_model_has
         HazardShadow(0, model)
 
 
+def prompts_before_the_first_eviction(
+    keys: str,
+) -> tuple[AdaptivePlacementPolicy, HazardPlacementPolicy]:
+    """An LRU + hazard ``adaptive`` that has seen one 16-token prompt per key (one chunk each,
+    at 1 s, 2 s, ...) and no eviction yet; with its hazard order."""
+    policy = AdaptivePlacementPolicy(experts=("lru", "hazard"), half_life_tokens=math.inf)
+    hazard = policy._orders["hazard"]
+    assert isinstance(hazard, HazardPlacementPolicy)
+    for t, key in enumerate(keys, start=1):
+        policy.observe_request(RequestView(f"r{t}", float(t), 16, 1, CHAT,
+                                           prompt_chunk_keys=(key,)))  # fmt: skip
+    return policy, hazard
+
+
 def test_the_prompts_before_the_first_eviction_are_judged_as_of_each_read() -> None:
     """The prompts ``a b c d a`` (one chunk each, 1 s apart) arrive before the first eviction
     and wait; the first call sizes the shadows at 2 chunks and reads them in order. The hazard
@@ -323,12 +337,7 @@ def test_the_prompts_before_the_first_eviction_are_judged_as_of_each_read() -> N
     shadow drops ``a`` (then the oldest), so the second ``a`` misses, as in LRU's shadow. Had
     the order read every prompt at arrival, the shadow would have trimmed with ``a`` read last
     (at 5 s), kept it, and scored a hit that it only knew of from the future."""
-    policy = AdaptivePlacementPolicy(experts=("lru", "hazard"), half_life_tokens=math.inf)
-    hazard = policy._orders["hazard"]
-    assert isinstance(hazard, HazardPlacementPolicy)
-    for t, key in enumerate("abcda", start=1):
-        policy.observe_request(RequestView(f"r{t}", float(t), 16, 1, CHAT,
-                                           prompt_chunk_keys=(key,)))  # fmt: skip
+    policy, hazard = prompts_before_the_first_eviction("abcda")
     assert (hazard.num_closed, policy.accessed) == (0, 0.0)  # waiting: nothing read yet
     policy.decide((chunked("n1", ("s1", "s2"), 0.0),), 5.0, 0, 0, 0, 8)
     assert hazard.num_closed == 1 and hazard.now_s == 5.0  # a's second read closed its gap
@@ -344,12 +353,7 @@ def test_a_prompt_pushed_out_of_the_waiting_reads_still_teaches_the_hazard_order
     hazard order reads it then (at 1 s), so the first call's flush of ``b, a`` closes ``a``'s
     2 s gap; the shadows judge only the 2 reads still waiting (32 tokens)."""
     monkeypatch.setattr(kv_placement_adaptive, "_MAX_PENDING", 2)
-    policy = AdaptivePlacementPolicy(experts=("lru", "hazard"), half_life_tokens=math.inf)
-    hazard = policy._orders["hazard"]
-    assert isinstance(hazard, HazardPlacementPolicy)
-    for t, key in enumerate("aba", start=1):
-        policy.observe_request(RequestView(f"r{t}", float(t), 16, 1, CHAT,
-                                           prompt_chunk_keys=(key,)))  # fmt: skip
+    policy, hazard = prompts_before_the_first_eviction("aba")
     assert dict(hazard._keys) == {"a": (1.0, 1)} and hazard.num_closed == 0
     assert [r[0] for r in policy._pending] == [("b",), ("a",)]
     policy.decide((chunked("n1", ("s1", "s2"), 0.0),), 5.0, 0, 0, 0, 8)
