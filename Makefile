@@ -89,7 +89,7 @@ $(VENV)/.installed-hf: pyproject.toml $(VENV)/.installed
 	@touch $@
 
 # SmolLM2's dense copy: the GGUF's dequantized weights as float32 safetensors (about 540 MB,
-# bit-identical, checked when built), so each process loads the model in a second instead of 20
+# bit-identical, checked when built), so each process loads the model in about 2 s instead of 20
 # (src/superinfer/adapters/hf/dense_build.py). Without it the engine reads the GGUF, slowly.
 $(SMOLLM2_DENSE)/model.safetensors: src/superinfer/adapters/hf/dense.py src/superinfer/adapters/hf/dense_build.py $(VENV)/.installed-hf
 	$(BIN)/python -m superinfer.adapters.hf.dense_build $(SMOLLM2_DENSE)

@@ -21,7 +21,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ import pandas as pd
 from superinfer.harness.offline import calibrate_published_sim as cps
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, write_atomic
 from superinfer.harness.workload.data import data_dir
+from superinfer.sim.engine_costs import load_costs
 
 #: Largest decode batch SGLang 0.3.0 replays from a CUDA graph (its ``batch_size_list``).
 GRAPH_MAX_BS = 160
@@ -46,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     base = data_dir()
     if base is None:
         raise SystemExit("error: no shared data folder found (set SUPERINFER_DATA)")
-    costs_path = Path(cps.__file__).parents[2] / "sim" / "engine_costs.json"
-    costs = json.loads(costs_path.read_text())
+    costs = load_costs()
     published = {r["row_id"]: r for r in cps.load_rows(base / "published" / "engine_perf.csv")}
     recorders: list[Any] = []
 

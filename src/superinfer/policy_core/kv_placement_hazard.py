@@ -59,9 +59,8 @@ class HazardPlacementPolicy(PlacementPolicy):
     key, as for TensorRT-LLM's hashed blocks): ``rho`` of that key's class at its age (time
     since its last read), interpolated; a node with no known chunk (no whole chunk, or one
     never read: the output an engine inserted, until a prompt reads it) by its own age in
-    class 0. The
-    planner evicts the lowest scores first, leaves only (equal ``rho``: the older first). Never
-    pins.
+    class 0. The planner evicts the lowest scores first, leaves only (equal ``rho``: the older
+    first). Never pins.
 
     **Cold start.** Until ``min_intervals`` intervals have closed, the score is LRU's
     (``-age``, :class:`~superinfer.policy_core.kv_placement.LRUPlacementPolicy`) exactly.
@@ -170,7 +169,7 @@ class HazardPlacementPolicy(PlacementPolicy):
     def _see(self, nodes: tuple[PrefixNodeView, ...], needed_hbm_blocks: int) -> None:
         """Note each node's deepest whole chunk (None: it has none)."""
         self._nodes = nodes
-        self._tails = [nd.chunks[-1] if nd.chunks else None for nd in nodes]
+        self._tails = [c[-1] if (c := nd.chunks) else None for nd in nodes]
 
     def _scores(
         self, keys: NDArray[Any], cols: NodeColumns, now_s: float, has_cpu_tier: bool

