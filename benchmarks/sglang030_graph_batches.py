@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -48,21 +47,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("error: no shared data folder found (set SUPERINFER_DATA)")
     costs = load_costs()
     published = {r["row_id"]: r for r in cps.load_rows(base / "published" / "engine_perf.csv")}
-    recorders: list[Any] = []
-
-    class Recorder(cps._Recorder):
-        def __init__(self, inner: Any) -> None:
-            super().__init__(inner)
-            recorders.append(self)
-
-    cps._Recorder = Recorder  # type: ignore[misc]
     out = []
     for row_id in ROWS:
         setup, why = cps.setup_of(published[row_id])
         if setup is None:
             raise SystemExit(f"error: row {row_id} cannot be simulated: {why}")
-        metrics = cps.simulate(setup, costs, base)
-        steps = recorders[-1].steps  # (GPU s, requests, CPU divisor) per step
+        steps: list[tuple[float, int, int]] = []  # (GPU s, requests, CPU divisor) per step
+        metrics = cps.simulate(setup, costs, base, steps=steps)
         gpu = np.array([s[0] for s in steps])
         seqs = np.array([s[1] for s in steps])
         eager = seqs > GRAPH_MAX_BS

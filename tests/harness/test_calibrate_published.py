@@ -96,3 +96,25 @@ def test_median_itl_counts_every_gap_or_one_per_burst() -> None:
     # bursts: 0.5, 0.4, 0.4 -> median 0.4
     assert median_itl_s(reqs, bursts=True) == pytest.approx(0.4)
     assert median_itl_s([_Done([])]) is None
+
+
+def test_simulate_lists_the_steps_its_per_iteration_metrics_are_the_means_of() -> None:
+    from superinfer.harness.offline.calibrate_published_sim import load_rows, simulate
+    from superinfer.harness.workload.data import data_dir
+    from superinfer.sim.engine_costs import load_costs
+
+    base = data_dir()
+    assert base is not None
+    raw = next(r for r in load_rows(base / "published" / "engine_perf.csv") if r["row_id"] == "680")
+    setup, _ = setup_of(raw)
+    assert (
+        setup is not None
+        and setup.label == "sglang-0.2.13 llama-3.1-8b fp16 a100-80gb tp1 1024/64 inf n300"
+    )
+    steps: list[tuple[float, int, int]] = []
+    m = simulate(setup, load_costs(), base, steps=steps)
+    # the WukLab run: 300 prompts of 1,024 tokens in 512-token chunks, 64 tokens out, each step
+    # priced alone (a per-iteration setup runs with ``max_repeat_steps`` 1), divisor 1
+    assert len(steps) == 965 and {k for _, _, k in steps} == {1}
+    assert m["per_iter_forward_ms"] == pytest.approx(1e3 * sum(g for g, _, _ in steps) / 965)
+    assert m["_cpu_b"] == pytest.approx(sum(n for _, n, _ in steps) / 965)

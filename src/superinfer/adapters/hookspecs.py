@@ -32,8 +32,8 @@ __all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "wants_prompt_keys"]
 def wants_prompt_keys(hook: Any) -> bool:
     """Whether a plugin of ``hook`` (a pluggy hook relay) that sees new requests reads their
     :attr:`RequestView.prompt_chunk_keys` (its class sets ``reads_prompt_keys``: ``adaptive``,
-    ``hazard``), so an engine hashes prompts only for such a plugin. Engines ask once per run
-    (the simulator) or at each arrival (SGLang's adapter)."""
+    ``hazard``), so an engine hashes prompts only for such a plugin. Engines ask once, when they are
+    built with the plugins (the simulator, SGLang's adapter)."""
     impls = hook.superinfer_request_arrived.get_hookimpls()
     return any(getattr(impl.plugin, "reads_prompt_keys", False) for impl in impls)
 

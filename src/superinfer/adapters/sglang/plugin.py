@@ -148,6 +148,7 @@ class SGLangAdapter:
         from superinfer.adapters.sglang.prefill_bank import PrefillBank
 
         self.config, self.hook = config, hook
+        self._keys = wants_prompt_keys(hook)  # hash prompts for a reader (`adaptive`, `hazard`)
         self.limits, self.engine = limits or EngineLimits(), engine
         self.clock = clock_for(config)  # logical until a scheduler says how many ranks decide
         self.records: dict[str, RequestRecord] = {}
@@ -274,8 +275,8 @@ class SGLangAdapter:
                 req.priority = sglang_priority(
                     rec.rank, low_values_first=self.limits.low_priority_values_first
                 )
-            keys = wants_prompt_keys(self.hook)  # only a plugin that reads them (`adaptive`)
-            view = request_view(req, rec, running=False, page_size=self.limits.page_size, keys=keys)
+            view = request_view(req, rec, running=False, page_size=self.limits.page_size,
+                                keys=self._keys)  # fmt: skip
             self.hook.superinfer_request_arrived(request=view, now_s=self.clock.now_s)
         return original(scheduler, req, *a, **k)
 
@@ -303,8 +304,7 @@ class SGLangAdapter:
         mode = batch.forward_mode
         if not (mode.is_decode() or mode.is_extend()):
             return  # idle and prebuilt passes run no tokens
-        reqs = list(batch.reqs)
-        decode = mode.is_decode()
+        reqs, decode = list(batch.reqs), mode.is_decode()
         prefill_tokens = 0 if decode else int(batch.extend_num_tokens or 0)
         decode_tokens = len(reqs) if decode else 0
         duration_s = self.clock.advance(prefill_tokens + decode_tokens, self.telemetry.step.last_s)

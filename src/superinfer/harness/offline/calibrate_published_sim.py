@@ -269,6 +269,7 @@ def _num_requests(
 def simulate(setup: Setup, costs: dict[str, Any], base: Path,
              overrides: dict[str, Any] | None = None,
              sharegpt_means: tuple[float, float] = _SHAREGPT_MEANS,
+             steps: list[tuple[float, int, int]] | None = None,
              ) -> dict[str, float]:  # fmt: skip
     """Simulate ``setup`` with cost parameters ``costs``; every metric it yields.
 
@@ -277,6 +278,10 @@ def simulate(setup: Setup, costs: dict[str, Any], base: Path,
             the engine family's shared terms are fitted; ``calibrate_published._FAMILY``).
         sharegpt_means: mean prompt and output tokens the ShareGPT lengths are scaled to
             (``setup.isl == 0`` only); the published ShareGPT runs' by default.
+        steps: if given, receives one ``(GPU s, running requests, CPU divisor)`` per step the
+            simulator priced alone, in order (a run of two or more multi-step decode steps is
+            priced whole by ``decode_coefficients`` and not listed; the divisor is the multi-step
+            one on decode-only steps, else 1).
 
     Raises:
         ValueError: the model does not fit the GPU at that TP.
@@ -301,6 +306,8 @@ def simulate(setup: Setup, costs: dict[str, Any], base: Path,
         options = {"max_repeat_steps": profile.cpu_decode_divisor}
     pm = build_plugin_manager(profile.native_policy, options)
     result = Simulator(config, pm.hook, step_time=step).run(specs)
+    if steps is not None:
+        steps.extend(step.steps)
     bursts = not profile.cut_repeat_on_arrival  # K-step multi-step: tokens stream per run
     return _outcome(setup, result.requests, step, profile.cpu_decode_divisor, bursts)
 
