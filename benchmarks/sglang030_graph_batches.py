@@ -10,7 +10,9 @@ simulates the two published max-load rows (641: 8B on A100 TP1, the CPU term's f
 70B on H100 TP4, 13.9 % too fast) with the installed costs (``sim/engine_costs.json``) and
 reports, per row, the steps, the share of steps that run more than 160 requests (decode steps:
 0.3.0 prefills apart from decodes, at most 8,192 prompt tokens a step), the share of the simulated
-GPU time they take, and the median and p90 requests per step.
+GPU time they take, the median and p90 requests per step, and the run's simulated GPU and CPU
+seconds (the kernels' time and the per-step CPU term ``c0 + c_seq x requests`` summed over its
+steps; 0.3.0 has no overlap scheduler, so their sum is the run's step time).
 
 Usage::
 
@@ -30,6 +32,7 @@ from superinfer.harness.offline import calibrate_published_sim as cps
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, write_atomic
 from superinfer.harness.workload.data import data_dir
 from superinfer.sim.engine_costs import load_costs
+from superinfer.sim.versions import get_version
 
 #: Largest decode batch SGLang 0.3.0 replays from a CUDA graph (its ``batch_size_list``).
 GRAPH_MAX_BS = 160
@@ -57,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         gpu = np.array([s[0] for s in steps])
         seqs = np.array([s[1] for s in steps])
         eager = seqs > GRAPH_MAX_BS
+        cpu = costs["cpu"][get_version(setup.release).cpu_key]
+        cpu_s = cpu["intercept_s"] * len(steps) + cpu["per_seq_s"] * float(seqs.sum())
         out.append({
             "row_id": row_id,
             "setup": setup.label,
@@ -67,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             "gpu_time_share_over_160": float(gpu[eager].sum() / gpu.sum()),
             "batch_median": float(np.median(seqs)),
             "batch_p90": float(np.percentile(seqs, 90)),
+            "gpu_s": float(gpu.sum()),
+            "cpu_s": cpu_s,
         })  # fmt: skip
     frame = pd.DataFrame(out)
     write_atomic(args.out, lambda p: frame.to_csv(p, index=False, float_format=CSV_FLOAT_FORMAT,
