@@ -465,6 +465,20 @@ class TestTTFTReserveWithoutMixedBatches:
         mixed = self._decide(bat, mixed=True, ttft_boost=False)
         assert dict(mixed.num_tokens) == {"dec": 1, "bat": 700}  # as without a reserve
 
+    def test_ttft_reserve_mixed_holds_it_back_on_a_mixed_engine_too(self) -> None:
+        bat = make_view("bat", prompt=2000, slo=BATCH, arrival_s=10.0)
+        d = self._decide(
+            bat, mixed=True, ttft_boost=False, ttft_reserve_quantile=0.5, ttft_reserve_mixed=True
+        )
+        # the decodes run in the step, so only their step is charged (no prefill step's own A):
+        # ((0.1 - B * 150) * 0.9 - A) / B = 565 tokens, of the 700 without the reserve
+        expected = int(((0.1 - B * 150) * 0.9 - A) / B)
+        assert expected == 565 and dict(d.num_tokens) == {"dec": 1, "bat": expected}
+        # a chat prefill pending: the whole allowance, as without the option
+        chat = make_view("chat", prompt=2000, arrival_s=10.0)
+        both = self._decide(chat, mixed=True, ttft_boost=False, ttft_reserve_mixed=True)
+        assert dict(both.num_tokens) == {"dec": 1, "chat": 700}
+
     def test_the_quantile_must_be_in_the_unit_interval(self) -> None:
         with pytest.raises(ValueError, match=r"ttft_reserve_quantile must be in \[0, 1\]"):
             policy(ttft_reserve_quantile=1.5)

@@ -126,6 +126,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "ttft_reserve_idle_s",
         "credit_step_memory",
         "yield_decodes",
+        "ttft_reserve_mixed",
     ]
     assert list(policy_options(SuperInferPolicy)) == expected
     assert list(policy_options(OraclePolicy)) == [*expected, "output_tokens"]

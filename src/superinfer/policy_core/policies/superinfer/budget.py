@@ -148,19 +148,25 @@ class _StepBudget(_Running):
     def _reserve_for_ttft(
         self, rep: _Replica, step: _Step, num_decodes: int, cap_s: float, allow: int
     ) -> int:
-        """On an engine without mixed batches: the prefill allowance of a step with no
-        TTFT-class prefill pending, which leaves the decodes' smallest TPOT allowance ``cap_s``
-        the time to prefill the ``ttft_reserve_quantile`` of recent TTFT-class prompts
-        (``prefill_token_s`` x that many tokens), so the next chat's prefill finds it.
+        """On an engine without mixed batches (with them too under ``ttft_reserve_mixed``):
+        the prefill allowance of a step with no TTFT-class prefill pending, which leaves the
+        decodes' smallest TPOT allowance ``cap_s`` the time to prefill the
+        ``ttft_reserve_quantile`` of recent TTFT-class prompts (``prefill_token_s`` x that many
+        tokens), so the next chat's prefill finds it: where batches mix, as the banked credit the
+        TTFT boost may spend on it.
 
         Without it a worse tier's prefill (a batch prompt's chunks) spends every second of
         allowance the decodes bank, and an arriving chat's prompt is then sliced into the
         smallest prefill steps the allowance permits, a few hundred tokens each between decode
         steps (sim:sglang, Azure x0.6: chat TTFT p50 ~940 ms while the batch backlog of a
         prompt burst drained). ``allow`` unchanged while a TTFT prefill is pending, before
-        ``min_samples`` prompts were seen, or with the quantile 0.
+        ``min_samples`` prompts were seen, or with the quantile 0. With mixed batches, the whole
+        Azure hour (``results/ttft-reserve-mixed``): feasible chat attainment +0.1 to +1.3
+        points at x0.3-1.0 on sim:vllm and sim:trtllm, but -0.27 on sim:vllm at x1.6 and -0.16
+        on sim:trtllm at x1.3, so it is off by default there.
         """
-        if step.state.mixed_batches or cap_s == _INF or self.ttft_reserve_quantile == 0:
+        mixed = step.state.mixed_batches and not self.ttft_reserve_mixed
+        if mixed or cap_s == _INF or self.ttft_reserve_quantile == 0:
             return allow
         prompt = self.ttft_prompts.value()
         if not prompt or self._ttft_pending(rep, step, rep.books.ttft_lanes):

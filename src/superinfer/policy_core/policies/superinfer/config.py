@@ -249,6 +249,9 @@ class SuperInferConfig(BasePolicy):
         "leave decodes that can wait a step out of a budget-bound step so that a TTFT-class "
         "prefill that would otherwise miss its first-token deadline ends a step sooner",
     )
+    ttft_reserve_mixed: bool = _opt(
+        False, "apply the TTFT reserve on engines with mixed batches too (else only without)"
+    )
     name: str = "superinfer"
 
     def __post_init__(self) -> None:
