@@ -479,6 +479,31 @@ class TestTTFTReserveWithoutMixedBatches:
         both = self._decide(chat, mixed=True, ttft_boost=False, ttft_reserve_mixed=True)
         assert dict(both.num_tokens) == {"dec": 1, "chat": 700}
 
+    def test_beside_a_chat_prefill_a_batch_prompt_stops_at_the_reserve(self) -> None:
+        def run(**opts: object) -> dict[str, int]:
+            p = policy(prior_decode_seq_s=0.0, ttft_boost=False, ttft_reserve_quantile=0.5, **opts)
+            for i in range(16):  # 16 chat prompts seen, 80..230 tokens: the 0.5 quantile 150
+                seen = make_view(f"seen{i}", prompt=80 + 10 * i, arrival_s=1.0)
+                arrive(p, seen)
+                p.on_request_aborted(seen, 1.0, "client")
+            dec = decoding("dec", 32, 2, first_token_s=9.9)  # allowance 0.1 s
+            chat = make_view("chat", prompt=100, arrival_s=10.0)
+            bat = make_view("bat", prompt=2000, slo=BATCH, arrival_s=10.0)
+            arrive(p, make_view("dec", prompt=32), chat, bat)
+            state = make_state(running=[dec], waiting=[chat, bat], mixed_batches=True)
+            return dict(decide(p, state).num_tokens)
+
+        # without the options the step takes the whole 700-token allowance, the batch prompt the
+        # 600 the chat leaves; with both the chat still gets its 100, and the batch prompt only
+        # what the reserve allows the whole step: the chat's prompt joined the window (17
+        # prompts, 0.5 quantile 140 tokens), ((0.1 - B * 140) * 0.9 - A) / B = 574, less 100
+        assert run() == {"dec": 1, "chat": 100, "bat": 600}
+        reserved = int(((0.1 - B * 140) * 0.9 - A) / B)
+        assert reserved == 574
+        both = {"ttft_reserve_mixed": True, "ttft_reserve_beside_chats": True}
+        assert run(**both) == {"dec": 1, "chat": 100, "bat": reserved - 100}
+        assert run(ttft_reserve_mixed=True) == run()  # the reserve alone: only without a chat
+
     def test_the_quantile_must_be_in_the_unit_interval(self) -> None:
         with pytest.raises(ValueError, match=r"ttft_reserve_quantile must be in \[0, 1\]"):
             policy(ttft_reserve_quantile=1.5)

@@ -67,6 +67,9 @@ class _Admission(_Preemption):
             n = unit
         if step.budget < n:
             n = step.budget
+        cap = step.no_ttft_left  # the TTFT reserve where batches mix: all tokens count against it
+        if cap is not None and e.ttft_s is None and cap < n:
+            n = cap
         if n <= 0:
             return 0
         # KV blocks charged the way the engine's decision check charges them (step_blocks):
@@ -116,6 +119,8 @@ class _Admission(_Preemption):
         step.new_blocks[rid] = step.new_blocks.get(rid, 0) + extra
         step.free -= extra
         step.budget -= n
+        if cap is not None:
+            step.no_ttft_left = cap - n
         return n
 
     def _whole_prefill_running(self, step: _Step) -> bool:

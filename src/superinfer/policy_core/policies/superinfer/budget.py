@@ -153,7 +153,11 @@ class _StepBudget(_Running):
         decodes' smallest TPOT allowance ``cap_s`` the time to prefill the
         ``ttft_reserve_quantile`` of recent TTFT-class prompts (``prefill_token_s`` x that many
         tokens), so the next chat's prefill finds it: where batches mix, as the banked credit the
-        TTFT boost may spend on it.
+        TTFT boost may spend on it. There, with ``ttft_reserve_beside_chats`` as well, while a
+        TTFT prefill is pending the step keeps ``allow`` but prefills without a TTFT target
+        stop where the reserve would have ended it (``_Step.no_ttft_left``, spent by every
+        prefill token given before theirs), so a batch prompt riding along with a chat does
+        not spend the reserve either.
 
         Without it a worse tier's prefill (a batch prompt's chunks) spends every second of
         allowance the decodes bank, and an arriving chat's prompt is then sliced into the
@@ -169,10 +173,17 @@ class _StepBudget(_Running):
         if mixed or cap_s == _INF or self.ttft_reserve_quantile == 0:
             return allow
         prompt = self.ttft_prompts.value()
-        if not prompt or self._ttft_pending(rep, step, rep.books.ttft_lanes):
+        if not prompt:
+            return allow
+        pending = self._ttft_pending(rep, step, rep.books.ttft_lanes)
+        if pending and not (step.state.mixed_batches and self.ttft_reserve_beside_chats):
             return allow
         reserve_s = self.step_time.prefill_token_s * prompt
-        return self._prefill_allowance(step, num_decodes, cap_s - reserve_s)
+        reserved = self._prefill_allowance(step, num_decodes, cap_s - reserve_s)
+        if pending:  # mixed: the chat takes the whole allowance, a batch prompt stops short
+            step.no_ttft_left = reserved
+            return allow
+        return reserved
 
     def _ttft_pending(self, rep: _Replica, step: _Step, lanes: list[list[_LaneItem]]) -> bool:
         """Whether a TTFT-class prefill (running and awaiting its first token, or at the head of

@@ -252,6 +252,11 @@ class SuperInferConfig(BasePolicy):
     ttft_reserve_mixed: bool = _opt(
         False, "apply the TTFT reserve on engines with mixed batches too (else only without)"
     )
+    ttft_reserve_beside_chats: bool = _opt(
+        False,
+        "with ttft_reserve_mixed: in a step that carries a TTFT-class prefill, prefills without "
+        "a TTFT target also stop at the reserve (the TTFT-class one may take the whole allowance)",
+    )
     name: str = "superinfer"
 
     def __post_init__(self) -> None:

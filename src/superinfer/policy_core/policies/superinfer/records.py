@@ -366,7 +366,7 @@ class _Step:
     __slots__ = (
         "state", "free", "budget", "seats", "free_cpu", "swap_out_bytes", "swap_in_bytes",
         "tokens", "new_blocks", "admit", "resume", "preempt", "reject", "prefetch", "changed",
-        "queued_views", "worst_tier", "prefills", "whole_prefill",
+        "queued_views", "worst_tier", "prefills", "whole_prefill", "no_ttft_left",
     )  # fmt: skip
 
     def __init__(
@@ -384,8 +384,7 @@ class _Step:
         self.budget = budget
         self.seats = seats
         self.free_cpu = free_cpu
-        self.swap_out_bytes = swap_out_bytes
-        self.swap_in_bytes = swap_in_bytes
+        self.swap_out_bytes, self.swap_in_bytes = swap_out_bytes, swap_in_bytes
         self.tokens: dict[str, int] = {}
         self.new_blocks: dict[str, int] = {}
         self.admit: list[str] = []
@@ -398,3 +397,4 @@ class _Step:
         self.worst_tier = -1
         self.prefills: dict[str, None] = {}
         self.whole_prefill: bool | None = None  # a batch prompt in prefill (admission.py)
+        self.no_ttft_left: int | None = None  # tokens without a TTFT target may take (reserve)
