@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         gpu = np.array([s[0] for s in steps])
         seqs = np.array([s[1] for s in steps])
         eager = seqs > GRAPH_MAX_BS
-        cpu = costs["cpu"][get_version(setup.release).cpu_key]
-        cpu_s = cpu["intercept_s"] * len(steps) + cpu["per_seq_s"] * float(seqs.sum())
+        cpu = costs["cpu"][get_version(setup.release).cpu_key]  # c0 + c_seq n, / K (divisor)
+        cpu_s = sum((cpu["intercept_s"] + cpu["per_seq_s"] * n) / k for _, n, k in steps)
         out.append({
             "row_id": row_id,
             "setup": setup.label,

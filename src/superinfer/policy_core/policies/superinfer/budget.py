@@ -169,14 +169,13 @@ class _StepBudget(_Running):
         points at x0.3-1.0 on sim:vllm and sim:trtllm, but -0.27 on sim:vllm at x1.6 and -0.16
         on sim:trtllm at x1.3, so it is off by default there.
         """
-        mixed = step.state.mixed_batches and not self.ttft_reserve_mixed
-        if mixed or cap_s == _INF or self.ttft_reserve_quantile == 0:
+        mixed = step.state.mixed_batches
+        if (mixed and not self.ttft_reserve_mixed) or cap_s == _INF:
             return allow
-        prompt = self.ttft_prompts.value()
-        if not prompt:
+        if self.ttft_reserve_quantile == 0 or not (prompt := self.ttft_prompts.value()):
             return allow
         pending = self._ttft_pending(rep, step, rep.books.ttft_lanes)
-        if pending and not (step.state.mixed_batches and self.ttft_reserve_beside_chats):
+        if pending and not (mixed and self.ttft_reserve_beside_chats):
             return allow
         reserve_s = self.step_time.prefill_token_s * prompt
         reserved = self._prefill_allowance(step, num_decodes, cap_s - reserve_s)
