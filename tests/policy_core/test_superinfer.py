@@ -504,6 +504,34 @@ class TestTTFTReserveWithoutMixedBatches:
         assert run(**both) == {"dec": 1, "chat": 100, "bat": reserved - 100}
         assert run(ttft_reserve_mixed=True) == run()  # the reserve alone: only without a chat
 
+    def test_after_a_rejection_the_replica_holds_no_reserve_for_shed_s(self) -> None:
+        def run(**opts: object) -> tuple[dict[str, int], dict[str, str]]:
+            p = policy(ttft_boost=False, ttft_reserve_quantile=0.5, reject_hopeless=True, **opts)
+            for i in range(16):  # 16 chat prompts seen, 80..230 tokens: the 0.5 quantile 150
+                seen = make_view(f"seen{i}", prompt=80 + 10 * i, arrival_s=1.0)
+                arrive(p, seen)
+                p.on_request_aborted(seen, 1.0, "client")
+            dec = decoding("dec", 32, 2, first_token_s=9.9)  # allowance 0.1 s
+            late = make_view("late", prompt=100, arrival_s=8.0)  # its 1 s TTFT is gone
+            bat = make_view("bat", prompt=2000, slo=BATCH, arrival_s=10.0)
+            arrive(p, make_view("dec", prompt=32), late, bat)
+            state = make_state(running=[dec], waiting=[late, bat], mixed_batches=True)
+            d = decide(p, state)
+            return dict(d.num_tokens), dict(d.reject)
+
+        # the hopeless chat is rejected at the call's due checks, before the step is sized; its
+        # prompt joined the window (17 prompts, 0.5 quantile 140 tokens), so the reserve leaves
+        # the batch prompt ((0.1 - B * 140) * 0.9 - A) / B = 574 tokens; with
+        # ttft_reserve_shed_s it gets the 700 of the plain rule; shed_s 0 (the default) keeps it
+        rejected = {"late": "slo_unattainable"}
+        reserve = {"ttft_reserve_mixed": True}
+        reserved = int(((0.1 - B * 140) * 0.9 - A) / B)
+        assert reserved == 574 and run(**reserve) == ({"dec": 1, "bat": reserved}, rejected)
+        assert run(**reserve, ttft_reserve_shed_s=10.0) == ({"dec": 1, "bat": 700}, rejected)
+        assert run() == run(**reserve, ttft_reserve_shed_s=10.0)
+        with pytest.raises(ValueError, match=r"ttft_reserve_shed_s must be >= 0, got -1.0"):
+            policy(ttft_reserve_shed_s=-1.0)
+
     def test_the_quantile_must_be_in_the_unit_interval(self) -> None:
         with pytest.raises(ValueError, match=r"ttft_reserve_quantile must be in \[0, 1\]"):
             policy(ttft_reserve_quantile=1.5)

@@ -128,6 +128,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "yield_decodes",
         "ttft_reserve_mixed",
         "ttft_reserve_beside_chats",
+        "ttft_reserve_shed_s",
     ]
     assert list(policy_options(SuperInferPolicy)) == expected
     assert list(policy_options(OraclePolicy)) == [*expected, "output_tokens"]

@@ -257,6 +257,11 @@ class SuperInferConfig(BasePolicy):
         "with ttft_reserve_mixed: in a step that carries a TTFT-class prefill, prefills without "
         "a TTFT target also stop at the reserve (the TTFT-class one may take the whole allowance)",
     )
+    ttft_reserve_shed_s: float = _opt(
+        0.0,
+        "no TTFT reserve on a replica for this many seconds after the policy rejected a request "
+        "there (load is being shed: capacity, not the next chat's prefill, is short); 0: none",
+    )
     name: str = "superinfer"
 
     def __post_init__(self) -> None:
@@ -308,6 +313,7 @@ class SuperInferConfig(BasePolicy):
         #: preempt; applied while a TTFT-class request arrived within ttft_reserve_idle_s
         self._seat_reserve = self.ttft_seat_reserve if self.max_preemptions_per_step == 0 else 0
         self._last_ttft_s: float | None = None  # the latest TTFT-class arrival, s (none yet)
+        self._shed_at: dict[int, float] = {}  # replica -> its latest rejection, s (shed_s)
 
     def _validate(self) -> None:
         n = self.name
@@ -368,7 +374,8 @@ class SuperInferConfig(BasePolicy):
         f = self.aging_deadline_fraction
         if not 0.0 <= f < 1.0:
             raise ValueError(f"{n}: aging_deadline_fraction must be in [0, 1), got {f}")
-        for key in ("promotion_margin_s", "estimate_lookahead", "prior_decode_seq_s"):
+        nonnegative = ("promotion_margin_s", "estimate_lookahead", "prior_decode_seq_s")
+        for key in (*nonnegative, "ttft_reserve_shed_s"):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"{n}: {key} must be >= 0, got {getattr(self, key)}")
         for key in ("max_preemptions_per_step", "ttft_kv_reserve_requests", "ttft_seat_reserve"):
