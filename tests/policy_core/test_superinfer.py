@@ -532,6 +532,36 @@ class TestTTFTReserveWithoutMixedBatches:
         with pytest.raises(ValueError, match=r"ttft_reserve_shed_s must be >= 0, got -1.0"):
             policy(ttft_reserve_shed_s=-1.0)
 
+    @pytest.mark.parametrize(("later_s", "want"), [(9.9, 700), (10.0, 574)])
+    def test_the_reserve_comes_back_shed_s_after_the_rejection(
+        self, later_s: float, want: int
+    ) -> None:
+        p = policy(
+            ttft_boost=False,
+            ttft_reserve_quantile=0.5,
+            reject_hopeless=True,
+            ttft_reserve_mixed=True,
+            ttft_reserve_shed_s=10.0,
+        )
+        for i in range(16):  # as above: with the rejected chat, 17 prompts, 0.5 quantile 140
+            seen = make_view(f"seen{i}", prompt=80 + 10 * i, arrival_s=1.0)
+            arrive(p, seen)
+            p.on_request_aborted(seen, 1.0, "client")
+        dec = decoding("dec", 32, 2, first_token_s=9.9)
+        late = make_view("late", prompt=100, arrival_s=8.0)
+        bat = make_view("bat", prompt=2000, slo=BATCH, arrival_s=10.0)
+        arrive(p, make_view("dec", prompt=32), late, bat)
+        first = decide(p, make_state(running=[dec], waiting=[late, bat], mixed_batches=True))
+        assert dict(first.reject) == {"late": "slo_unattainable"}
+        assert dict(first.num_tokens) == {"dec": 1, "bat": 700}
+        # a later step, the decode's allowance 0.1 s again: 0.1 * generated - (now - 9.9)
+        now = 10.0 + later_s
+        generated = round((now - 9.9 + 0.1) / 0.1)
+        dec = decoding("dec", 32, generated, first_token_s=9.9)
+        bat = make_view("bat", prompt=2000, computed=700, slo=BATCH, arrival_s=10.0)
+        state = make_state(running=[dec, bat], now_s=now, mixed_batches=True)
+        assert dict(decide(p, state).num_tokens) == {"dec": 1, "bat": want}
+
     def test_the_quantile_must_be_in_the_unit_interval(self) -> None:
         with pytest.raises(ValueError, match=r"ttft_reserve_quantile must be in \[0, 1\]"):
             policy(ttft_reserve_quantile=1.5)
