@@ -161,7 +161,8 @@ class _Admission(_Preemption):
 
     def _reject(self, rep: _Replica, e: _Entry, step: _Step, reason: str) -> None:
         self._counters["rejected"] += 1
-        self._shed_at[rep.index] = step.state.now_s
+        if self.ttft_reserve_shed_s:
+            self._shed_at[rep.index] = step.state.now_s
         self._fcfs_leave(rep, e)
         self._dequeue(rep, e)
         step.reject[e.rid] = reason

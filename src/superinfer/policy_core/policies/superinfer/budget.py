@@ -158,8 +158,10 @@ class _StepBudget(_Running):
         stop where the reserve would have ended it (``_Step.no_ttft_left``, spent by every
         prefill token given before theirs), so a batch prompt riding along with a chat does
         not spend the reserve either. With ``ttft_reserve_shed_s`` no reserve is held for that
-        many seconds after the policy rejected a request on the replica (it is shedding load,
-        so throughput, not the next chat's prefill, is short).
+        many seconds after the policy rejected a request on the replica (with 10 s, the whole
+        Azure hour at 16 loads: sim:trtllm's overload losses gone, sim:vllm's gains halved;
+        ``results/ttft-reserve-mixed``; that a shedding replica is short of throughput rather
+        than of the next chat's prefill is our reading, not measured).
 
         Without it a worse tier's prefill (a batch prompt's chunks) spends every second of
         allowance the decodes bank, and an arriving chat's prompt is then sliced into the
@@ -176,9 +178,9 @@ class _StepBudget(_Running):
             return allow
         if self.ttft_reserve_quantile == 0 or not (prompt := self.ttft_prompts.value()):
             return allow
-        shed_s = self._shed_at.get(rep.index, -_INF)
-        if step.state.now_s - shed_s < self.ttft_reserve_shed_s:
-            return allow  # shedding load: the reserve would cost throughput it needs
+        shed_s = self.ttft_reserve_shed_s  # 0 by default: no lookup
+        if shed_s and step.state.now_s - self._shed_at.get(rep.index, -_INF) < shed_s:
+            return allow  # the replica rejected a request within shed_s: it sheds load
         pending = self._ttft_pending(rep, step, rep.books.ttft_lanes)
         if pending and not (mixed and self.ttft_reserve_beside_chats):
             return allow

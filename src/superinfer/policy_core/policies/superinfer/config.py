@@ -260,7 +260,7 @@ class SuperInferConfig(BasePolicy):
     ttft_reserve_shed_s: float = _opt(
         0.0,
         "no TTFT reserve on a replica for this many seconds after the policy rejected a request "
-        "there (load is being shed: capacity, not the next chat's prefill, is short); 0: none",
+        "there, as while it sheds load (results/ttft-reserve-mixed); 0: none",
     )
     name: str = "superinfer"
 
