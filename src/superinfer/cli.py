@@ -126,7 +126,8 @@ def cli() -> None:
               "through HBM on and off (needs an engine with a CPU KV tier; defaults: --workload "
               "mooncake-chat, --replicas 6, --duration-s 600) -> results/rotation/. seed: native "
               "vs superinfer --stack full on the 3 sim engines, the Azure hour at 0.6x (the "
-              "committed results/seed is --duration-s 900) -> results/seed/. engines: SmolLM2 on "
+              "committed results/seed is --duration-s 900; --policy-opt: superinfer's and "
+              "oracle's, not native's) -> results/seed/. engines: SmolLM2 on "
               "hf, sglang and llama.cpp (+ sim rows), options --engine-option suite.KEY=VALUE "
               "(--policy-opt: superinfer's, on every engine) -> results/engines-cpu/.")
 @click.option("--rate-scales", default=None,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from superinfer.harness.bench import BenchConfig, suite_defaults
+from superinfer.harness.errors import UserError
 from superinfer.harness.suites_seed import (
     COMPARISONS,
     METRICS,
@@ -52,3 +54,33 @@ def test_seed_suite_writes_both_sides_and_their_ratios(tmp_path: Path) -> None:
 def test_seed_suite_defaults_are_the_headline_load_on_the_three_sim_engines() -> None:
     own = suite_defaults("seed", workload_given=False, given=set())
     assert own["engines"] == "sim:vllm,sim:sglang,sim:trtllm" and own["rate_scale"] == 0.6
+
+
+def test_seed_suite_policy_opts_reach_the_stack_side_only(tmp_path: Path) -> None:
+    config = BenchConfig(
+        engines=("sim:vllm",), rate_scale=0.6, duration_s=10.0, replicas=1,
+        policy_opts=("superinfer.ttft_boost_whole=true", "credit_step_memory=2000"),
+        engine_options={"mixed_batches": "1"},
+    )  # fmt: skip
+    table, _ = run_seed_suite(config, tmp_path / "seed", command=["test"])
+    assert set(table.loc[table["stack"] == "none", "policy"]) == {"fcfs"}  # ran, no option error
+    meta = json.loads((tmp_path / "seed" / "manifest.json").read_text())
+    assert meta["config"]["policy_opts"] == []
+    assert meta["config"]["policy_options"] == {
+        "superinfer": {"ttft_boost_whole": "true", "credit_step_memory": "2000"},
+        "oracle": {"credit_step_memory": "2000"},
+    }
+    report = (tmp_path / "seed" / "report.md").read_text()
+    assert (
+        "Settings other than the defaults: `oracle`: `credit_step_memory=2000`; `superinfer`: "
+        "`credit_step_memory=2000`, `ttft_boost_whole=true`; engine options (both sides): "
+        "`mixed_batches=1`.\n" in report
+    )
+
+
+def test_seed_suite_rejects_an_option_of_another_policy(tmp_path: Path) -> None:
+    config = BenchConfig(engines=("sim:vllm",), duration_s=10.0, replicas=1,
+                         policy_opts=("fcfs.nonesuch=1",))  # fmt: skip
+    with pytest.raises(UserError, match=r"'fcfs' is not among the selected \(superinfer, oracle\)"):
+        run_seed_suite(config, tmp_path / "seed")
+    assert not (tmp_path / "seed").exists()

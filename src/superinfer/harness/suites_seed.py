@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, build_bench_workload, run_bench
-from superinfer.harness.policies import FALLBACK_POLICY, native_policy
+from superinfer.harness.policies import FALLBACK_POLICY, native_policy, resolve_policy_opts
 from superinfer.harness.report.markdown import format_value
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, staged_dir, write_atomic
 
@@ -81,9 +81,23 @@ def run_seed(
     """Per engine of ``config``: ``native`` alone, then ``superinfer --stack full``, then the
     clairvoyant reference (:data:`REFERENCE`).
 
+    ``--policy-opt`` strings (``config.policy_opts``) are options of the stack side's policies:
+    ``superinfer.key=value`` sets one on ``superinfer`` only, ``key=value`` on ``superinfer``
+    and the reference (the same scheduler); the native side runs its defaults.
+
     Returns:
         ``(summary.csv table, manifest info)``; the info keeps each side's bench info.
+
+    Raises:
+        UserError: a ``--policy-opt`` string that names another policy or an unknown option.
     """
+    if config.policy_opts:
+        resolved = resolve_policy_opts(("superinfer", REFERENCE[0]), config.policy_opts)
+        options = {name: {**config.policy_options.get(name, {}), **opts}
+                   for name, opts in resolved.items()}  # fmt: skip
+        config = replace(
+            config, policy_opts=(), policy_options={**config.policy_options, **options}
+        )
     wl = build_bench_workload(config)
     rows: list[dict[str, Any]] = []
     info: dict[str, Any] = {"suite": "seed", "config": asdict(config), "runs": {}}
@@ -136,6 +150,7 @@ def render_seed_report(table: pd.DataFrame, meta: dict[str, Any]) -> str:
         "KV quantization planner; the parts each engine applied are below), and beside them "
         "`oracle` with the same stack: the same scheduler knowing every true output length.",
         "",
+        *_settings_lines(cfg),
         "| engine | row | native | whole stack | ratio / points | article | target "
         "| oracle + stack |",
         "|---|---|---|---|---|---|---|---|",
@@ -178,6 +193,19 @@ def render_seed_report(table: pd.DataFrame, meta: dict[str, Any]) -> str:
                 f"- `{key}`: applied {', '.join(stack['applied'])}; not applied: {missing}."
             )
     return "\n".join(lines) + "\n"
+
+
+def _settings_lines(cfg: dict[str, Any]) -> list[str]:
+    """The report's line naming the run's non-default policy and engine options, if any."""
+    parts = [
+        f"`{name}`: " + ", ".join(f"`{k}={v}`" for k, v in sorted(opts.items()))
+        for name, opts in sorted((cfg.get("policy_options") or {}).items())
+        if opts
+    ]
+    engine = ", ".join(f"`{k}={v}`" for k, v in sorted((cfg.get("engine_options") or {}).items()))
+    if engine:
+        parts.append(f"engine options (both sides): {engine}")
+    return [f"Settings other than the defaults: {'; '.join(parts)}.", ""] if parts else []
 
 
 def write_seed(out_dir: Path, table: pd.DataFrame, info: dict[str, Any], command: list[str]) -> str:
