@@ -26,6 +26,7 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 PREFIX = "superinfer.policy_core.policies.superinfer."
 #: Bottom to top: a module may import only the modules before it.
 LAYERS = (
+    "due_queue",
     "records",
     "config",
     "estimates",
