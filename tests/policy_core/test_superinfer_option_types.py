@@ -4,10 +4,14 @@ crash) the range checks, and a string where a bool is asked for would read as tr
 
 from __future__ import annotations
 
+from dataclasses import fields
+from typing import get_type_hints
+
 import numpy as np
 import pytest
 
 from superinfer.policy_core.policies.superinfer import SuperInferPolicy
+from superinfer.policy_core.policies.superinfer.config import _RANGES, SuperInferConfig
 
 
 @pytest.mark.parametrize(
@@ -40,3 +44,23 @@ def test_an_int_is_a_float_and_values_of_their_type_pass() -> None:
     # numpy's numbers are numbers (a value read from a table)
     policy = SuperInferPolicy(num_tiers=np.int64(3), tpot_safety=np.float64(0.8))
     assert (policy.num_tiers, policy.tpot_safety) == (3, 0.8)
+
+
+def test_every_numeric_option_has_a_range_and_a_value_outside_it_is_a_one_line_error() -> None:
+    hints = get_type_hints(SuperInferConfig)
+    numeric = {f.name for f in fields(SuperInferConfig) if hints[f.name] in (int, float)}
+    assert numeric - set(_RANGES) == {"deadline_class_tier"}  # checked against num_tiers
+    assert set(_RANGES) <= numeric
+    outside = {">= 1": 0, "(0, 1]": 0.0, "[0, 1]": 1.5, "[0, 1)": 1.0, "> 0": 0, ">= 0": -1}
+    shown = {">= 1": ">= 1", "> 0": "> 0", ">= 0": ">= 0"}
+    for option, bounds in _RANGES.items():
+        value = outside[bounds]
+        if hints[option] is float:
+            value = float(value)
+        where = shown.get(bounds, f"in {bounds}")
+        message = f"superinfer: {option} must be {where}, got {value}"
+        with pytest.raises(ValueError) as err:
+            SuperInferPolicy(**{option: value})
+        assert str(err.value) == message
+    with pytest.raises(ValueError, match=r"^superinfer: tpot_safety must be in \(0, 1\], got nan$"):
+        SuperInferPolicy(tpot_safety=float("nan"))

@@ -34,6 +34,47 @@ _ACCEPTS: dict[Any, tuple[type, ...]] = {
 }
 
 
+#: Each numeric hyperparameter's allowed range, checked in this order on construction; the
+#: error names the option, the range as written here and the value given.
+_RANGES: dict[str, str] = {
+    **dict.fromkeys(
+        ("num_tiers", "quantum_base_tokens", "rotation_unit_tokens", "min_prefill_tokens",
+         "max_waiting_per_tier", "rotation_slice_tokens", "max_repeat_steps", "estimator_window",
+         "estimator_min_samples", "quantum_growth", "tier_weight_ratio"),
+        ">= 1",
+    ),
+    **dict.fromkeys(
+        ("tpot_safety", "min_prefill_budget_share", "swap_budget_fraction",
+         "step_time_forgetting", "ttft_plan_fraction", "tpot_plan_share"),
+        "(0, 1]",
+    ),
+    "credit_step_memory": ">= 0",
+    "credit_quantile": "[0, 1]",
+    "rotation_watermark": "[0, 1)",
+    "kv_watermark": "[0, 1)",
+    **dict.fromkeys(
+        ("aging_s", "recheck_s", "prior_step_s", "prior_prefill_token_s", "ttft_reserve_idle_s"),
+        "> 0",
+    ),
+    "ttft_reserve_quantile": "[0, 1]",
+    "aging_deadline_fraction": "[0, 1)",
+    **dict.fromkeys(
+        ("promotion_margin_s", "estimate_lookahead", "prior_decode_seq_s", "ttft_reserve_shed_s",
+         "max_preemptions_per_step", "ttft_kv_reserve_requests", "ttft_seat_reserve"),
+        ">= 0",
+    ),
+}  # fmt: skip
+#: Whether a value is within a range of :data:`_RANGES` (NaN is within none).
+_WITHIN: dict[str, Any] = {
+    ">= 1": lambda v: v >= 1,
+    "(0, 1]": lambda v: 0.0 < v <= 1.0,
+    "[0, 1]": lambda v: 0.0 <= v <= 1.0,
+    "[0, 1)": lambda v: 0.0 <= v < 1.0,
+    "> 0": lambda v: v > 0,
+    ">= 0": lambda v: v >= 0,
+}
+
+
 def _opt(default: Any, text: str) -> Any:
     """A config field with a default and its ``--policy-opt`` help text."""
     return field(default=default, metadata={"help": text})
@@ -325,62 +366,11 @@ class SuperInferConfig(BasePolicy):
             if accepts and (not isinstance(value, accepts) or number and isinstance(value, bool)):
                 name = getattr(kind, "__name__", kind)
                 raise ValueError(f"{n}: {spec.name} must be {name}, got {value!r}")
-        positive_ints = (
-            "num_tiers",
-            "quantum_base_tokens",
-            "rotation_unit_tokens",
-            "min_prefill_tokens",
-            "max_waiting_per_tier",
-            "rotation_slice_tokens",
-            "max_repeat_steps",
-            "estimator_window",
-            "estimator_min_samples",
-        )
-        for key in positive_ints:
-            if getattr(self, key) < 1:
-                raise ValueError(f"{n}: {key} must be >= 1, got {getattr(self, key)}")
-        for key in ("quantum_growth", "tier_weight_ratio"):
-            if not getattr(self, key) >= 1.0:
-                raise ValueError(f"{n}: {key} must be >= 1, got {getattr(self, key)}")
-        for key in (
-            "tpot_safety",
-            "min_prefill_budget_share",
-            "swap_budget_fraction",
-            "step_time_forgetting",
-            "ttft_plan_fraction",
-            "tpot_plan_share",
-        ):
-            if not 0.0 < getattr(self, key) <= 1.0:
-                raise ValueError(f"{n}: {key} must be in (0, 1], got {getattr(self, key)}")
-        if self.credit_step_memory < 0:
-            raise ValueError(f"{n}: credit_step_memory must be >= 0, got {self.credit_step_memory}")
-        if not 0.0 <= self.credit_quantile <= 1.0:
-            raise ValueError(f"{n}: credit_quantile must be in [0, 1], got {self.credit_quantile}")
-        for key in ("rotation_watermark", "kv_watermark"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ValueError(f"{n}: {key} must be in [0, 1), got {getattr(self, key)}")
-        for key in (
-            "aging_s",
-            "recheck_s",
-            "prior_step_s",
-            "prior_prefill_token_s",
-            "ttft_reserve_idle_s",
-        ):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"{n}: {key} must be > 0, got {getattr(self, key)}")
-        if not 0.0 <= self.ttft_reserve_quantile <= 1.0:
-            q = self.ttft_reserve_quantile
-            raise ValueError(f"{n}: ttft_reserve_quantile must be in [0, 1], got {q}")
-        f = self.aging_deadline_fraction
-        if not 0.0 <= f < 1.0:
-            raise ValueError(f"{n}: aging_deadline_fraction must be in [0, 1), got {f}")
-        nonnegative = ("promotion_margin_s", "estimate_lookahead", "prior_decode_seq_s")
-        for key in (*nonnegative, "ttft_reserve_shed_s"):
-            if not getattr(self, key) >= 0:
-                raise ValueError(f"{n}: {key} must be >= 0, got {getattr(self, key)}")
-        for key in ("max_preemptions_per_step", "ttft_kv_reserve_requests", "ttft_seat_reserve"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"{n}: {key} must be >= 0, got {getattr(self, key)}")
+        for key, bounds in _RANGES.items():
+            value = getattr(self, key)
+            if not _WITHIN[bounds](value):
+                where = f"in {bounds}" if bounds[0] in "([" else bounds
+                raise ValueError(f"{n}: {key} must be {where}, got {value}")
         if self.best_effort_tier not in ("keep", "last"):
             raise ValueError(
                 f"{n}: best_effort_tier must be 'keep' or 'last', got {self.best_effort_tier!r}"
