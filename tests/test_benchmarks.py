@@ -478,3 +478,53 @@ def test_sglang_kv_placement_gaps_finds_each_prompts_reusable_prefix_and_its_idl
     assert table.reusable_chunks.tolist() == [0, 2, 0, 3]
     assert table.gap_s.fillna(-1.0).tolist() == [-1.0, 10.0, -1.0, 15.0]
     assert table.reads.tolist() == [0, 1, 0, 1]
+
+
+def test_seed_collect_puts_each_seed_run_on_one_line(tmp_path: Path) -> None:
+    from superinfer.harness.bench import BenchConfig
+    from superinfer.harness.suites_seed import run_seed_suite
+
+    config = BenchConfig(engines=("sim:vllm",), rate_scale=0.6, duration_s=10.0, replicas=1,
+                         policy_opts=("superinfer.ttft_boost_whole=true",))  # fmt: skip
+    table, _ = run_seed_suite(config, tmp_path / "run-a")
+    script = [sys.executable, str(ROOT / "benchmarks" / "seed_collect.py")]
+    out = tmp_path / "seed.csv"
+    proc = subprocess.run([*script, str(tmp_path / "run-a"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    with out.open() as f:
+        (row,) = list(csv.DictReader(f))
+    value = {(r.policy, r.stack, r.metric): r.value for r in table.itertuples()}
+    assert (row["run"], row["engine"], row["rate_scale"], row["duration_s"]) == (
+        "run-a",
+        "sim:vllm",
+        "0.6",
+        "10",
+    )
+    assert (row["engine_options"], row["superinfer_options"], row["oracle_options"]) == (
+        "",
+        "ttft_boost_whole=true",
+        "",
+    )
+    assert float(row["native_attainment"]) == pytest.approx(
+        value["fcfs", "none", "chat_slo_attainment"], rel=1e-5
+    )
+    assert float(row["stack_attainment"]) == pytest.approx(
+        value["superinfer", "full", "chat_slo_attainment"], rel=1e-5
+    )
+    assert float(row["oracle_attainment"]) == pytest.approx(
+        value["oracle", "full", "chat_slo_attainment"], rel=1e-5
+    )
+    ratio = value["superinfer/fcfs", "full/none", "chat_p99_latency_ratio"]
+    assert float(row["chat_p99_latency_ratio"]) == pytest.approx(ratio, rel=1e-5)
+    points = value["superinfer/fcfs", "full/none", "chat_attainment_points"]
+    assert row["all_four_met"] == str(points >= 18.0 and ratio <= 0.6 and (
+        value["superinfer/fcfs", "full/none", "peak_kv_ratio"] <= 0.67
+    ) and value["superinfer/fcfs", "full/none", "batch_throughput_ratio"] >= 0.96)  # fmt: skip
+    bad = subprocess.run([*script, str(tmp_path), "--out", str(out)], capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        f"seed_collect: {tmp_path / 'summary.csv'}: no such file (a `bench --suite seed` run "
+        "folder?)"
+    )
