@@ -61,3 +61,13 @@ def test_conflicts_fail_in_one_line() -> None:
         )
     with pytest.raises(UserError, match=r"^--kv-quant-opt needs --kv-quant$"):
         bench_config({**PARAMS, "kv_quant_opts": {"hysteresis": "0.1"}}, given={"kv_quant_opts"})
+
+
+def test_a_gpu_or_model_alias_is_recorded_by_its_canonical_name() -> None:
+    given = {"gpu", "model"}
+    cfg = bench_config({**PARAMS, "gpu": "A100", "model": "meta-llama/Llama-3.1-8B"}, given=given)
+    assert (cfg.gpu, cfg.model) == ("a100-80gb", "llama-3.1-8b")
+    cfg = bench_config({**PARAMS, "gpu": "h200-141gb"}, given={"gpu"})
+    assert cfg.gpu == "h200"
+    # an unknown name is left for the run to report (one line naming the known ones)
+    assert bench_config({**PARAMS, "gpu": "b300"}, given={"gpu"}).gpu == "b300"

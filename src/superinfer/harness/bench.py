@@ -341,6 +341,18 @@ def _check_spec_bench(
         raise _spec_error(spec, "router", f"unknown router {values['router']!r}; known: {known}")
 
 
+def _canonical(name: str, kind: str) -> str:
+    """The canonical name of a model or GPU given by name or alias (``--gpu a100`` ->
+    ``a100-80gb``), so the manifest and every table name it one way; an unknown name unchanged
+    (the run reports it)."""
+    from superinfer.sim.hardware import get_gpu, get_model
+
+    try:
+        return (get_model if kind == "model" else get_gpu)(name).name
+    except KeyError:
+        return name
+
+
 def _spec_error(spec: WorkloadSpec, key: str, problem: str) -> SpecError:
     """A :class:`SpecError` at ``[bench]`` key ``key`` of ``spec`` (its file and line)."""
     return SpecError(spec.path, spec.line_of(f"bench.{key}"), f"bench.{key}", problem)
@@ -451,8 +463,8 @@ def bench_config(params: Mapping[str, Any], *, given: Collection[str]) -> BenchC
     return BenchConfig(
         trace=trace or "azure",
         engines=engine_ids,
-        model=options["model"],
-        gpu=options["gpu"],
+        model=_canonical(options["model"], "model"),
+        gpu=_canonical(options["gpu"], "gpu"),
         tp=options["tp"],
         replicas=options["replicas"],
         router=options["router"],
