@@ -291,3 +291,20 @@ def test_rotation_suite_needs_a_cpu_tier(tmp_path: Path) -> None:
         "error: --suite rotation needs an engine with a CPU KV tier; sim:vllm showed the policy "
         "none"
     ), proc.stderr
+
+
+def test_seed_suite_prints_rounded_values_and_a_dash_for_an_absent_class(tmp_path: Path) -> None:
+    # The Azure mix's first batch request arrives at 77 s: a 10 s window has no batch class.
+    args = ["--suite", "seed", "--engines", "sim:vllm", "--duration-s", "10", "--replicas", "1"]
+    proc = run("bench", *args, "--out", str(tmp_path / "seed"))
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(tmp_path / "seed" / "summary.csv")
+    rows = {(r.policy, r.metric): r.value for r in table.itertuples()}
+    lines = proc.stdout.splitlines()
+    (batch,) = [x for x in lines if "fcfs" in x and "batch_output_tok_s" in x]
+    assert batch.split()[-2:] == ["–", "–"]  # value and article value: no batch request
+    (kv,) = [x for x in lines if "fcfs" in x and "kv_peak_gb" in x]
+    assert kv.split()[-2] == f"{rows['fcfs', 'kv_peak_gb']:.4g}"
+    report = (tmp_path / "seed" / "report.md").read_text()
+    assert "| `sim:vllm` | batch_throughput_ratio | – | – | – | 0.96x |" in report
+    assert "–: no value: a class had no finished request in the window on one side" in report

@@ -167,7 +167,10 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
             table, files = run_suite(suite, config, out_dir, rate_scales=params["rate_scales"],
                                      workers=params["workers"], progress=status.update,
                                      command=sys.argv)  # fmt: skip
-        print_summary(table) if suite == "headline" else click.echo(table.to_string(index=False))
+        if suite == "headline":
+            print_summary(table)
+        else:  # long tables: numbers as the reports write them, "–" where a class had none
+            click.echo(table.to_string(index=False, na_rep="–", float_format=_cell))
         console.print(f"wrote {out_dir}/ ({files})")
         return
     hb.bench_out_dir(config, out)  # a bad --out fails now, not after the run
@@ -183,6 +186,11 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
         f"wrote {out_dir}/ (summary.csv, metrics.csv, requests.parquet, timeline.parquet{extra}, "
         f"manifest.json, report.md, {len(plots)} plots)"
     )
+
+
+def _cell(value: float) -> str:
+    """A float of a printed suite table: 1 decimal from 100 up, else 4 significant digits."""
+    return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4g}"
 
 
 # -- serve ------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ attainment ``slo_attainment`` of the chat class (docs/metrics.md).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -155,6 +156,7 @@ def render_seed_report(table: pd.DataFrame, meta: dict[str, Any]) -> str:
         "| oracle + stack |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    missing = False
     for engine, part in table.groupby("engine", sort=False):
         values = {
             (r.stack, r.metric): r.value for r in part.itertuples() if r.policy != REFERENCE[0]
@@ -163,6 +165,8 @@ def render_seed_report(table: pd.DataFrame, meta: dict[str, Any]) -> str:
         for name, (metric, kind, ref, target) in COMPARISONS.items():
             cmp = values.get(("full/none", name), float("nan"))
             shown = f"{cmp:.3f}x" if kind == "ratio" else f"{cmp:+.1f} pts"
+            if math.isnan(cmp):
+                shown, missing = "–", True
             article = f"{ref:g}x" if kind == "ratio" else "+18 pts (78% -> 96%)"
             native, best = values.get(("none", metric), float("nan")), oracle.get(metric)
             if best is None:
@@ -170,12 +174,19 @@ def render_seed_report(table: pd.DataFrame, meta: dict[str, Any]) -> str:
             else:
                 gain = best / native if kind == "ratio" else (best - native) * 100
                 unit = f"{gain:.3f}x" if kind == "ratio" else f"{gain:+.1f} pts"
+                unit = "–" if math.isnan(gain) else unit
                 ref_shown = f"{format_value(best, metric)} ({unit})"
             lines.append(
                 f"| `{engine}` | {name} | {format_value(native, metric)} | "
                 f"{format_value(values.get(('full', metric)), metric)} | {shown} | {article} | "
                 f"{target} | {ref_shown} |"
             )
+    if missing:
+        lines += [
+            "",
+            "–: no value: a class had no finished request in the window on one side (a window "
+            "shorter than the class's first arrival, or every request of it still running).",
+        ]
     lines += [
         "",
         "Rows: `chat_p99_latency_ratio` is the chat class's TTFT p99, whole stack over native; "
@@ -188,9 +199,9 @@ def render_seed_report(table: pd.DataFrame, meta: dict[str, Any]) -> str:
     ]
     for key, run in meta.get("runs", {}).items():
         for stack in run.get("stack", {}).values():
-            missing = ", ".join(stack.get("not_applied", {})) or "none"
+            absent = ", ".join(stack.get("not_applied", {})) or "none"
             lines.append(
-                f"- `{key}`: applied {', '.join(stack['applied'])}; not applied: {missing}."
+                f"- `{key}`: applied {', '.join(stack['applied'])}; not applied: {absent}."
             )
     return "\n".join(lines) + "\n"
 
