@@ -308,3 +308,11 @@ def test_seed_suite_prints_rounded_values_and_a_dash_for_an_absent_class(tmp_pat
     report = (tmp_path / "seed" / "report.md").read_text()
     assert "| `sim:vllm` | batch_throughput_ratio | – | – | – | 0.96x |" in report
     assert "–: no value: a class had no finished request in the window on one side" in report
+
+
+def test_bench_says_when_a_source_has_no_request_in_the_window(tmp_path: Path) -> None:
+    args = ["--duration-s", "10", "--replicas", "1", "--policies", "fcfs"]
+    proc = run("bench", *args, "--out", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr
+    note = "note: no request of source 'code' (batch) in this window: its class has no row"
+    assert note in proc.stderr.splitlines()

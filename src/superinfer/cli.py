@@ -176,6 +176,9 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
     hb.bench_out_dir(config, out)  # a bad --out fails now, not after the run
     with console.status(f"loading workload {config.workload or config.trace}"):
         wl = hb.build_bench_workload(config)
+    for src in wl.absent_sources():
+        console.print(f"note: no request of source {src.name!r} ({src.slo.name}) in this window: "
+                      "its class has no row", highlight=False)  # fmt: skip
     with bench_progress(console, len(wl.requests)) as on_cell:
         result = hb.run_bench(config, workload=wl, on_cell=on_cell)
     with console.status("drawing plots"):

@@ -51,6 +51,10 @@ def test_workload_mixes_sources_on_their_shared_clock() -> None:
     assert wl.requests[0].request_id == "conv-2" and wl.requests[0].arrival_s == 0.0
     assert all(r.arrival_s < 120.0 for r in wl.requests)
     assert [r.arrival_s for r in wl.requests] == sorted(r.arrival_s for r in wl.requests)
+    assert wl.absent_sources() == []
+    # the first code request arrives at 77.3 s: a 60 s window has none, and says so
+    short = build_workload("azure", duration_s=60.0)
+    assert [s.name for s in short.absent_sources()] == ["code"]
 
 
 def test_rate_scale_compresses_time() -> None:

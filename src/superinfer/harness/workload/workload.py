@@ -97,6 +97,13 @@ class Workload:
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
 
+    def absent_sources(self) -> list[Source]:
+        """The sources with no request in the window (e.g. the Azure mix's ``code`` source,
+        whose first request arrives 77 s in, under ``--duration-s 60``): their class gets no
+        row in the run's tables, which the CLI says rather than leave it silent."""
+        present = {r.source for r in self.requests}
+        return [s for s in self.sources if s.name not in present]
+
 
 def _load(source: Source) -> list[TraceRow]:
     path = Path(source.file)
