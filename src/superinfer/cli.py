@@ -176,14 +176,14 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
     hb.bench_out_dir(config, out)  # a bad --out fails now, not after the run
     with console.status(f"loading workload {config.workload or config.trace}"):
         wl = hb.build_bench_workload(config)
-    for src in wl.absent_sources():
-        console.print(f"note: no request of source {src.name!r} ({src.slo.name}) in this window: "
-                      "its class has no row", highlight=False)  # fmt: skip
     with bench_progress(console, len(wl.requests)) as on_cell:
         result = hb.run_bench(config, workload=wl, on_cell=on_cell)
     with console.status("drawing plots"):
         out_dir, plots, summary = hb.write_bench(result, config, out)
     print_summary(summary)
+    for src in wl.absent_sources():  # after the run: an error stays the one line on stderr
+        console.print(f"note: no request of source {src.name!r} ({src.slo.name}) in this window: "
+                      "its class has no row", highlight=False)  # fmt: skip
     extra = ", steps.parquet" if not result.steps.empty else ""
     console.print(
         f"wrote {out_dir}/ (summary.csv, metrics.csv, requests.parquet, timeline.parquet{extra}, "
