@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,11 @@ def test_workload_mixes_sources_on_their_shared_clock() -> None:
     # the first code request arrives at 77.3 s: a 60 s window has none, and says so
     short = build_workload("azure", duration_s=60.0)
     assert [s.name for s in short.absent_sources()] == ["code"]
+    # a source whose class another source fills is not absent in the tables
+    conv, code = short.sources
+    twin = dataclasses.replace(code, name="code2", slo=conv.slo)
+    both = dataclasses.replace(short, sources=(conv, code, twin))
+    assert [s.name for s in both.absent_sources()] == ["code"]
 
 
 def test_rate_scale_compresses_time() -> None:

@@ -98,11 +98,13 @@ class Workload:
     max_output_tokens: int | None = None
 
     def absent_sources(self) -> list[Source]:
-        """The sources with no request in the window (e.g. the Azure mix's ``code`` source,
-        whose first request arrives 77 s in, under ``--duration-s 60``): their class gets no
-        row in the run's tables, which the CLI says rather than leave it silent."""
+        """The sources with no request in the window whose SLO class no other source's
+        requests fill (e.g. the Azure mix's ``code`` source, whose first request arrives 77 s
+        in, under ``--duration-s 60``): their class gets no row in the run's tables, which the
+        CLI says rather than leave it silent."""
         present = {r.source for r in self.requests}
-        return [s for s in self.sources if s.name not in present]
+        classes = {r.slo.name for r in self.requests}
+        return [s for s in self.sources if s.name not in present and s.slo.name not in classes]
 
 
 def _load(source: Source) -> list[TraceRow]:
