@@ -528,3 +528,12 @@ def test_seed_collect_puts_each_seed_run_on_one_line(tmp_path: Path) -> None:
         f"seed_collect: {tmp_path / 'summary.csv'}: no such file (a `bench --suite seed` run "
         "folder?)"
     )
+    broken = tmp_path / "run-b"
+    broken.mkdir()
+    (broken / "summary.csv").write_text((tmp_path / "run-a" / "summary.csv").read_text())
+    (broken / "manifest.json").write_text("{")
+    bad = subprocess.run([*script, str(broken), "--out", str(out)], capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    assert bad.returncode == 2
+    assert bad.stderr.startswith(f"seed_collect: {broken / 'manifest.json'}: not JSON (")
+    assert len(bad.stderr.strip().splitlines()) == 1
