@@ -4,6 +4,7 @@ one harness call and prints what it did)."""
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -170,7 +171,10 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
         if suite == "headline":
             print_summary(table)
         else:  # long tables: numbers as the reports write them, "–" where a class had none
-            click.echo(table.to_string(index=False, na_rep="–", float_format=_cell))
+            from superinfer.harness.report.markdown import format_value
+
+            cell = partial(format_value, column="value", digits=4)
+            click.echo(table.to_string(index=False, na_rep="–", float_format=cell))
         console.print(f"wrote {out_dir}/ ({files})")
         return
     hb.bench_out_dir(config, out)  # a bad --out fails now, not after the run
@@ -189,11 +193,6 @@ def bench(ctx: click.Context, /, **params: Any) -> None:
         f"wrote {out_dir}/ (summary.csv, metrics.csv, requests.parquet, timeline.parquet{extra}, "
         f"manifest.json, report.md, {len(plots)} plots)"
     )
-
-
-def _cell(value: float) -> str:
-    """A float of a printed suite table: 1 decimal from 100 up, else 4 significant digits."""
-    return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4g}"
 
 
 # -- serve ------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from superinfer.harness.errors import UserError
-from superinfer.harness.policies import build_policy, resolve_policy_opts
+from superinfer.harness.policies import build_policy, merge_policy_opts, resolve_policy_opts
 from superinfer.harness.workload.workload import Workload
 from superinfer.policy_core.policies.oracle import OraclePolicy
 from superinfer.sim.request import RequestSpec
@@ -54,3 +54,10 @@ def test_the_oracle_is_built_with_the_workloads_true_lengths() -> None:
     assert isinstance(oracle, OraclePolicy)
     assert dict(oracle.output_tokens) == {"a": 7, "b": 3} and oracle.aging_s == 30.0
     assert build_policy("fcfs", {}, workload) == "fcfs"  # by name: the manager builds it
+
+
+def test_merge_policy_opts_lays_the_strings_over_each_policys_options() -> None:
+    options = {"superinfer": {"aging_s": "5", "recheck_s": "2"}, "fcfs": {}, "edf": {"x": "1"}}
+    got = merge_policy_opts(options, ["superinfer", "fcfs"], ["superinfer.aging_s=9"])
+    assert got == {"superinfer": {"aging_s": "9", "recheck_s": "2"}, "fcfs": {}}
+    assert options["superinfer"]["aging_s"] == "5"  # not changed in place

@@ -35,7 +35,7 @@ from superinfer.harness.engines.registry import (
 from superinfer.harness.errors import SpecError, UserError
 from superinfer.harness.policies import (
     ignored_field_warnings,
-    resolve_policy_opts,
+    merge_policy_opts,
     select_policies,
 )
 from superinfer.harness.report.metrics import summarize
@@ -160,10 +160,7 @@ def run_bench(
     else:
         policies = _family_policies(config, families)
         if config.policy_opts:
-            resolved = resolve_policy_opts(policies, config.policy_opts)
-            merged = {
-                name: {**config.policy_options.get(name, {}), **resolved[name]} for name in policies
-            }
+            merged = merge_policy_opts(config.policy_options, policies, config.policy_opts)
             config = replace(config, policy_options=merged)
         if any(label_only) and len(policies) > 1:
             raise UserError(
@@ -341,14 +338,12 @@ def _check_spec_bench(
         raise _spec_error(spec, "router", f"unknown router {values['router']!r}; known: {known}")
 
 
-def _canonical(name: str, kind: str) -> str:
-    """The canonical name of a model or GPU given by name or alias (``--gpu a100`` ->
-    ``a100-80gb``), so the manifest and every table name it one way; an unknown name unchanged
-    (the run reports it)."""
-    from superinfer.sim.hardware import get_gpu, get_model
-
+def _canonical(name: str, lookup: Callable[[str], Any]) -> str:
+    """The canonical name of a model or GPU given by name or alias to ``lookup``
+    (``sim.hardware.get_gpu`` or ``get_model``: ``--gpu a100`` -> ``a100-80gb``), so the manifest
+    and every table name it one way; an unknown name unchanged (the run reports it)."""
     try:
-        return (get_model if kind == "model" else get_gpu)(name).name
+        return str(lookup(name).name)
     except KeyError:
         return name
 
@@ -424,6 +419,8 @@ def bench_config(params: Mapping[str, Any], *, given: Collection[str]) -> BenchC
             (``workload.limits.check_numbers``), or ``--policies`` empty or naming one twice.
         SpecError: a spec's ``[bench]`` value that is unknown (named by file, line and key).
     """
+    from superinfer.sim.hardware import get_gpu, get_model
+
     p = dict(params)
     suite = p.get("suite")
     workload_given = p["workload"] is not None or p["trace"] is not None
@@ -463,8 +460,8 @@ def bench_config(params: Mapping[str, Any], *, given: Collection[str]) -> BenchC
     return BenchConfig(
         trace=trace or "azure",
         engines=engine_ids,
-        model=_canonical(options["model"], "model"),
-        gpu=_canonical(options["gpu"], "gpu"),
+        model=_canonical(options["model"], get_model),
+        gpu=_canonical(options["gpu"], get_gpu),
         tp=options["tp"],
         replicas=options["replicas"],
         router=options["router"],

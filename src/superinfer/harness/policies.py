@@ -33,6 +33,7 @@ __all__ = [
     "ignored_field_warnings",
     "build_policy",
     "make_quant_planner",
+    "merge_policy_opts",
     "native_policy",
     "policy_class",
     "policy_listing",
@@ -220,6 +221,20 @@ def resolve_policy_opts(policies: Sequence[str], opts: Sequence[str]) -> dict[st
         for name in having:
             out[name][option] = value
     return out
+
+
+def merge_policy_opts(
+    options: Mapping[str, Mapping[str, str]], policies: Sequence[str], opts: Sequence[str]
+) -> dict[str, dict[str, str]]:
+    """Per policy of ``policies``: its ``options`` (policy -> key -> value, e.g. a spec's or
+    ``BenchConfig.policy_options``) with the ``--policy-opt`` strings ``opts`` laid over them
+    (:func:`resolve_policy_opts`). Only ``policies`` are in the result.
+
+    Raises:
+        UserError: as :func:`resolve_policy_opts`.
+    """
+    resolved = resolve_policy_opts(policies, opts)
+    return {name: {**options.get(name, {}), **resolved[name]} for name in policies}
 
 
 def build_policy(name: str, options: Mapping[str, str], workload: Workload) -> str | object:

@@ -40,7 +40,7 @@ import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, run_bench
 from superinfer.harness.errors import UserError
-from superinfer.harness.policies import policy_manager, resolve_policy_opts
+from superinfer.harness.policies import merge_policy_opts, policy_manager
 from superinfer.harness.suites_engines_knee import (
     SGLANG_CHUNK_TOKENS,
     log_fit,
@@ -543,11 +543,8 @@ def run_engines_suite(
 
     opts = suite_options(config.engine_options)
     if config.policy_opts:  # `--policy-opt`: superinfer's, on every engine it runs on
-        sup = resolve_policy_opts(("superinfer",), config.policy_opts)["superinfer"]
-        merged = {**config.policy_options.get("superinfer", {}), **sup}
-        config = replace(
-            config, policy_opts=(), policy_options={**config.policy_options, "superinfer": merged}
-        )
+        merged = merge_policy_opts(config.policy_options, ("superinfer",), config.policy_opts)
+        config = replace(config, policy_opts=(), policy_options={**config.policy_options, **merged})
     for engine in (HF, SGLANG):  # a bad value fails here, not after an hour of runs
         try:
             policy_manager(

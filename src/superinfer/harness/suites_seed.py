@@ -30,7 +30,7 @@ from typing import Any
 import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, build_bench_workload, run_bench
-from superinfer.harness.policies import FALLBACK_POLICY, native_policy, resolve_policy_opts
+from superinfer.harness.policies import FALLBACK_POLICY, merge_policy_opts, native_policy
 from superinfer.harness.report.markdown import format_value
 from superinfer.harness.report.results import CSV_FLOAT_FORMAT, manifest, staged_dir, write_atomic
 
@@ -93,12 +93,9 @@ def run_seed(
         UserError: a ``--policy-opt`` string that names another policy or an unknown option.
     """
     if config.policy_opts:
-        resolved = resolve_policy_opts(("superinfer", REFERENCE[0]), config.policy_opts)
-        options = {name: {**config.policy_options.get(name, {}), **opts}
-                   for name, opts in resolved.items()}  # fmt: skip
-        config = replace(
-            config, policy_opts=(), policy_options={**config.policy_options, **options}
-        )
+        stack_side = ("superinfer", REFERENCE[0])
+        merged = merge_policy_opts(config.policy_options, stack_side, config.policy_opts)
+        config = replace(config, policy_opts=(), policy_options={**config.policy_options, **merged})
     wl = build_bench_workload(config)
     rows: list[dict[str, Any]] = []
     info: dict[str, Any] = {"suite": "seed", "config": asdict(config), "runs": {}}

@@ -44,7 +44,7 @@ class BenchConfig:
         policy_options: per policy name, constructor options.
         policy_opts: ``--policy-opt`` strings, ``key=value`` (every selected policy that has
             the option) or ``policy.key=value`` (that policy); resolved by
-            :func:`harness.policies.resolve_policy_opts` and applied over ``policy_options``.
+            :func:`harness.policies.merge_policy_opts` over ``policy_options``.
         rate_scale: arrival-rate multiplier.
         duration_s: workload window in scaled seconds (``None``: the whole trace).
         seed: seed of every random choice (synthetic arrivals, sampling, timestamp spreading

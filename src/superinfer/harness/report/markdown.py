@@ -64,8 +64,9 @@ TABLE_COLUMNS = {
 }
 
 
-def format_value(value: Any, column: str) -> str:
-    """Render one table cell: counts as integers, attainment to 3 places, the rest to 4 digits."""
+def format_value(value: Any, column: str, digits: int = 3) -> str:
+    """Render one table cell: counts as integers, attainment to 3 places, other floats to 1
+    decimal from 100 up and ``digits`` significant digits below; NaN as "–"."""
     if isinstance(value, float) and math.isnan(value):
         return "–"
     if column.startswith("n_") or column == "preemptions":
@@ -73,7 +74,7 @@ def format_value(value: Any, column: str) -> str:
     if column in ("slo_attainment", "slo_attainment_feasible"):
         return f"{value:.3f}"
     if isinstance(value, float):
-        return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.3g}"
+        return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.{digits}g}"
     return str(value)
 
 
