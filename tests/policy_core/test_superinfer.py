@@ -414,6 +414,30 @@ class TestTPOTProtectionWithoutMixedBatches:
         floor = decide(mixed, make_state(running=[dec], waiting=[new]))
         assert dict(floor.num_tokens) == {"dec": 1, "new": 256}  # min_prefill_tokens
 
+    @staticmethod
+    def _boosted(later: int, **options: object) -> int:
+        """The urgent chat's tokens in a step without mixed batches, beside one decode (0.1 s
+        banked) whose requests' outputs are ``later`` tokens long."""
+        p = policy(min_prefill_tokens=1, **options)
+        for i in range(40):
+            p.on_request_finished(make_view(f"f{i}", generated=later), 0.0)
+        dec = decoding("dec", 32, 2, first_token_s=9.9, max_output=1000)
+        urgent = make_view("urgent", prompt=2400, arrival_s=9.3)
+        arrive(p, make_view("dec", prompt=32), urgent)
+        state = make_state(running=[dec], waiting=[urgent], token_budget=4096, free_blocks=1000,
+                           mixed_batches=False)  # fmt: skip
+        return decide(p, state).num_tokens["urgent"]
+
+    def test_ttft_boost_unmixed_runs_an_urgent_prefill_whole_or_not_at_all(self) -> None:
+        # the decode's credit (0.1 s banked plus about 500 tokens at 0.1 - A s each) covers the
+        # 2,400 tokens' 0.24 s, the prefill step's A and the decode step's A: all in this step
+        assert self._boosted(500, ttft_boost_unmixed=True) == 2400
+        # without the option the boost stays off: TPOT alone allows (0.09 - A - A) / B
+        assert self._boosted(500) == 500
+        # 3-token outputs leave one token to come, so only 0.1 s of credit: 500 tokens, short
+        # of 2,400; no chunk paced to the plan (a mixed engine's 800), the step keeps its 500
+        assert self._boosted(3, ttft_boost_unmixed=True) == self._boosted(3) == 500
+
     @pytest.mark.parametrize(("share", "want"), [(0.125, 32), (0.5, 128), (1.0, 255)])
     def test_the_floor_is_at_most_a_share_of_a_small_token_budget(
         self, share: float, want: int

@@ -111,7 +111,7 @@ class SuperInferConfig(BasePolicy):
     ttft_boost: bool = _opt(
         True,
         "grow prefill chunks for a TTFT-urgent prefill when decodes have TPOT credit (engines "
-        "with mixed batches only: elsewhere a prefill step delays every decode)",
+        "with mixed batches; without them only under ttft_boost_unmixed)",
     )
     ttft_reserve_quantile: float = _opt(
         # 0.8 by default (issue 18, sim:sglang, 900 s of the Azure hour): see docs/policies.md
@@ -302,6 +302,12 @@ class SuperInferConfig(BasePolicy):
         0.0,
         "no TTFT reserve on a replica for this many seconds after the policy rejected a request "
         "there, as while it sheds load (results/ttft-reserve-mixed); 0: none",
+    )
+    ttft_boost_unmixed: bool = _opt(
+        False,
+        "the TTFT boost on engines without mixed batches too, whole or not at all: the urgent "
+        "TTFT prefill runs whole in one step when the decodes' credit covers that step and the "
+        "decode step after it (a paced chunk would only slice the prompt between decode steps)",
     )
     name: str = "superinfer"
 

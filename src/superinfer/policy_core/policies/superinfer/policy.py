@@ -116,7 +116,8 @@ class SuperInferPolicy(_Rotation):
         self._schedule_decodes(rep, step, decodes, need)
         prefill_allow = self._prefill_allowance(step, len(decodes), cap_s)
         prefill_allow = self._reserve_for_ttft(rep, step, len(decodes), cap_s, prefill_allow)
-        if self.ttft_boost and state.mixed_batches and prefill_allow < step.budget:
+        boost = self.ttft_boost and (state.mixed_batches or self.ttft_boost_unmixed)
+        if boost and prefill_allow < step.budget:
             ttft_lanes = rep.books.ttft_lanes
             prefill_allow = self._ttft_boost(rep, step, decodes, ttft_lanes, prefill_allow, now)
         rep.prefill_chunk_tokens = float(prefill_allow)
