@@ -306,8 +306,9 @@ class SuperInferConfig(BasePolicy):
     ttft_boost_unmixed: bool = _opt(
         False,
         "the TTFT boost on engines without mixed batches too, whole or not at all: the urgent "
-        "TTFT prefill runs whole in one step when the decodes' credit covers that step and the "
-        "decode step after it (a paced chunk would only slice the prompt between decode steps)",
+        "TTFT prefill runs whole in one step when the decodes' credit (their future tokens at "
+        "the mean time between a decode's tokens, prefill steps included) covers that step and "
+        "the decode step after it (a paced chunk only slices the prompt between decode steps)",
     )
     name: str = "superinfer"
 
@@ -324,6 +325,7 @@ class SuperInferConfig(BasePolicy):
         self._seq = 0
         self._step_ewma_s = 0.0
         self._credit_step_s = 0.0  # credit_step_memory's mean step time, s (0: none yet)
+        self._interval_means = (0.0, 0.0)  # per report: s, steps with decodes (estimates.py)
         self._counters = {
             "saw_cpu_tier": 0,
             "swap_out_bytes": 0,

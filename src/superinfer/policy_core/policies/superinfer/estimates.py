@@ -40,6 +40,14 @@ class _Estimates(SuperInferConfig):
     def _typical_step_s(self) -> float:
         return self._step_ewma_s or self.step_time.step_s(0.0, 0.0)
 
+    def _decode_interval_s(self, fallback: float) -> float:
+        """The mean time between a decode's tokens, s: the exponential mean of the reports'
+        duration over that of their steps that ran decodes (weight ``1 / credit_step_memory``,
+        or 0.05 when it is 0; ``on_step_finished``). Where a prefill step runs alone it holds up
+        every decode, so this exceeds the mean step. ``fallback`` before a step with decodes."""
+        d, n = self._interval_means
+        return d / n if n > 0 else fallback
+
     def _deadline_aging_s(self, e: _Entry) -> float:
         """The instant before which a deadline-class ``e`` is not aged, s: its arrival plus
         ``aging_deadline_fraction`` of its deadline budget (a 600 s batch deadline at 0.5: 300 s),
