@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +25,7 @@ import pandas as pd
 
 from superinfer.harness.bench import run_bench
 from superinfer.harness.engines.base import BenchConfig
+from superinfer.harness.report.results import git_sha
 from superinfer.harness.suites import SWEEP_RATE_SCALES
 
 #: ``superinfer`` is the policy's default (``reject_hopeless=true`` since issue 18);
@@ -87,8 +87,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame(rows)
     df.to_csv(out / "overload.csv", index=False, float_format="%.6g")
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True).stdout.strip()  # fmt: skip
+    # the commit of the superinfer source that ran (a worktree's on PYTHONPATH), not the cwd's
+    full = git_sha()
+    sha = full[:7] + ("-dirty" if full.endswith("-dirty") else "")
     meta = {
         "command": ["benchmarks/overload_admission.py", *__import__("sys").argv[1:]],
         "git_sha": sha, "machine": platform.platform(), "duration_s": args.duration_s,
