@@ -71,18 +71,17 @@ class SuperInferPolicy(_Rotation):
             per_step = stats.duration_s / stats.num_steps
             ewma = self._step_ewma_s
             self._step_ewma_s = per_step if ewma == 0.0 else 0.95 * ewma + 0.05 * per_step
-            # the time between a decode's tokens (ttft_boost_unmixed): report time over steps
-            # that ran decodes, each an exponential mean (a prefill step alone runs none)
-            w_iv = 1.0 / self.credit_step_memory if self.credit_step_memory else 0.05
-            decoded = float(stats.num_steps if stats.num_decode_tokens > 0 else 0)
-            d, n = self._interval_means
-            self._interval_means = (
-                (stats.duration_s, decoded)
-                if d == 0.0
-                else (d + w_iv * (stats.duration_s - d), n + w_iv * (decoded - n))
-            )
+            w = 1.0 / self.credit_step_memory if self.credit_step_memory else 0.05
+            if self.ttft_boost_unmixed:  # its credit counts on the time between a decode's
+                # tokens: report time over steps that ran decodes (a prefill step alone runs none)
+                decoded = float(stats.num_steps if stats.num_decode_tokens > 0 else 0)
+                d, n = self._interval_means
+                self._interval_means = (
+                    (stats.duration_s, decoded)
+                    if d == 0.0
+                    else (d + w * (stats.duration_s - d), n + w * (decoded - n))
+                )
             if self.credit_step_memory:  # the long-run mean the TTFT boost's credit counts on
-                w = 1.0 / self.credit_step_memory
                 mean = self._credit_step_s
                 self._credit_step_s = per_step if mean == 0.0 else mean + w * (per_step - mean)
 
