@@ -131,6 +131,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "ttft_reserve_beside_chats",
         "ttft_reserve_shed_s",
         "ttft_boost_unmixed",
+        "decode_interval_memory",
     ]
     assert list(policy_options(SuperInferPolicy)) == expected
     assert list(policy_options(OraclePolicy)) == [*expected, "output_tokens"]

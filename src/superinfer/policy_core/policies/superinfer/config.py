@@ -40,7 +40,8 @@ _RANGES: dict[str, str] = {
     **dict.fromkeys(
         ("num_tiers", "quantum_base_tokens", "rotation_unit_tokens", "min_prefill_tokens",
          "max_waiting_per_tier", "rotation_slice_tokens", "max_repeat_steps", "estimator_window",
-         "estimator_min_samples", "quantum_growth", "tier_weight_ratio"),
+         "estimator_min_samples", "quantum_growth", "tier_weight_ratio",
+         "decode_interval_memory"),
         ">= 1",
     ),
     **dict.fromkeys(
@@ -269,10 +270,9 @@ class SuperInferConfig(BasePolicy):
         "prompt's chunks at most, not a chain of them",
     )
     ttft_reserve_idle_s: float = _opt(
-        # 300 s (2026-12-05): the two rules above once held for good after a single chat, so a
-        # server whose chats stopped kept 2 of its seats and its prefill serial for batch alone;
-        # both rules act on SGLang only (no preemption, prefill_runs_whole), and replays of all
-        # 13 SGLang runs of results/engines-cpu were byte-identical with it (2026-12-05)
+        # 300 s (2026-12-05): the two rules above once held for good after one chat, so a server
+        # whose chats stopped kept 2 seats and serial prefills for batch alone; both act on SGLang
+        # only, and replays of its 13 runs of results/engines-cpu were byte-identical with it
         300.0,
         "the seat reserve (ttft_seat_reserve) and serial prefills (serial_whole_prefills) hold "
         "only while a TTFT-class request arrived within this many seconds; after that a request "
@@ -303,12 +303,15 @@ class SuperInferConfig(BasePolicy):
         "no TTFT reserve on a replica for this many seconds after the policy rejected a request "
         "there, as while it sheds load (results/ttft-reserve-mixed); 0: none",
     )
-    ttft_boost_unmixed: bool = _opt(
-        False,
+    ttft_boost_unmixed: bool = _opt(  # default since 2026-12-07 (results/boost-unmixed)
+        True,
         "the TTFT boost on engines without mixed batches too, whole or not at all: the urgent "
         "TTFT prefill runs whole in one step when the decodes' credit (their future tokens at "
         "the mean time between a decode's tokens, prefill steps included) covers that step and "
         "the decode step after it (a paced chunk only slices the prompt between decode steps)",
+    )
+    decode_interval_memory: int = _opt(  # 20 lost at x1.6 on sim:sglang (results/boost-unmixed)
+        2000, "step reports ttft_boost_unmixed's mean time between a decode's tokens weighs (1/N)"
     )
     name: str = "superinfer"
 

@@ -42,8 +42,8 @@ class _Estimates(SuperInferConfig):
 
     def _decode_interval_s(self, fallback: float) -> float:
         """The mean time between a decode's tokens, s: the exponential mean of the reports'
-        duration over that of their steps that ran decodes (weight ``1 / credit_step_memory``,
-        or 0.05 when it is 0; kept by ``on_step_finished`` under ``ttft_boost_unmixed`` only).
+        duration over that of their steps that ran decodes (weight ``1 /
+        decode_interval_memory``; kept by ``on_step_finished`` under ``ttft_boost_unmixed``).
         Where a prefill step runs alone it holds up every decode, so this exceeds the mean step.
         ``fallback`` before a step with decodes."""
         d, n = self._interval_means

@@ -71,9 +71,9 @@ class SuperInferPolicy(_Rotation):
             per_step = stats.duration_s / stats.num_steps
             ewma = self._step_ewma_s
             self._step_ewma_s = per_step if ewma == 0.0 else 0.95 * ewma + 0.05 * per_step
-            w = 1.0 / self.credit_step_memory if self.credit_step_memory else 0.05
             if self.ttft_boost_unmixed:  # its credit counts on the time between a decode's
                 # tokens: report time over steps that ran decodes (a prefill step alone runs none)
+                w = 1.0 / self.decode_interval_memory
                 decoded = float(stats.num_steps if stats.num_decode_tokens > 0 else 0)
                 d, n = self._interval_means
                 self._interval_means = (
@@ -82,7 +82,7 @@ class SuperInferPolicy(_Rotation):
                     else (d + w * (stats.duration_s - d), n + w * (decoded - n))
                 )
             if self.credit_step_memory:  # the long-run mean the TTFT boost's credit counts on
-                mean = self._credit_step_s
+                w, mean = 1.0 / self.credit_step_memory, self._credit_step_s
                 self._credit_step_s = per_step if mean == 0.0 else mean + w * (per_step - mean)
 
     # -- the decision ---------------------------------------------------------------------------
