@@ -432,11 +432,12 @@ class TestTPOTProtectionWithoutMixedBatches:
         # the decode's credit (0.1 s banked plus about 500 tokens at 0.1 - A s each) covers the
         # 2,400 tokens' 0.24 s, the prefill step's A and the decode step's A: all in this step
         assert self._boosted(500, ttft_boost_unmixed=True) == 2400
-        # with the option off the boost stays off: TPOT alone allows (0.09 - A - A) / B
-        assert self._boosted(500, ttft_boost_unmixed=False) == 500
+        # without the option (the default) the boost stays off: TPOT alone allows
+        # (0.09 - A - A) / B
+        assert self._boosted(500) == 500
         # 3-token outputs leave one token to come, so only 0.1 s of credit: 500 tokens, short
         # of 2,400; no chunk paced to the plan (a mixed engine's 800), the step keeps its 500
-        assert self._boosted(3) == self._boosted(3, ttft_boost_unmixed=False) == 500
+        assert self._boosted(3, ttft_boost_unmixed=True) == self._boosted(3) == 500
 
     def test_the_unmixed_boost_counts_future_tokens_at_the_time_between_a_decodes_tokens(
         self,
@@ -450,14 +451,14 @@ class TestTPOTProtectionWithoutMixedBatches:
             return StepStats(9.0, 0, duration_s, 1, 0, decode_tokens, 1, 0, 0, 100)
 
         reports = (stats(0.03, 1), stats(0.09, 0))
-        learnt = policy(decode_interval_memory=2, credit_step_memory=2)
+        learnt = policy(ttft_boost_unmixed=True, decode_interval_memory=2, credit_step_memory=2)
         for r in reports:
             learnt.on_step_finished(r)
         assert learnt._credit_step_s == pytest.approx(0.06, abs=1e-15)
         assert learnt._decode_interval_s(0.0) == pytest.approx(0.12, abs=1e-15)
         assert learnt._interval_means == pytest.approx((0.06, 0.5), abs=1e-15)
         # the decision, on the means alone (reports also refit the step-time model)
-        p = policy(min_prefill_tokens=1, credit_step_memory=2)
+        p = policy(min_prefill_tokens=1, ttft_boost_unmixed=True, credit_step_memory=2)
         p._credit_step_s, p._interval_means = learnt._credit_step_s, learnt._interval_means
         for i in range(40):
             p.on_request_finished(make_view(f"f{i}", generated=500), 0.0)
@@ -479,15 +480,15 @@ class TestTPOTProtectionWithoutMixedBatches:
         # 0.033 s over 0.95 steps, 0.0347 s between tokens: the credit covers the 2,400 tokens;
         # with the default 2,000, (0.03 + 0.06 / 2000) s over 1 - 1 / 2000 steps; the interval
         # does not read credit_step_memory
-        fast = policy(decode_interval_memory=20, credit_step_memory=2)
-        slow, off = policy(), policy(ttft_boost_unmixed=False)
+        fast = policy(ttft_boost_unmixed=True, decode_interval_memory=20, credit_step_memory=2)
+        slow, off = policy(ttft_boost_unmixed=True), policy()
         for r in reports:
             for learner in (fast, slow, off):
                 learner.on_step_finished(r)
         assert fast._decode_interval_s(0.0) == pytest.approx(0.033 / 0.95, abs=1e-15)
         assert slow._decode_interval_s(0.0) == pytest.approx(0.03003 / 0.9995, abs=1e-15)
         assert off._interval_means == (0.0, 0.0)  # kept only under the option, its one reader
-        assert self._boosted(500) == 2400
+        assert self._boosted(500, ttft_boost_unmixed=True) == 2400
         assert policy()._decode_interval_s(0.25) == 0.25  # no report yet: the fallback
 
     @pytest.mark.parametrize(("share", "want"), [(0.125, 32), (0.5, 128), (1.0, 255)])

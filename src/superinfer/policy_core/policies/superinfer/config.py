@@ -303,8 +303,8 @@ class SuperInferConfig(BasePolicy):
         "no TTFT reserve on a replica for this many seconds after the policy rejected a request "
         "there, as while it sheds load (results/ttft-reserve-mixed); 0: none",
     )
-    ttft_boost_unmixed: bool = _opt(  # default since 2026-12-07 (results/boost-unmixed)
-        True,
+    ttft_boost_unmixed: bool = _opt(  # off: lost in a fleet plan's cell (results/boost-unmixed)
+        False,
         "the TTFT boost on engines without mixed batches too, whole or not at all: the urgent "
         "TTFT prefill runs whole in one step when the decodes' credit (their future tokens at "
         "the mean time between a decode's tokens, prefill steps included) covers that step and "
