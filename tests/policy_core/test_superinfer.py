@@ -444,8 +444,8 @@ class TestTPOTProtectionWithoutMixedBatches:
     ) -> None:
         # reports of a 0.03 s decode step, then a 0.09 s prefill step alone (no decode token),
         # with decode_interval_memory (and credit_step_memory) 2: the mean step is 0.03 +
-        # (0.09 - 0.03) / 2 = 0.06 s, the
-        # time between a decode's tokens (0.06 s) / (1 + (0 - 1) / 2 = 0.5 steps) = 0.12 s,
+        # (0.09 - 0.03) / 2 = 0.06 s, the time between a decode's tokens (0.06 s) /
+        # (1 + (0 - 1) / 2 = 0.5 steps) = 0.12 s,
         # over the 0.1 s TPOT: no future credit, so 0.1 s banked covers 500 tokens, not 2,400
         def stats(duration_s: float, decode_tokens: int) -> StepStats:
             return StepStats(9.0, 0, duration_s, 1, 0, decode_tokens, 1, 0, 0, 100)

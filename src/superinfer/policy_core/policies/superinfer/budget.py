@@ -259,15 +259,16 @@ class _StepBudget(_Running):
         Without mixed batches (``ttft_boost_unmixed``, off by default: no boost there) a
         prefill step runs alone and delays every decode, and a chunk paced to the plan only
         slices the prompt between decode steps (on sim:sglang at x0.6 of the Azure hour,
-        feasible chat attainment 0.953 -> 0.805): the
-        boost runs all of ``pending`` in this step when the credit covers it, the prefill
-        step's own fixed cost and the decode step after it (``_prefill_allowance``'s rule),
-        and otherwise leaves ``allow`` as it is. There a decode's future tokens come a decode
-        step plus the prefill steps between apart, so they are counted at the mean time
-        between a decode's tokens (``_decode_interval_s``), not at the mean step: with the mean
-        step, x1.3 of the Azure hour on sim:sglang lost 4.4 points of feasible chat attainment
-        and chat TPOT p99 went to 105 ms (the mean step undercounts a token's wait by the
-        prefill steps between; results/boost-unmixed).
+        feasible chat attainment 0.953 -> 0.805): the boost runs all of ``pending`` in this
+        step when the credit covers it, the prefill step's own fixed cost and the decode step
+        after it (``_prefill_allowance``'s rule), and otherwise leaves ``allow`` as it is.
+        There a decode's future tokens come a decode step plus the prefill steps between
+        apart, so they are counted at the mean time between a decode's tokens
+        (``_decode_interval_s``), not at the mean step: with the mean step, x1.3 of the Azure
+        hour on sim:sglang lost 4.4 points of feasible chat attainment and chat TPOT p99 went
+        to 105 ms (the mean step undercounts a token's wait by the prefill steps between;
+        results/boost-unmixed). Off by default: in a fleet plan's cell of 2 sim:sglang
+        replicas on H100 its many small boosts left 346 chats just over their TPOT.
         """
         urgent = self._urgent_prefill(step, ttft_lanes)
         for e in self._waiting_ttft_heads(rep, step):

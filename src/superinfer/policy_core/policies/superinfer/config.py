@@ -311,7 +311,7 @@ class SuperInferConfig(BasePolicy):
         "the decode step after it (a paced chunk only slices the prompt between decode steps)",
     )
     decode_interval_memory: int = _opt(  # 20 lost at x1.6 on sim:sglang (results/boost-unmixed)
-        2000, "step reports ttft_boost_unmixed's mean time between a decode's tokens weighs (1/N)"
+        2000, "ttft_boost_unmixed's memory: step reports its mean decode interval weighs (1/N each)"
     )
     name: str = "superinfer"
 
