@@ -491,6 +491,51 @@ class TestTPOTProtectionWithoutMixedBatches:
         assert self._boosted(500, ttft_boost_unmixed=True) == 2400
         assert policy()._decode_interval_s(0.25) == 0.25  # no report yet: the fallback
 
+    @staticmethod
+    def _unmixed(lengths: list[int], arrival_s: float, **options: object) -> int:
+        """``_boosted`` with the option on, finished outputs of ``lengths`` tokens and the
+        urgent chat arriving at ``arrival_s`` (TTFT 1 s; the step is at 10 s)."""
+        p = policy(min_prefill_tokens=1, ttft_boost_unmixed=True, **options)
+        for i, n in enumerate(lengths):
+            p.on_request_finished(make_view(f"f{i}", generated=n), 0.0)
+        dec = decoding("dec", 32, 2, first_token_s=9.9, max_output=1000)
+        urgent = make_view("urgent", prompt=2400, arrival_s=arrival_s)
+        arrive(p, make_view("dec", prompt=32), urgent)
+        state = make_state(running=[dec], waiting=[urgent], token_budget=4096, free_blocks=1000,
+                           mixed_batches=False)  # fmt: skip
+        return decide(p, state).num_tokens["urgent"]
+
+    def test_the_unmixed_boost_borrows_only_where_waiting_would_miss(self) -> None:
+        # 0.1 s banked must reach (0.26 s prefill step + 0.02 s decode step) / 0.9 = 0.3111 s:
+        # 0.2111 s short, regained at 0.1 - 0.02 s per token, one token per 0.02 s (no reports:
+        # the fallback interval), so after 0.0528 s; the prefill then ends at 10.3128 s
+        worst, regrow, typical, pending = 0.1, 0.1 - A, A, 2400
+        short = (A + B * pending + A) / 0.9 - worst
+        end = 10.0 + short / regrow * typical + A + B * pending
+        assert end == pytest.approx(10.312777777777778, abs=1e-12)
+        # a chat arriving at 9.312 s is due at 10.312 s: waiting would miss, the boost runs it
+        # whole; at 9.314 s it can wait, and the step keeps the TPOT allowance's 500 tokens
+        assert self._unmixed([500] * 40, 9.312) == 2400
+        assert self._unmixed([500] * 40, 9.314) == 500
+        # the threshold sits where the arithmetic above says, on both sides within 1 ms
+        assert self._unmixed([500] * 40, end - 1.0 - 1e-3) == 2400
+        assert self._unmixed([500] * 40, end - 1.0 + 1e-3) == 500
+
+    def test_the_unmixed_boost_counts_future_tokens_at_its_own_quantile(self) -> None:
+        # outputs of 3 tokens (2 of 40) or 500: a 2-token decode's remaining count at the 0.05
+        # quantile is the 2nd shortest (index int(0.05 * 39) = 1) -> 3 - 2 = 1 token: no future
+        # credit, 0.1 s banked covers 500 tokens; at 0.2 (index 7) 498 tokens: the whole 2,400
+        lengths = [3, 3] + [500] * 38
+        assert self._unmixed(lengths, 9.3) == 500
+        assert self._unmixed(lengths, 9.3, unmixed_credit_quantile=0.2) == 2400
+        # credit_quantile (the mixed engines' boost) does not move it
+        assert self._unmixed(lengths, 9.3, credit_quantile=0.2) == 500
+        p = policy(credit_quantile=0.2)
+        for i, n in enumerate(lengths):
+            p.on_request_finished(make_view(f"f{i}", generated=n), 0.0)
+        dec = decoding("dec", 32, 2, max_output=1000)
+        assert (p.credit_tokens(dec), p.credit_tokens(dec, 0.05)) == (498.0, 1.0)
+
     @pytest.mark.parametrize(("share", "want"), [(0.125, 32), (0.5, 128), (1.0, 255)])
     def test_the_floor_is_at_most_a_share_of_a_small_token_budget(
         self, share: float, want: int

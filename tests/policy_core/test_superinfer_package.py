@@ -132,6 +132,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "ttft_reserve_shed_s",
         "ttft_boost_unmixed",
         "decode_interval_memory",
+        "unmixed_credit_quantile",
     ]
     assert list(policy_options(SuperInferPolicy)) == expected
     assert list(policy_options(OraclePolicy)) == [*expected, "output_tokens"]

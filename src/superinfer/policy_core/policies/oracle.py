@@ -68,5 +68,5 @@ class OraclePolicy(SuperInferPolicy):
     def remaining_output_tokens(self, view: RequestView) -> float:
         return self._true_remaining(view)
 
-    def credit_tokens(self, view: RequestView) -> float:
-        return self._true_remaining(view)
+    def credit_tokens(self, view: RequestView, quantile: float | None = None) -> float:
+        return self._true_remaining(view)  # known: no quantile needed

@@ -50,15 +50,13 @@ _RANGES: dict[str, str] = {
         "(0, 1]",
     ),
     "credit_step_memory": ">= 0",
-    "credit_quantile": "[0, 1]",
-    "rotation_watermark": "[0, 1)",
-    "kv_watermark": "[0, 1)",
+    **dict.fromkeys(("credit_quantile", "unmixed_credit_quantile"), "[0, 1]"),
+    "rotation_watermark": "[0, 1)", "kv_watermark": "[0, 1)",
     **dict.fromkeys(
         ("aging_s", "recheck_s", "prior_step_s", "prior_prefill_token_s", "ttft_reserve_idle_s"),
         "> 0",
     ),
-    "ttft_reserve_quantile": "[0, 1]",
-    "aging_deadline_fraction": "[0, 1)",
+    "ttft_reserve_quantile": "[0, 1]", "aging_deadline_fraction": "[0, 1)",
     **dict.fromkeys(
         ("promotion_margin_s", "estimate_lookahead", "prior_decode_seq_s", "ttft_reserve_shed_s",
          "max_preemptions_per_step", "ttft_kv_reserve_requests", "ttft_seat_reserve"),
@@ -312,6 +310,9 @@ class SuperInferConfig(BasePolicy):
     )
     decode_interval_memory: int = _opt(  # 20 lost at x1.6 on sim:sglang (results/boost-unmixed)
         2000, "ttft_boost_unmixed's memory: step reports its mean decode interval weighs (1/N each)"
+    )
+    unmixed_credit_quantile: float = _opt(  # 0.2 and 0.1 lost a fleet cell (results/boost-unmixed)
+        0.05, "credit_quantile of ttft_boost_unmixed (each boost there charges every decode)"
     )
     name: str = "superinfer"
 

@@ -28,11 +28,13 @@ class _Estimates(SuperInferConfig):
             view.slo.name, view.generated_tokens, view.max_output_tokens
         )
 
-    def credit_tokens(self, view: RequestView) -> float:
-        """Output tokens ``view`` will still produce with probability ``1 - credit_quantile``
-        (what the TTFT boost may count on as future TPOT credit)."""
+    def credit_tokens(self, view: RequestView, quantile: float | None = None) -> float:
+        """Output tokens ``view`` will still produce with probability ``1 - quantile``
+        (``credit_quantile`` when ``None``): what the TTFT boost may count on as future TPOT
+        credit."""
+        q = self.credit_quantile if quantile is None else quantile
         return self.estimator.remaining_quantile(
-            view.slo.name, view.generated_tokens, view.max_output_tokens, self.credit_quantile
+            view.slo.name, view.generated_tokens, view.max_output_tokens, q
         )
 
     # -- estimates and check times --------------------------------------------------------------
