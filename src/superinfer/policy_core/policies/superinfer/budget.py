@@ -227,7 +227,7 @@ class _StepBudget(_Running):
         self, urgent: _Entry, num_decodes: int, worst_s: float, regrow_s: float,
         typical_s: float, now: float,
     ) -> bool:  # fmt: skip
-        """Whether the urgent TTFT prefill (``pending`` tokens) can wait, unboosted, for the
+        """Whether the urgent TTFT prefill (all its pending tokens) can wait, unboosted, for the
         decodes' smallest banked allowance ``worst_s`` (s) to cover its prefill step and the
         decode step after it (``_prefill_allowance``'s rule), and still get its first token
         within its TTFT: the allowance grows by ``regrow_s`` (that decode's planned TPOT less

@@ -311,7 +311,7 @@ class SuperInferConfig(BasePolicy):
     decode_interval_memory: int = _opt(  # 20 lost at x1.6 on sim:sglang (results/boost-unmixed)
         2000, "ttft_boost_unmixed's memory: step reports its mean decode interval weighs (1/N each)"
     )
-    unmixed_credit_quantile: float = _opt(  # 0.2 and 0.1 lost a fleet cell (results/boost-unmixed)
+    unmixed_credit_quantile: float = _opt(  # 0.2 lost the fleet cell, 0.1 just kept it
         0.05, "credit_quantile of ttft_boost_unmixed (each boost there charges every decode)"
     )
     name: str = "superinfer"
