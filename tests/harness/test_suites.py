@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
+from superinfer.harness import suites
 from superinfer.harness.bench import BenchConfig
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import native_policy
@@ -36,6 +41,30 @@ def test_workers_do_not_change_the_tables() -> None:
     assert native.sum() == len(native) // 2  # fcfs is native on both engines here
     assert set(one.summary.rate_scale) == {1.0}
     assert set(one.info["runs"]) == {"x0.5", "x1"}
+
+
+def _fail_first_run(cfg: BenchConfig) -> None:
+    """A stand-in for one headline run (module level: the pool pickles it by name): the first
+    load fails at once, every other run leaves a marker file and takes 1 s."""
+    if cfg.rate_scale == 0.1 and cfg.engines == ("sim:vllm",):
+        raise ValueError("the first run failed")
+    marker = Path(os.environ["SUPERINFER_TEST_MARKERS"]) / f"{cfg.rate_scale}-{cfg.engines[0]}"
+    marker.touch()
+    time.sleep(1.0)
+
+
+def test_a_failed_run_stops_the_suite_without_running_the_queued_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 10 loads x 2 engines = 20 runs on 2 workers; the first fails. The pool's exit used to run
+    # the 19 others (19 markers, about 10 s) before the error came out; now only the runs
+    # already handed to a worker or its call queue (3 slots) finish
+    monkeypatch.setenv("SUPERINFER_TEST_MARKERS", str(tmp_path))
+    monkeypatch.setattr(suites, "_run_one", _fail_first_run)
+    loads = tuple(round(0.1 * i, 1) for i in range(1, 10))
+    with pytest.raises(ValueError, match="the first run failed"):
+        run_headline(TINY, rate_scales=loads, workers=2)
+    assert len(list(tmp_path.iterdir())) < 12
 
 
 def test_bad_workers_and_loads_are_user_errors() -> None:

@@ -142,6 +142,9 @@ def run_headline(
     Raises:
         UserError: a non-positive rate scale or worker count, or anything :func:`run_bench`
             refuses.
+        BaseException: a run's error (or the SystemExit of SIGTERM, or Ctrl-C) as soon as it
+            comes out, with ``workers`` > 1 after the runs already handed to a worker end; the
+            runs not yet started are dropped.
     """
     rates = sorted({*rate_scales, config.rate_scale})
     if any(not r > 0 for r in rates):
@@ -165,10 +168,16 @@ def run_headline(
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = [pool.submit(_run_one, cfg) for cfg in jobs]
             done = []
-            for i, future in enumerate(futures):
-                if progress:
-                    progress(f"{i}/{len(jobs)} runs done")
-                done.append(future.result())
+            try:
+                for i, future in enumerate(futures):
+                    if progress:
+                        progress(f"{i}/{len(jobs)} runs done")
+                    done.append(future.result())
+            except BaseException:
+                # a failed run, Ctrl-C or SIGTERM (our handler's SystemExit): drop the runs not
+                # yet started, which the pool's exit would otherwise all run before raising
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     summaries, sweep, starvation = [], [], []
     infos: dict[str, Any] = {}
     for cfg, (table, waits, info) in zip(jobs, done, strict=True):
