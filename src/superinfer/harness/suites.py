@@ -126,6 +126,39 @@ def _run_one(cfg: BenchConfig) -> tuple[pd.DataFrame, list[dict[str, object]], d
     return result.summary, _batch_waits(result.requests, cfg.rate_scale), result.info
 
 
+def _run_pooled(
+    jobs: list[BenchConfig], workers: int, progress: Callable[[str], None] | None
+) -> list[tuple[pd.DataFrame, list[dict[str, object]], dict[str, Any]]]:
+    """``_run_one`` of every job in ``workers`` processes, results in ``jobs`` order.
+
+    At most ``workers`` runs are handed to the pool at a time, so a failed run, Ctrl-C or
+    SIGTERM (our handler's SystemExit) waits only for the runs in progress: with every job
+    submitted at once, the pool's exit ran all the queued ones before the error came out.
+    """
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
+    results: list[Any] = [None] * len(jobs)
+    todo = iter(enumerate(jobs))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        running: dict[Future[Any], int] = {}
+
+        def hand_over() -> None:
+            job = next(todo, None)
+            if job is not None:
+                running[pool.submit(_run_one, job[1])] = job[0]
+
+        for _ in range(workers):
+            hand_over()
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                results[running.pop(future)] = future.result()
+                if progress:
+                    progress(f"{len(jobs) - len(running)}/{len(jobs)} runs done")
+                hand_over()
+    return results
+
+
 def run_headline(
     config: BenchConfig,
     *,
@@ -142,9 +175,9 @@ def run_headline(
     Raises:
         UserError: a non-positive rate scale or worker count, or anything :func:`run_bench`
             refuses.
-        BaseException: a run's error (or the SystemExit of SIGTERM, or Ctrl-C) as soon as it
-            comes out, with ``workers`` > 1 after the runs already handed to a worker end; the
-            runs not yet started are dropped.
+        BaseException: a run's error (or the SystemExit of SIGTERM, or Ctrl-C), with
+            ``workers`` > 1 once the other runs in progress end; the runs not yet started are
+            dropped (:func:`_run_pooled`).
     """
     rates = sorted({*rate_scales, config.rate_scale})
     if any(not r > 0 for r in rates):
@@ -163,21 +196,7 @@ def run_headline(
                 progress(f"rate x{cfg.rate_scale:g}: {cfg.engines[0]}")
             done.append(_run_one(cfg))
     else:
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(_run_one, cfg) for cfg in jobs]
-            done = []
-            try:
-                for i, future in enumerate(futures):
-                    if progress:
-                        progress(f"{i}/{len(jobs)} runs done")
-                    done.append(future.result())
-            except BaseException:
-                # a failed run, Ctrl-C or SIGTERM (our handler's SystemExit): drop the runs not
-                # yet started, which the pool's exit would otherwise all run before raising
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
+        done = _run_pooled(jobs, workers, progress)
     summaries, sweep, starvation = [], [], []
     infos: dict[str, Any] = {}
     for cfg, (table, waits, info) in zip(jobs, done, strict=True):
