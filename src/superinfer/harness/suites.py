@@ -37,6 +37,7 @@ from superinfer.harness.bench import (
     run_bench,
 )
 from superinfer.harness.errors import UserError
+from superinfer.harness.grid.processes import run_in_processes
 from superinfer.harness.policies import native_policy
 from superinfer.harness.report.markdown import format_value
 from superinfer.harness.report.metrics import SUMMARY_COLUMNS
@@ -126,39 +127,6 @@ def _run_one(cfg: BenchConfig) -> tuple[pd.DataFrame, list[dict[str, object]], d
     return result.summary, _batch_waits(result.requests, cfg.rate_scale), result.info
 
 
-def _run_pooled(
-    jobs: list[BenchConfig], workers: int, progress: Callable[[str], None] | None
-) -> list[tuple[pd.DataFrame, list[dict[str, object]], dict[str, Any]]]:
-    """``_run_one`` of every job in ``workers`` processes, results in ``jobs`` order.
-
-    At most ``workers`` runs are handed to the pool at a time, so a failed run, Ctrl-C or
-    SIGTERM (our handler's SystemExit) waits only for the runs in progress: with every job
-    submitted at once, the pool's exit ran all the queued ones before the error came out.
-    """
-    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-
-    results: list[Any] = [None] * len(jobs)
-    todo = iter(enumerate(jobs))
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        running: dict[Future[Any], int] = {}
-
-        def hand_over() -> None:
-            job = next(todo, None)
-            if job is not None:
-                running[pool.submit(_run_one, job[1])] = job[0]
-
-        for _ in range(workers):
-            hand_over()
-        while running:
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in finished:
-                results[running.pop(future)] = future.result()
-                if progress:
-                    progress(f"{len(jobs) - len(running)}/{len(jobs)} runs done")
-                hand_over()
-    return results
-
-
 def run_headline(
     config: BenchConfig,
     *,
@@ -177,7 +145,7 @@ def run_headline(
             refuses.
         BaseException: a run's error (or the SystemExit of SIGTERM, or Ctrl-C), with
             ``workers`` > 1 once the other runs in progress end; the runs not yet started are
-            dropped (:func:`_run_pooled`).
+            dropped (:func:`~superinfer.harness.grid.processes.run_in_processes`).
     """
     rates = sorted({*rate_scales, config.rate_scale})
     if any(not r > 0 for r in rates):
@@ -196,7 +164,7 @@ def run_headline(
                 progress(f"rate x{cfg.rate_scale:g}: {cfg.engines[0]}")
             done.append(_run_one(cfg))
     else:
-        done = _run_pooled(jobs, workers, progress)
+        done = run_in_processes(_run_one, jobs, workers, progress)
     summaries, sweep, starvation = [], [], []
     infos: dict[str, Any] = {}
     for cfg, (table, waits, info) in zip(jobs, done, strict=True):
