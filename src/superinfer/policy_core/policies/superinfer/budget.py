@@ -324,7 +324,7 @@ class _StepBudget(_Running):
             if c is None:
                 continue
             tpot = e.tpot_s * self.tpot_plan_share  # type: ignore[operator]  # banked: has one
-            if c < worst:
+            if not mixed and c < worst:  # _regrows_in_time's input; read only there
                 worst, regrow_s = c, tpot - typical
             later = self.credit_tokens(e.view, quantile)
             c += max(tpot - typical, 0.0) * (later - 1)
