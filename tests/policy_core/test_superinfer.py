@@ -431,13 +431,13 @@ class TestTPOTProtectionWithoutMixedBatches:
     def test_ttft_boost_unmixed_runs_an_urgent_prefill_whole_or_not_at_all(self) -> None:
         # the decode's credit (0.1 s banked plus about 500 tokens at 0.1 - A s each) covers the
         # 2,400 tokens' 0.24 s, the prefill step's A and the decode step's A: all in this step
-        assert self._boosted(500, ttft_boost_unmixed=True) == 2400
-        # without the option (the default) the boost stays off: TPOT alone allows
+        assert self._boosted(500, ttft_boost_unmixed=True) == self._boosted(500) == 2400
+        # without the option (on by default) the boost stays off: TPOT alone allows
         # (0.09 - A - A) / B
-        assert self._boosted(500) == 500
+        assert self._boosted(500, ttft_boost_unmixed=False) == 500
         # 3-token outputs leave one token to come, so only 0.1 s of credit: 500 tokens, short
         # of 2,400; no chunk paced to the plan (a mixed engine's 800), the step keeps its 500
-        assert self._boosted(3, ttft_boost_unmixed=True) == self._boosted(3) == 500
+        assert self._boosted(3) == self._boosted(3, ttft_boost_unmixed=False) == 500
 
     def test_the_unmixed_boost_counts_future_tokens_at_the_time_between_a_decodes_tokens(
         self,
@@ -481,7 +481,7 @@ class TestTPOTProtectionWithoutMixedBatches:
         # with the default 2,000, (0.03 + 0.06 / 2000) s over 1 - 1 / 2000 steps; the interval
         # does not read credit_step_memory
         fast = policy(ttft_boost_unmixed=True, decode_interval_memory=20, credit_step_memory=2)
-        slow, off = policy(ttft_boost_unmixed=True), policy()
+        slow, off = policy(), policy(ttft_boost_unmixed=False)
         for r in reports:
             for learner in (fast, slow, off):
                 learner.on_step_finished(r)

@@ -30,8 +30,8 @@ the most urgent request goes first (earliest TTFT deadline, or least slack for a
   A TTFT-urgent prefill may grow the step further, against the decodes' TPOT credit. On an
   engine whose prefill steps run alone (``StepState.mixed_batches`` false: SGLang's default),
   the prefill step and the decode step after it must both fit the allowance, a prefill step
-  under ``min_prefill_tokens`` gives way to a decode step, and there is no boost unless
-  ``ttft_boost_unmixed`` (off by default) runs an urgent prompt whole or not at all.
+  under ``min_prefill_tokens`` gives way to a decode step, and the boost
+  (``ttft_boost_unmixed``, on by default) runs an urgent prompt whole or not at all.
 * **Rotation through HBM** (RotaSched in SuperInfer, MLSys 2026, made engine-agnostic): with a
   CPU KV tier, running requests of worse tiers that have had their slice of service are swapped
   out proactively when better-tier work is blocked or HBM runs low, within the link's bytes per

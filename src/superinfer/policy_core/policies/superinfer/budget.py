@@ -275,7 +275,7 @@ class _StepBudget(_Running):
         still produce with probability ``1 - credit_quantile`` (the estimator's conditional
         quantile): a longer step now is repaid by the faster steps it still has to come.
 
-        Without mixed batches (``ttft_boost_unmixed``, off by default: no boost there) a
+        Without mixed batches (``ttft_boost_unmixed``, on by default; off: no boost there) a
         prefill step runs alone and delays every decode, and a chunk paced to the plan only
         slices the prompt between decode steps (on sim:sglang at x0.6 of the Azure hour,
         feasible chat attainment 0.953 -> 0.805): the boost runs all of ``pending`` in this

@@ -301,8 +301,8 @@ class SuperInferConfig(BasePolicy):
         "no TTFT reserve on a replica for this many seconds after the policy rejected a request "
         "there, as while it sheds load (results/ttft-reserve-mixed); 0: none",
     )
-    ttft_boost_unmixed: bool = _opt(  # off: lost in a fleet plan's cell (results/boost-unmixed)
-        False,
+    ttft_boost_unmixed: bool = _opt(  # on since 831607b's rule (results/boost-unmixed)
+        True,
         "the TTFT boost on engines without mixed batches too, whole or not at all: the urgent "
         "TTFT prefill runs whole in one step when the decodes' credit (their future tokens at "
         "the mean time between a decode's tokens, prefill steps included) covers that step and "
