@@ -4,8 +4,12 @@ started once for the module on 127.0.0.1 and stopped by its process (as
 
 What is asserted is what does not depend on timing: every scenario reports, what HTTP cannot
 expose is ``not observable`` (and never run), every request of the preemption scenario finishes,
-and the priority mapping the client sends is not the opposite of the server's. Verdicts that rest
-on latencies are recorded in the matrix, not asserted here.
+and the priority the client sends reaches the server's scheduler the right way round. That last
+check runs on a second server under the ``priority`` policy, which orders by ``SLO.priority``:
+``superinfer`` does not read it (its in-tier key is the deadline less the estimated work, so two
+same-class requests 0.5 decode steps apart swap places when its step-time mean moves between
+their arrivals; once in ~7 runs that read as polarity -1 here). Verdicts that rest on latencies
+are recorded in the matrix, not asserted here.
 """
 
 from __future__ import annotations
@@ -61,9 +65,19 @@ def test_conform_on_superinfer_serve(served: Target, tmp_path: Path) -> None:
     chunked = rows["chunked_prefill_preemption"]
     assert (chunked["passed"], chunked["value"]) == ("pass", 0), chunked
     assert "not observable over HTTP" in str(chunked["detail"])
-    assert rows["priority_polarity"]["value"] in (0, 1), rows["priority_polarity"]
+    polarity = rows["priority_polarity"]  # superinfer does not read SLO.priority: see above
+    assert polarity["passed"] in ("pass", "fail", "info") and polarity["value"] is not None
     for name in ("priority_inversion", "head_of_line", "class_separation", "fields_honoured"):
         assert rows[name]["passed"] in ("pass", "fail", "not exercised"), rows[name]
         assert rows[name]["value"] is not None, rows[name]
     matrix = write_matrix(list(rows.values()), tmp_path)
     assert set(matrix["engine"]) == {"serve"} and len(matrix) == len(scenario_names())
+
+
+def test_serve_honours_the_priority_the_client_sends(served: Target, tmp_path: Path) -> None:
+    # a second server, under the priority policy, started once here (`served` first, so the
+    # model check above has run): the request sent as more urgent runs first both ways (+1);
+    # -1 would mean the client's mapping and the server's are opposite, 0 that it was dropped
+    with open_target("serve", "priority", BenchConfig(), log_dir=tmp_path) as target:
+        (row,) = conform_rows(target, ["priority_polarity"])
+    assert (row["passed"], row["value"]) == ("pass", 1), row
