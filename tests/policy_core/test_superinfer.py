@@ -415,9 +415,10 @@ class TestTPOTProtectionWithoutMixedBatches:
         assert dict(floor.num_tokens) == {"dec": 1, "new": 256}  # min_prefill_tokens
 
     @staticmethod
-    def _boosted(later: int, **options: object) -> int:
+    def _boosted(later: int, boosts: list[int] | None = None, **options: object) -> int:
         """The urgent chat's tokens in a step without mixed batches, beside one decode (0.1 s
-        banked) whose requests' outputs are ``later`` tokens long."""
+        banked) whose requests' outputs are ``later`` tokens long (``boosts`` gets the
+        policy's ``ttft_boosts`` count after the step)."""
         p = policy(min_prefill_tokens=1, **options)
         for i in range(40):
             p.on_request_finished(make_view(f"f{i}", generated=later), 0.0)
@@ -426,7 +427,17 @@ class TestTPOTProtectionWithoutMixedBatches:
         arrive(p, make_view("dec", prompt=32), urgent)
         state = make_state(running=[dec], waiting=[urgent], token_budget=4096, free_blocks=1000,
                            mixed_batches=False)  # fmt: skip
-        return decide(p, state).num_tokens["urgent"]
+        tokens = decide(p, state).num_tokens["urgent"]
+        if boosts is not None:
+            boosts.append(p.stats()["ttft_boosts"])
+        return tokens
+
+    def test_the_policy_counts_the_steps_the_ttft_boost_grew(self) -> None:
+        counts: list[int] = []
+        assert self._boosted(500, counts) == 2400  # the boost grew 500 -> 2,400: counted
+        assert self._boosted(3, counts) == 500  # the credit fell short: not counted
+        assert self._boosted(500, counts, ttft_boost_unmixed=False) == 500  # no boost
+        assert counts == [1, 0, 0]
 
     def test_ttft_boost_unmixed_runs_an_urgent_prefill_whole_or_not_at_all(self) -> None:
         # the decode's credit (0.1 s banked plus about 500 tokens at 0.1 - A s each) covers the

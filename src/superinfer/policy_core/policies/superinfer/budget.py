@@ -263,6 +263,20 @@ class _StepBudget(_Running):
         allow: int,
         now: float,
     ) -> int:
+        """:meth:`_boosted_allowance`, each step it grows counted (``stats()["ttft_boosts"]``)."""
+        grown = self._boosted_allowance(rep, step, decodes, ttft_lanes, allow, now)
+        self._counters["ttft_boosts"] += grown > allow
+        return grown
+
+    def _boosted_allowance(
+        self,
+        rep: _Replica,
+        step: _Step,
+        decodes: _Decodes,
+        ttft_lanes: list[list[_LaneItem]],
+        allow: int,
+        now: float,
+    ) -> int:
         """Grow the prefill allowance so the most urgent TTFT prefill (running, or at the head of
         a tier) can still meet its deadline, as far as the decodes' TPOT credit allows.
 

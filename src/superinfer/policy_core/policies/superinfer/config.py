@@ -17,7 +17,12 @@ from superinfer.policy_core.estimators import (
     StepTimeModel,
     WindowQuantile,
 )
-from superinfer.policy_core.policies.superinfer.records import _INF, _Entry, _Replica
+from superinfer.policy_core.policies.superinfer.records import (
+    _COUNTER_NAMES,
+    _INF,
+    _Entry,
+    _Replica,
+)
 from superinfer.policy_core.protocols import BasePolicy
 
 __all__ = ["SuperInferConfig"]
@@ -330,21 +335,7 @@ class SuperInferConfig(BasePolicy):
         self._step_ewma_s = 0.0
         self._credit_step_s = 0.0  # credit_step_memory's mean step time, s (0: none yet)
         self._interval_means = (0.0, 0.0)  # per report: s, steps with decodes (estimates.py)
-        self._counters = {
-            "saw_cpu_tier": 0,
-            "swap_out_bytes": 0,
-            "swap_in_bytes": 0,
-            "prefetch_bytes": 0,
-            "promotions": 0,
-            "demotions": 0,
-            "best_effort": 0,
-            "aged": 0,
-            "rejected": 0,
-            "first_token_trims": 0,
-            "decodes_yielded": 0,
-            "hopeless_kept": 0,
-            "fcfs_aged": 0,
-        }
+        self._counters = dict.fromkeys(_COUNTER_NAMES, 0)
         self.estimator = OutputLengthEstimator(
             window=self.estimator_window, min_samples=self.estimator_min_samples
         )
@@ -395,6 +386,7 @@ class SuperInferConfig(BasePolicy):
 
     def stats(self) -> dict[str, int]:
         """Counts of what this policy decided so far, for reports: KV bytes it swapped out,
-        resumed and prefetched (blocks x ``kv_block_bytes``), tier moves, rejections, and
-        whether any state it saw had a CPU KV tier (``saw_cpu_tier``, 0 or 1)."""
+        resumed and prefetched (blocks x ``kv_block_bytes``), tier moves, rejections, steps the
+        TTFT boost grew (``ttft_boosts``), and whether any state it saw had a CPU KV tier
+        (``saw_cpu_tier``, 0 or 1); the names: ``records._COUNTER_NAMES``."""
         return dict(self._counters)

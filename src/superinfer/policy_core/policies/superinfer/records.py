@@ -30,6 +30,14 @@ def _decode_blocks(v: RequestView, state: StepState) -> int:
     return view_blocks(v, v.computed_tokens + 1, state) - v.kv_blocks
 
 
+#: What ``stats()`` counts, each from 0 (``ttft_boosts``: steps whose prefill allowance the TTFT
+#: boost grew).
+_COUNTER_NAMES = (
+    "saw_cpu_tier", "swap_out_bytes", "swap_in_bytes", "prefetch_bytes", "promotions",
+    "demotions", "best_effort", "aged", "rejected", "first_token_trims", "decodes_yielded",
+    "hopeless_kept", "fcfs_aged", "ttft_boosts",
+)  # fmt: skip
+
 #: In-tier key offset that puts best-effort requests behind every feasible one (keys are instants,
 #: s; 1e9 s is beyond any trace).
 _BEST_EFFORT_KEY = 1e9
