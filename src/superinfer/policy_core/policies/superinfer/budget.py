@@ -254,21 +254,13 @@ class _StepBudget(_Running):
             return None
         return tpot * self.tpot_plan_share * v.generated_tokens - (now - v.first_token_s)
 
-    def _ttft_boost(
-        self,
-        rep: _Replica,
-        step: _Step,
-        decodes: _Decodes,
-        ttft_lanes: list[list[_LaneItem]],
-        allow: int,
-        now: float,
-    ) -> int:
-        """:meth:`_boosted_allowance`, each step it grows counted (``stats()["ttft_boosts"]``)."""
-        grown = self._boosted_allowance(rep, step, decodes, ttft_lanes, allow, now)
-        self._counters["ttft_boosts"] += grown > allow
-        return grown
+    def _grown(self, allow: int, boosted: int) -> int:
+        """``boosted``, the TTFT boost's allowance, counted in ``stats()["ttft_boosts"]`` where
+        it exceeds ``allow``."""
+        self._counters["ttft_boosts"] += boosted > allow
+        return boosted
 
-    def _boosted_allowance(
+    def _ttft_boost(
         self,
         rep: _Replica,
         step: _Step,
@@ -345,7 +337,7 @@ class _StepBudget(_Running):
             if c < credit:
                 credit = c
         if credit == _INF:
-            return max(allow, min(chunk if mixed else pending, step.budget))
+            return self._grown(allow, max(allow, min(chunk if mixed else pending, step.budget)))
         if not mixed and self._regrows_in_time(urgent, len(decodes), worst, regrow_s, typical, now):
             return allow  # no borrowing: the allowance grows back before the deadline
         room = credit * self.tpot_safety - model.step_s(0.0, len(decodes))
@@ -353,7 +345,11 @@ class _StepBudget(_Running):
             room -= model.base_s  # the prefill step's own fixed cost
         most = _count(room / model.prefill_token_s) if room > 0 else 0
         if not mixed:  # whole or not at all
-            return max(allow, min(pending, step.budget)) if most >= pending else allow
+            return (
+                self._grown(allow, max(allow, min(pending, step.budget)))
+                if most >= pending
+                else allow
+            )
         if self.ttft_boost_whole and most >= pending:
             chunk = pending  # the credit covers it whole: no pacing to the plan
-        return max(allow, min(chunk, most, step.budget))
+        return self._grown(allow, max(allow, min(chunk, most, step.budget)))
