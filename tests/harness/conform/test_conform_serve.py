@@ -8,8 +8,8 @@ and the priority the client sends reaches the server's scheduler the right way r
 check runs on a second server under the ``priority`` policy, which orders by ``SLO.priority``:
 ``superinfer`` does not read it (its in-tier key is the deadline less the estimated work, so two
 same-class requests 0.5 decode steps apart can swap places when its step-time mean moves
-between their arrivals: the likely cause, not traced, of the one polarity -1 read here in ~7
-runs). Verdicts that rest on latencies
+between their arrivals: the likely cause, not traced, of the one polarity -1 read here, in a
+make test run of 2026-12-07). Verdicts that rest on latencies
 are recorded in the matrix, not asserted here.
 """
 

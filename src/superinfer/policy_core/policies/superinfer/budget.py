@@ -344,12 +344,10 @@ class _StepBudget(_Running):
         if not mixed:
             room -= model.base_s  # the prefill step's own fixed cost
         most = _count(room / model.prefill_token_s) if room > 0 else 0
-        if not mixed:  # whole or not at all
-            return (
-                self._grown(allow, max(allow, min(pending, step.budget)))
-                if most >= pending
-                else allow
-            )
+        if not mixed and most < pending:  # whole or not at all
+            return allow
+        if not mixed:
+            return self._grown(allow, max(allow, min(pending, step.budget)))
         if self.ttft_boost_whole and most >= pending:
             chunk = pending  # the credit covers it whole: no pacing to the plan
         return self._grown(allow, max(allow, min(chunk, most, step.budget)))

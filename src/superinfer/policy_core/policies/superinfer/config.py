@@ -306,7 +306,7 @@ class SuperInferConfig(BasePolicy):
         "no TTFT reserve on a replica for this many seconds after the policy rejected a request "
         "there, as while it sheds load (results/ttft-reserve-mixed); 0: none",
     )
-    ttft_boost_unmixed: bool = _opt(  # on since 831607b's rule (results/boost-unmixed)
+    ttft_boost_unmixed: bool = _opt(  # on since cb517f6, 831607b's rule (results/boost-unmixed)
         True,
         "the TTFT boost on engines without mixed batches too, whole or not at all: the urgent "
         "TTFT prefill runs whole in one step when the decodes' credit (their future tokens at "
