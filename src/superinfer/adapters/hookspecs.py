@@ -26,7 +26,7 @@ PROJECT_NAME = "superinfer"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
-__all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "wants_prompt_keys"]
+__all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "policy_counters", "wants_prompt_keys"]
 
 
 def wants_prompt_keys(hook: Any) -> bool:
@@ -36,6 +36,21 @@ def wants_prompt_keys(hook: Any) -> bool:
     built with the plugins (the simulator, SGLang's adapter)."""
     impls = hook.superinfer_request_arrived.get_hookimpls()
     return any(getattr(impl.plugin, "reads_prompt_keys", False) for impl in impls)
+
+
+def policy_counters(hook: Any) -> dict[str, int]:
+    """The scheduling policy's own counters: ``stats()`` of the plugin of ``hook`` (a pluggy hook
+    relay) that implements ``superinfer_schedule``, or of the policy it wraps (its ``policy``
+    attribute); ``{}`` when no such plugin has one. ``superinfer`` and ``oracle`` count what
+    they decided (names: ``policy_core.policies.superinfer.records._COUNTER_NAMES``, e.g.
+    ``ttft_boosts``, ``rejected``). The simulator writes them into each cell's
+    ``policy_stats``, SGLang's adapter into its stats file."""
+    counters: dict[str, int] = {}
+    for impl in hook.superinfer_schedule.get_hookimpls():
+        stats = getattr(getattr(impl.plugin, "policy", impl.plugin), "stats", None)
+        if callable(stats):
+            counters = dict(stats())
+    return counters
 
 
 # -------------------------------------------------------------------------------------------------

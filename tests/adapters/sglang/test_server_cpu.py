@@ -17,6 +17,7 @@ from tests.adapters.sglang.gate import require_sglang
 require_sglang()
 
 from superinfer.adapters.sglang.server import SGLangServer  # noqa: E402
+from superinfer.policy_core.policies.superinfer.records import _COUNTER_NAMES  # noqa: E402
 from tests.adapters.sglang.live import (  # noqa: E402
     chat_behind_batch,
     concurrently,
@@ -45,6 +46,8 @@ def test_the_cpu_recipe_is_one_log_line_and_the_plugin_decides(server: SGLangSer
     assert (stats["policy"], stats["kv_policy"]) == ("superinfer", "reuse")
     assert stats["policy_us"]["count"] >= stats["decisions"] and stats["policy_us"]["p50"] > 0
     assert stats["step_us"]["count"] == stats["steps"] > 0
+    assert sorted(stats["policy_stats"]) == sorted(_COUNTER_NAMES)  # the policy's own counters
+    assert stats["policy_stats"]["saw_cpu_tier"] == 0  # SGLang reports no CPU KV tier
 
 
 def test_an_unknown_slo_class_is_http_400(server: SGLangServer) -> None:

@@ -53,6 +53,21 @@ def test_stats_file_is_rewritten_atomically_and_rate_limited(tmp_path: Path) -> 
     assert not StatsFile(tmp_path / "file" / "x.json", {}).maybe_write(Counters(), {}, force=True)
 
 
+def test_the_policy_counters_are_read_only_for_a_snapshot(tmp_path: Path) -> None:
+    path, calls = tmp_path / "stats.json", []
+
+    def counters() -> dict[str, int]:
+        calls.append(len(calls))
+        return {"ttft_boosts": len(calls), "rejected": 0}
+
+    telemetry = Telemetry(str(path), {}, policy_stats=counters)
+    assert telemetry.publish(Counters())
+    assert not telemetry.publish(Counters())  # within the interval: the policy is not asked
+    assert telemetry.publish(Counters(), force=True)
+    assert calls == [0, 1]
+    assert read_stats(path)["policy_stats"] == {"ttft_boosts": 2, "rejected": 0}  # type: ignore[index]
+
+
 class FakeServer:
     instances: list[FakeServer] = []
 

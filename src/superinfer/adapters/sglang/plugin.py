@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from superinfer.adapters.hookspecs import wants_prompt_keys
+from superinfer.adapters.hookspecs import policy_counters, wants_prompt_keys
 from superinfer.adapters.manager import UnknownPolicyError, build_plugin_manager
 from superinfer.adapters.sglang.config import ENV_SWITCH, AdapterConfig, ConfigError, load_config
 from superinfer.adapters.sglang.prefix_view import prefix_node_views
@@ -161,7 +161,7 @@ class SGLangAdapter:
         self._node_seen: dict[int, tuple[float, float, int, int, tuple[str, ...]]] = {}
         self._seq, self._views = 0, ViewTracker()  # record numbers; full states' change sets
         labels = {"policy": config.policy, "kv_policy": config.kv_policy}
-        self.telemetry = Telemetry.from_env(labels)  # SUPERINFER_STATS_FILE: counters (.stats)
+        self.telemetry = Telemetry.from_env(labels, policy_stats=lambda: policy_counters(hook))
 
     # -- binding --------------------------------------------------------------------------------
 

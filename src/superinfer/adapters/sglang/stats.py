@@ -9,7 +9,9 @@ step that leaves the scheduler with nothing to run (so the file is final once tr
 
 Fields (all counters since the scheduler started): ``pid``, ``policy``, ``kv_policy``,
 ``decisions``, ``invalid_decisions``, ``rejected``, ``bad_slo``, ``preempted``,
-``retraction_points``, ``placements``, ``precision_plans``, ``steps``,
+``retraction_points``, ``placements``, ``precision_plans``, ``steps``, ``policy_stats`` (the
+scheduling policy's own counters, :func:`superinfer.adapters.hookspecs.policy_counters`:
+``superinfer``'s ``ttft_boosts``, ``rejected``, tier moves; ``{}`` for a policy without),
 ``policy_us`` (``sum``, ``count``, ``p50``, ``p99``: wall time of each ``superinfer_schedule``
 call, microseconds), ``step_us`` (the same for each ``Scheduler.run_batch``: the forward pass),
 ``placement_us`` (the same for each ``superinfer_kv_placement`` call, the node views not counted),
@@ -25,7 +27,7 @@ import os
 import tempfile
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -101,16 +103,19 @@ class StatsFile:
         self.interval_s = interval_s
         self._last = 0.0
 
+    def due(self, *, force: bool = False) -> bool:
+        """Whether :meth:`maybe_write` would write now: ``interval_s`` has passed, or ``force``."""
+        return force or time.monotonic() - self._last >= self.interval_s
+
     def maybe_write(self, counters: Any, extra: Mapping[str, Any], *, force: bool = False) -> bool:
         """Write a snapshot if ``interval_s`` has passed (or ``force``); never raises ``OSError``.
 
         Returns:
             Whether a snapshot was written.
         """
-        now = time.monotonic()
-        if not force and now - self._last < self.interval_s:
+        if not self.due(force=force):
             return False
-        self._last = now
+        self._last = time.monotonic()
         body = dict(self.header)
         if is_dataclass(counters) and not isinstance(counters, type):
             body.update(asdict(counters))
@@ -136,27 +141,42 @@ class Telemetry:
     Args:
         path: the stats file (``SUPERINFER_STATS_FILE``), or ``None`` to write none.
         header: constant fields of every snapshot.
+        policy_stats: the scheduling policy's counters (called only when a snapshot is written;
+            its result is the ``policy_stats`` field), or ``None`` for no such field.
     """
 
-    def __init__(self, path: str | None, header: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        path: str | None,
+        header: Mapping[str, Any],
+        policy_stats: Callable[[], Mapping[str, int]] | None = None,
+    ) -> None:
         self.policy = LatencyStats()
         self.step = LatencyStats()
         self.placement = LatencyStats()
         self.file = StatsFile(path, header) if path else None
+        self.policy_stats = policy_stats
 
     @classmethod
     def from_env(
-        cls, header: Mapping[str, Any], environ: Mapping[str, str] | None = None
+        cls,
+        header: Mapping[str, Any],
+        environ: Mapping[str, str] | None = None,
+        policy_stats: Callable[[], Mapping[str, int]] | None = None,
     ) -> Telemetry:
-        """A telemetry writing to ``$SUPERINFER_STATS_FILE`` when set."""
+        """A telemetry writing to ``$SUPERINFER_STATS_FILE`` when set (``policy_stats``: as in
+        the class)."""
         env = os.environ if environ is None else environ
-        return cls(env.get(ENV_STATS_FILE) or None, {"pid": os.getpid(), **header})
+        path = env.get(ENV_STATS_FILE) or None
+        return cls(path, {"pid": os.getpid(), **header}, policy_stats)
 
     def publish(self, counters: Any, *, force: bool = False, **more: Any) -> bool:
         """Snapshot ``counters`` (a dataclass), the timings and ``more`` fields (JSON values);
         see :meth:`StatsFile.maybe_write`."""
-        if self.file is None:
+        if self.file is None or not self.file.due(force=force):
             return False
+        if self.policy_stats is not None:
+            more["policy_stats"] = dict(self.policy_stats())
         extra = {
             **more,
             "steps": self.step.count,

@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from superinfer.adapters.hookspecs import policy_counters
 from superinfer.harness.engines.base import (
     TIMELINE_COLUMNS,
     BenchConfig,
@@ -198,13 +199,7 @@ def run_sim_cell(
     t0 = time.perf_counter()
     result = Simulator(sim_config, pm.hook).run(workload.requests)
     wall = time.perf_counter() - t0
-    policy_stats: dict[str, int] = {}
-    # list_name_plugin, not get_plugins: that builds a set, and dataclass plugins (the KV
-    # placement policies) are unhashable
-    for _, plugin in pm.list_name_plugin():
-        stats = getattr(getattr(plugin, "policy", plugin), "stats", None)
-        if callable(stats):  # the scheduling policy's counters (superinfer, oracle)
-            policy_stats = dict(stats())
+    policy_stats = policy_counters(pm.hook)  # superinfer's and oracle's counters
     df = sim_requests_frame(result, engine=engine, policy=policy)
     peaks: dict[str, float] = {
         "all": max(result.peak_kv_blocks) * result.kv_block_bytes,
