@@ -476,20 +476,31 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path) -> None:
         (
             {"min_prefill_tokens": "32", "max_preemptions_per_step": "0"},
             {"ttft_seat_reserve": "0", "serial_whole_prefills": "false",
+             "ttft_boost_unmixed": "false",
              "min_prefill_tokens": "32", "max_preemptions_per_step": "0"},
         ),
         # one from between them: its seat reserve kept, no serial prefills
         (
             {"ttft_seat_reserve": "2"},
-            {"ttft_seat_reserve": "2", "serial_whole_prefills": "false"},
+            {"ttft_seat_reserve": "2", "serial_whole_prefills": "false",
+             "ttft_boost_unmixed": "false"},
         ),
-        # one that records both: as recorded
+        # one that records both, from before the unmixed boost went on: without the boost
         (
             {"ttft_seat_reserve": "2", "serial_whole_prefills": "true"},
-            {"ttft_seat_reserve": "2", "serial_whole_prefills": "true"},
+            {"ttft_seat_reserve": "2", "serial_whole_prefills": "true",
+             "ttft_boost_unmixed": "false"},
+        ),
+        # one that records all three: as recorded
+        (
+            {"ttft_seat_reserve": "2", "serial_whole_prefills": "true",
+             "ttft_boost_unmixed": "true"},
+            {"ttft_seat_reserve": "2", "serial_whole_prefills": "true",
+             "ttft_boost_unmixed": "true"},
         ),
         # one from before the manifest recorded any (the suite's base options fill the rest)
-        (None, {"ttft_seat_reserve": "0", "serial_whole_prefills": "false"}),
+        (None, {"ttft_seat_reserve": "0", "serial_whole_prefills": "false",
+                "ttft_boost_unmixed": "false"}),
     ],
 )  # fmt: skip
 def test_resimulate_replays_sglang_runs_with_the_options_they_ran(
@@ -723,6 +734,7 @@ def test_policy_opts_reach_superinfer_on_every_engine_of_the_suite(tmp_path, mon
         "max_preemptions_per_step": "0",
         "ttft_seat_reserve": "2",
         "serial_whole_prefills": "true",
+        "ttft_boost_unmixed": "true",
     }
     assert suites_engines._plugin_opts("native", {"min_prefill_tokens": "64"}) == {}
 

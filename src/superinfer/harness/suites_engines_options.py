@@ -63,19 +63,26 @@ BATCH_OUTPUT = (32, 96)
 SGLANG_ARGS = "--context-length 1024 --chunked-prefill-size 512 --max-running-requests 8"
 #: Policy options of ``superinfer`` through the SGLang plugin (docs/adapters.md: the knee run of
 #: results/sglang-cpu): no recompute preemption, a 32-token prefill floor per pass, two of the
-#: server's 8 running-request seats kept for chats, and one batch prompt's chunks at a time (the
-#: last two are the policy's defaults, written out so that each run's manifest records them: runs
-#: from before them ran without, :data:`SGLANG_BEFORE_RECORD`).
+#: server's 8 running-request seats kept for chats, one batch prompt's chunks at a time, and the
+#: TTFT boost of steps without decodes (the last three are the policy's defaults, written out so
+#: that each run's manifest records them: runs from before them ran without,
+#: :data:`SGLANG_BEFORE_RECORD`).
 SGLANG_SUPERINFER_OPTS = {
     "min_prefill_tokens": "32",
     "max_preemptions_per_step": "0",
     "ttft_seat_reserve": "2",
     "serial_whole_prefills": "true",
+    "ttft_boost_unmixed": "true",
 }
 #: What ``superinfer`` ran with on SGLang in suite runs whose manifest does not record these
-#: options (before they existed: ``ttft_seat_reserve`` came with 4620b97,
-#: ``serial_whole_prefills`` with 8f46555).
-SGLANG_BEFORE_RECORD = {"ttft_seat_reserve": "0", "serial_whole_prefills": "false"}
+#: options (before they existed or were on: ``ttft_seat_reserve`` came with 4620b97,
+#: ``serial_whole_prefills`` with 8f46555, ``ttft_boost_unmixed`` went on with cb517f6, and no
+#: suite run on the real server recorded it before 2026-12-07).
+SGLANG_BEFORE_RECORD = {
+    "ttft_seat_reserve": "0",
+    "serial_whole_prefills": "false",
+    "ttft_boost_unmixed": "false",
+}
 #: Policy options of ``superinfer`` on the real hf engine (and ``sim:hf-cpu`` beside it): decode
 #: allowances planned to 0.9 of the TPOT target. With 1.0, hf's mixed steps converge to the
 #: target and its step-time noise pushed chats over it by 0.35-2.67 ms (results/hf/knee-hi, 0.4

@@ -55,8 +55,9 @@ ENGINE_NOTES = {
     "bfloat16 safetensors (`--dtype bfloat16`); page size 1 token, 4,096-token KV pool; chunked "
     "prefill 512 tokens; 8 running requests; native = `--schedule-policy fcfs`, priority = "
     "`--enable-priority-scheduling`, superinfer = our plugin (min_prefill_tokens=32, "
-    "max_preemptions_per_step=0, ttft_seat_reserve=2, serial_whole_prefills=true unless "
-    "--policy-opt says otherwise: manifest.json superinfer_options)",
+    "max_preemptions_per_step=0, ttft_seat_reserve=2, serial_whole_prefills=true, "
+    "ttft_boost_unmixed=true unless --policy-opt says otherwise: manifest.json "
+    "superinfer_options)",
     "llamacpp": "llama.cpp server (llama-cpp-python 0.3.36), the Q4_1 GGUF itself (4-bit weights, "
     "f16 KV cache); n_ctx 2048; one request at a time, the rest queue (FIFO): no batching, no "
     "plugin",
