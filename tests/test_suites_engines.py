@@ -841,3 +841,19 @@ def test_sim_sglang_cpu_follows_the_servers_mixed_chunk_flag_only() -> None:
     assert suite_options({"suite.sglang_extend_rows": "0"}).sglang_extend_rows == 0
     with pytest.raises(UserError, match="suite.sglang_extend_rows='2': must be 0 or 1"):
         suite_options({"suite.sglang_extend_rows": "2"})
+
+
+def test_the_manifest_keeps_the_sglang_servers_cpu_recipe_line() -> None:
+    from types import SimpleNamespace
+
+    from superinfer.harness import suites_engines
+
+    line = "superinfer: no CUDA GPU here: SGLang CPU recipe (... --dtype float32)"
+    handles = {
+        "native": {"url": "u", "server": SimpleNamespace(recipe_line=line)},
+        "superinfer": {"url": "v", "server": SimpleNamespace(recipe_line="other")},
+    }
+    assert suites_engines._recipe_line(handles) == line
+    assert suites_engines._recipe_line({"native": {"url": "u"}}) is None  # hf, llama.cpp
+    gpu = {"native": {"url": "u", "server": SimpleNamespace(recipe_line=None)}}
+    assert suites_engines._recipe_line(gpu) is None

@@ -202,6 +202,17 @@ def _servers(
         yield out
 
 
+def _recipe_line(handles: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The CPU recipe's log line of the first SGLang server in ``handles`` (policy -> handle):
+    the flags it added, ``--dtype`` the host's (``adapters.sglang.launch.cpu_dtype``); ``None``
+    for servers without one (hf, llama.cpp, SGLang on a GPU)."""
+    for handle in handles.values():
+        line = getattr(handle.get("server"), "recipe_line", None)
+        if line:
+            return str(line)
+    return None
+
+
 def _run_cell(
     config: BenchConfig,
     engine: str,
@@ -392,6 +403,8 @@ def _real_engine(
     begin = time.monotonic()
     with _servers(engine, opts, work_dir, config.policy_options.get("superinfer")) as handles:
         info["engines"][engine] = {"startup_s": round(time.monotonic() - begin, 1)}
+        if recipe := _recipe_line(handles):
+            info["engines"][engine]["cpu_recipe"] = recipe
         if engine in (HF, SGLANG):  # what superinfer ran with there (resimulate replays it)
             sup = superinfer_opts(engine, config.policy_options.get("superinfer"))
             info.setdefault("superinfer_options", {})[engine] = sup

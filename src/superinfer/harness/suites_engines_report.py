@@ -52,7 +52,8 @@ ENGINE_NOTES = {
     "engine's own order; superinfer with tpot_plan_share=0.9 unless --policy-opt says otherwise: "
     "manifest.json superinfer_options)",
     "sglang": "SGLang 0.5.23 server, CPU recipe (torch_native attention); GGUF dequantized to "
-    "bfloat16 safetensors (`--dtype bfloat16`); page size 1 token, 4,096-token KV pool; chunked "
+    "bfloat16 safetensors, run in bf16 where the CPU has native bf16 math and in fp32 elsewhere "
+    "(`--dtype`: the manifest's cpu_recipe); page size 1 token, 4,096-token KV pool; chunked "
     "prefill 512 tokens; 8 running requests; native = `--schedule-policy fcfs`, priority = "
     "`--enable-priority-scheduling`, superinfer = our plugin (min_prefill_tokens=32, "
     "max_preemptions_per_step=0, ttft_seat_reserve=2, serial_whole_prefills=true, "

@@ -18,7 +18,12 @@ from superinfer.adapters.manager import UnknownPolicyError
 from superinfer.adapters.sglang.config import AdapterConfig, ConfigError, load_config
 from superinfer.adapters.sglang.cpu_compat import PTH_NAME
 from superinfer.adapters.sglang.fixture import TINY_LLAMA, build_fixture, ensure_fixture
-from superinfer.adapters.sglang.launch import STAND_IN_PATH, cpu_recipe, launch_command
+from superinfer.adapters.sglang.launch import (
+    STAND_IN_PATH,
+    cpu_dtype,
+    cpu_recipe,
+    launch_command,
+)
 from superinfer.adapters.sglang.view import (
     LogicalClock,
     SLOFieldError,
@@ -284,23 +289,45 @@ def test_kv_policy_reaches_the_scheduler_through_the_environment() -> None:
 def test_cpu_recipe_fills_what_the_caller_left_out(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     args, env, line = cpu_recipe(
-        ["--model-path", str(tmp_path), "--max-total-tokens", "700"], {"PYTHONPATH": "/x"}
+        ["--model-path", str(tmp_path), "--max-total-tokens", "700"],
+        {"PYTHONPATH": "/x"},
+        cpuinfo="flags\t\t: fpu avx2 avx512_bf16\n",
     )
     flags = [a for a in args if a.startswith("--")]
     assert flags == [
         "--model-path", "--max-total-tokens", "--device", "--attention-backend",
         "--cuda-graph-backend-decode", "--cuda-graph-backend-prefill",
-        "--disable-overlap-schedule", "--sampling-backend", "--dtype", "--mem-fraction-static",
+        "--disable-overlap-schedule", "--sampling-backend", "--mem-fraction-static",
         "--max-running-requests", "--chunked-prefill-size", "--context-length", "--sleep-on-idle",
-        "--load-format",
+        "--dtype", "--load-format",
     ]  # fmt: skip
     assert args[args.index("--max-total-tokens") + 1] == "700" and args[-1] == "dummy"
+    assert args[args.index("--dtype") + 1] == "bfloat16" and "--dtype bfloat16" in line
     assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
     assert env["PYTHONPATH"] == f"{STAND_IN_PATH}{os.pathsep}/x"
     assert line.startswith("superinfer: no CUDA GPU here: SGLang CPU recipe (")
     (tmp_path / "model.safetensors").write_bytes(b"")
     args, _, _ = cpu_recipe(["--model-path", str(tmp_path)], {})
     assert "--load-format" not in args
+    # a CPU without native bf16 math runs float32; a --dtype given is kept
+    args, _, line = cpu_recipe(["--model-path", str(tmp_path)], {}, cpuinfo="flags : avx2\n")
+    assert args[args.index("--dtype") + 1] == "float32" and "--dtype float32" in line
+    args, _, _ = cpu_recipe(["--model-path", str(tmp_path), "--dtype=bfloat16"], {}, cpuinfo="")
+    assert args.count("--dtype") == 0 and "--dtype=bfloat16" in args
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "dtype"),
+    [
+        ("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n", "float32"),
+        ("flags\t\t: avx2 amx_bf16 amx_tile\nflags\t\t: avx2 amx_bf16\n", "bfloat16"),
+        ("flags\t\t: avx512_bf16\n", "bfloat16"),
+        ("model name\t: avx512_bf16 in a name, not a flag\n", "float32"),
+        ("", "float32"),
+    ],
+)
+def test_cpu_dtype_is_bfloat16_only_with_native_bf16_math(cpuinfo: str, dtype: str) -> None:
+    assert cpu_dtype(cpuinfo) == dtype
 
 
 def test_the_sgl_kernel_stand_in_names_the_op_it_lacks() -> None:
