@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,7 +26,7 @@ import pandas as pd
 
 from superinfer.harness.bench import run_bench
 from superinfer.harness.engines.base import BenchConfig
-from superinfer.harness.report.results import git_sha
+from superinfer.harness.report.results import short_sha
 from superinfer.harness.suites import SWEEP_RATE_SCALES
 
 #: ``superinfer`` is the policy's default (``reject_hopeless=true`` since issue 18);
@@ -88,11 +89,9 @@ def main() -> None:
     df = pd.DataFrame(rows)
     df.to_csv(out / "overload.csv", index=False, float_format="%.6g")
     # the commit of the superinfer source that ran (a worktree's on PYTHONPATH), not the cwd's
-    full = git_sha()
-    sha = full[:7] + ("-dirty" if full.endswith("-dirty") else "")
     meta = {
-        "command": ["benchmarks/overload_admission.py", *__import__("sys").argv[1:]],
-        "git_sha": sha, "machine": platform.platform(), "duration_s": args.duration_s,
+        "command": ["benchmarks/overload_admission.py", *sys.argv[1:]],
+        "git_sha": short_sha(7), "machine": platform.platform(), "duration_s": args.duration_s,
         "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "variants": {k: [p, o] for k, (p, o) in variants.items()},
         "engine_options": engine_options,

@@ -10,6 +10,7 @@ import pytest
 
 from superinfer.harness.bench import BenchConfig, run_bench
 from superinfer.harness.errors import UserError
+from superinfer.harness.report import results
 from superinfer.harness.report.markdown import (
     as_written,
     compare_runs,
@@ -19,7 +20,7 @@ from superinfer.harness.report.markdown import (
 )
 from superinfer.harness.report.metrics import METRIC_COLUMNS, metrics_long, summarize
 from superinfer.harness.report.plots import PLOT_FILES
-from superinfer.harness.report.results import manifest, write_run
+from superinfer.harness.report.results import manifest, short_sha, write_run
 from tests.harness.test_metrics import table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -139,3 +140,18 @@ def test_a_folder_with_only_a_sweep_gets_a_sweep_report(tmp_path: Path) -> None:
     assert (tmp_path / "sweep.png").read_bytes()[:8] == PNG_MAGIC
     assert "| sim:vllm | fcfs | chat | 0.5 | 0.990 |" in text
     assert "| sim:vllm | fcfs | chat | 1 | 0.610 |" in text
+
+
+@pytest.mark.parametrize(
+    ("full", "length", "short"),
+    [
+        ("0123456789abcdef0123456789abcdef01234567", 7, "0123456"),
+        ("0123456789abcdef0123456789abcdef01234567-dirty", 12, "0123456789ab-dirty"),
+        ("unknown", 12, "unknown"),
+    ],
+)
+def test_short_sha_cuts_the_commit_and_keeps_the_dirty_mark(
+    monkeypatch: pytest.MonkeyPatch, full: str, length: int, short: str
+) -> None:
+    monkeypatch.setattr(results, "git_sha", lambda: full)
+    assert short_sha(length) == short

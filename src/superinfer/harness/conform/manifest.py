@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from superinfer.harness.report.results import git_sha
+from superinfer.harness.report.results import short_sha
 
 __all__ = ["record_runs"]
 
@@ -34,9 +34,7 @@ def record_runs(out: Path, columns: Sequence[tuple[str, str]], command: Sequence
     path = out / "manifest.json"
     data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
-    sha = git_sha()
-    short = sha.split("-")[0][:12] + ("-dirty" if sha.endswith("-dirty") else "")
-    facts = {"command": " ".join(command), "git_sha": short, "machine": _machine(),
+    facts = {"command": " ".join(command), "git_sha": short_sha(12), "machine": _machine(),
              "date_utc": now}  # fmt: skip
     cols = data.get("columns", {})
     for engine, policy in columns:

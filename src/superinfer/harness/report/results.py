@@ -35,6 +35,7 @@ __all__ = [
     "check_out_file",
     "git_sha",
     "manifest",
+    "short_sha",
     "staged_dir",
     "write_atomic",
     "write_run",
@@ -207,6 +208,14 @@ def git_sha() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return sha + ("-dirty" if dirty else "")
+
+
+def short_sha(length: int) -> str:
+    """:func:`git_sha` cut to its first ``length`` characters, ``-dirty`` kept: ``"0123abc-dirty"``
+    for ``length`` 7 of a modified tree (``"unknown"`` outside a git checkout, cut alike)."""
+    full = git_sha()
+    head, _, mark = full.partition("-")
+    return head[:length] + (f"-{mark}" if mark else "")
 
 
 def _versions() -> dict[str, str]:
