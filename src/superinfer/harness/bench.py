@@ -43,6 +43,7 @@ from superinfer.harness.workload.limits import check_numbers, policy_names
 from superinfer.harness.workload.resolve import resolve_workload
 from superinfer.harness.workload.specs import WorkloadSpec, load_workload_spec
 from superinfer.harness.workload.workload import Workload, scale_lengths
+from superinfer.sim.hardware import get_gpu, get_model
 
 __all__ = [
     "HEADLINE_POLICIES",
@@ -419,8 +420,6 @@ def bench_config(params: Mapping[str, Any], *, given: Collection[str]) -> BenchC
             (``workload.limits.check_numbers``), or ``--policies`` empty or naming one twice.
         SpecError: a spec's ``[bench]`` value that is unknown (named by file, line and key).
     """
-    from superinfer.sim.hardware import get_gpu, get_model
-
     p = dict(params)
     suite = p.get("suite")
     workload_given = p["workload"] is not None or p["trace"] is not None
