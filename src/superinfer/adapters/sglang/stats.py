@@ -171,8 +171,9 @@ class Telemetry:
         return cls(path, {"pid": os.getpid(), **header}, policy_stats)
 
     def publish(self, counters: Any, *, force: bool = False, **more: Any) -> bool:
-        """Snapshot ``counters`` (a dataclass), the timings and ``more`` fields (JSON values);
-        see :meth:`StatsFile.maybe_write`."""
+        """Snapshot ``counters`` (a dataclass), the timings and ``more`` fields (JSON values)
+        when :meth:`StatsFile.due`; nothing is gathered otherwise (the policy's counters, the
+        percentiles' sorts), as this runs after every step."""
         if self.file is None or not self.file.due(force=force):
             return False
         if self.policy_stats is not None:
@@ -184,7 +185,7 @@ class Telemetry:
             "step_us": self.step.as_dict(),
             "placement_us": self.placement.as_dict(),
         }
-        return self.file.maybe_write(counters, extra, force=force)
+        return self.file.maybe_write(counters, extra, force=True)  # due: checked above
 
 
 def kv_usage(allocator: Any, tree_cache: Any) -> dict[str, int]:
