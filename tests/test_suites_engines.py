@@ -416,14 +416,16 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path) -> None:
         }
     )
     share_08 = BenchConfig(seed=3, policy_options={"superinfer": {"tpot_plan_share": "0.8"}})
-    sim = run_engines(share_08, opts, tmp_path / "work").summary
+    first = run_engines(share_08, opts, tmp_path / "work")
+    sim = first.summary
     # a run folder as the suite writes it: the real hf rows (hand-made here), the manifest's
-    # options and seed, the hf fit
+    # options, seed and engine facts (the sim row's chat TTFT target), the hf fit
     real = sim.assign(engine="hf")
     real.to_csv(tmp_path / "summary.csv", index=False)
     manifest = {
         "seed": 3,
         "options": dataclasses.asdict(opts),
+        "engines": first.info["engines"],
         "superinfer_options": {"hf": {"tpot_plan_share": "0.8"}},  # what run_engines records
     }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))

@@ -133,9 +133,15 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pd.DataFrame
         "suite.engines": "sim:hf-cpu", "suite.loads.hf": "0.2", "suite.duration_s": "15",
         "suite.repeats": "2", "suite.hf_step_time_file": str(calibration),
     })  # fmt: skip
-    sim = run_engines(BenchConfig(seed=3), opts, tmp / "work").summary
+    ran = run_engines(BenchConfig(seed=3), opts, tmp / "work")
+    sim = ran.summary
     sim.assign(engine="hf").to_csv(tmp / "summary.csv", index=False)
-    manifest = {"seed": 3, "options": dataclasses.asdict(opts), "superinfer_options": {"hf": {}}}
+    manifest = {
+        "seed": 3,
+        "options": dataclasses.asdict(opts),
+        "engines": ran.info["engines"],  # the sim row's chat TTFT target
+        "superinfer_options": {"hf": {}},
+    }
     (tmp / "manifest.json").write_text(json.dumps(manifest))
     runs = {f"hf_{p}_0.2_{r}": 1.0 for r in (0, 1) for p in ("fcfs", "priority", "superinfer")}
     _steps(TRUE, {**runs, "hf_priority_0.2_1": 1.5}).to_parquet(tmp / "steps.parquet")

@@ -9,12 +9,13 @@ mechanics, and with SGLang's at the server's limits), each with a step time fitt
 engine's step logs in this run (on its lone requests when the logs hold too few steps).
 
 One workload design for every engine (``suites_engines_workload.mix_workload``): Poisson chat (short
-prompts) and batch (long prompts, up to SGLang's 1,024-token context with their output) streams, the
-same absolute SLOs on every engine; repeat ``r`` draws its arrivals with seed ``seed + r``, the same
-for every policy and engine (the simulated rows replay each repeat's arrivals too), so a repeat's
-policies are compared on one sample and the spread covers the arrivals as well as the machine. Each
-real engine first serves lone requests (``lone_workload``: one at a time, far apart) so that the
-report states its unloaded TTFT and TPOT; then a knee pilot; then 3 loads around its knee (total
+prompts) and batch (long prompts, up to SGLang's 1,024-token context with their output) streams;
+repeat ``r`` draws its arrivals with seed ``seed + r``, the same for every policy and engine (the
+simulated rows replay each repeat's arrivals too), so a repeat's policies are compared on one sample
+and the spread covers the arrivals as well as the machine. Each real engine first serves lone
+requests (``lone_workload``: one at a time, far apart): the report states its unloaded TTFT and
+TPOT, and its chat TTFT target is a multiple of that TTFT (``suite.chat_ttft_x``; or one absolute
+``suite.chat_ttft_ms`` on every engine); then a knee pilot; then 3 loads around its knee (total
 req/s) x repeats, the repeats interleaved (repeat 0 of every load and policy, then repeat 1, ...).
 Servers are started once per engine and policy and reused across loads and repeats (SGLang's radix
 cache is flushed before every run, so a repeat does not reuse the last one's prompts). Every run's
@@ -39,6 +40,7 @@ from typing import Any
 import pandas as pd
 
 from superinfer.harness.bench import BenchConfig, run_bench
+from superinfer.harness.engines.isolated import IsolatedLatency, engine_isolated_latency
 from superinfer.harness.errors import UserError
 from superinfer.harness.policies import merge_policy_opts, policy_manager
 from superinfer.harness.suites_engines_knee import (
@@ -49,6 +51,7 @@ from superinfer.harness.suites_engines_knee import (
     request_path_ms,
 )
 from superinfer.harness.suites_engines_options import (
+    CHAT_PROMPT,
     DEFAULT_LOADS,
     ENGINE_POLICIES,
     HF,
@@ -65,7 +68,10 @@ from superinfer.harness.suites_engines_options import (
     SIM_SGLANG,
     SuiteOptions,
     engine_loads,
-    sim_sglang_limits,
+    for_engine,
+    relative_chat_ttft,
+    scaled_chat_ttft,
+    sim_row_limits,
     suite_options,
 )
 from superinfer.harness.suites_engines_workload import (
@@ -298,9 +304,7 @@ def sim_cells(
     Raises:
         UserError: ``speeds`` lacks a run of these loads and repeats.
     """
-    limits = (
-        sim_sglang_limits(opts.sglang_args, opts.sglang_extend_rows) if engine == SIM_SGLANG else {}
-    )
+    limits = sim_row_limits(opts, engine)
     frames = []
     cfg = replace(
         _base(config, "sim:hf-cpu", "fcfs"),
@@ -329,6 +333,16 @@ def sim_cells(
                 req["engine"] = engine
                 req_frames.append(_keyed(_engine_first(req), rep, load))
     return frames
+
+
+def _isolated(config: BenchConfig, engine: str, opts: SuiteOptions, fit: Path) -> IsolatedLatency:
+    """The sim row ``engine``'s latency alone on an idle replica, on the step-time fit ``fit``."""
+    eopts = {**sim_row_limits(opts, engine), "step_time_file": str(fit)}
+    latency = engine_isolated_latency(
+        replace(_base(config, SIM_HF, "fcfs"), engine_options=eopts), SIM_HF
+    )
+    assert latency is not None  # sim:hf-cpu always has one
+    return latency
 
 
 def _at_speed(
@@ -415,6 +429,9 @@ def _real_engine(
             log = _lone_log(work_dir, engine) if engine == SGLANG else None
             _, req, _ = _run_cell(config, engine, native, wl, handles[native], opts, steps_to=log)
             lones.append(req.assign(concurrency=1))
+        if opts.chat_ttft_x:  # this engine's own chat target, from its lone chats
+            info["engines"][engine].update(relative_chat_ttft(lones[-1], opts, engine))
+            opts = for_engine(opts, info["engines"], engine)
         if batched_sizes(opts) and any(SIM_OF.get(e) == engine for e in opts.engines):
             tell(f"{engine}: batched requests")
             wl = batched_workload(opts, 2 * opts.lone_gap_s[engine])
@@ -500,10 +517,14 @@ def run_engines(
         if engine not in fit_files:
             real = SIM_OF[engine]
             raise UserError(f"{engine} is fitted on the lone {real} requests: run {real} too")
+        if opts.chat_ttft_x and SIM_OF[engine] not in info["engines"]:  # no lone pass: the fit's
+            lone = _isolated(config, engine, opts, fit_files[engine]).prefill_ms(CHAT_PROMPT[1])
+            what = f"{engine} step-time fit's lone prefill of {CHAT_PROMPT[1]} tokens"
+            info["engines"].setdefault(engine, {}).update(scaled_chat_ttft(opts, lone, what))
         frames += sim_cells(
             config,
             engine,
-            opts,
+            for_engine(opts, info["engines"], engine),
             fit_files[engine],
             tell,
             found,

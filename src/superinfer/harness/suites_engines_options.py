@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
+
+import pandas as pd
 
 from superinfer.harness.errors import UserError
 from superinfer.policy_core.types import SLO
@@ -21,6 +23,10 @@ __all__ = [
     "SIM_OF",
     "SuiteOptions",
     "engine_loads",
+    "for_engine",
+    "relative_chat_ttft",
+    "scaled_chat_ttft",
+    "sim_row_limits",
     "sim_sglang_limits",
     "suite_options",
 ]
@@ -141,7 +147,8 @@ class SuiteOptions:
         repeats: repeats of every (engine, policy, load), repeat ``r`` with seed ``seed + r``.
         duration_s: arrival window per run, s.
         batch_share: fraction of the offered load that is batch.
-        chat_ttft_ms: chat TTFT target, ms (every engine).
+        chat_ttft_ms: chat TTFT target, ms, on every engine when ``chat_ttft_x`` is 0 (giving
+            it alone sets ``chat_ttft_x`` to 0).
         chat_tpot_ms: chat TPOT target, ms.
         batch_deadline_s: batch end-to-end deadline, s.
         lone: lone requests per class per real engine (0: skip the lone pass).
@@ -163,6 +170,14 @@ class SuiteOptions:
             ``SUPERINFER_SGLANG_EXTEND_ROWS=1`` (``adapters/sglang/extend_rows.py``: one-token
             extends attend as decodes); ``sim:sglang-cpu`` then times a mixed batch's decodes
             as decodes (``extend_decodes=0``).
+        chat_ttft_x: engine-relative chat TTFT (issue 18): per real engine, this multiple of
+            its own lone chat requests' median TTFT (the lone pass: the longest chat prompt,
+            alone on the idle server, request path included), rounded to 10 ms; its simulated
+            row takes the same target (:func:`relative_chat_ttft`, :func:`for_engine`). 0:
+            ``chat_ttft_ms`` everywhere. The default 7 is where the absolute targets of the
+            real SGLang runs sat: 1.5 s was 5.6-6.6x the lone 227-269 ms on the AMX hosts
+            (``results/engines-cpu/sglang-knee3``, ``sglang-serial-0.6-s6``), 3.75 s was
+            7.1-7.9x the lone 476-528 ms on the AVX2-only host (``sglang-fp32-*``).
     """
 
     engines: tuple[str, ...] = (*REAL_ENGINES, SIM_HF, SIM_SGLANG)
@@ -185,11 +200,21 @@ class SuiteOptions:
     sglang_model: str = ""
     sglang_args: str = ""
     sglang_extend_rows: int = 0
+    chat_ttft_x: float = 7.0
 
     def slos(self) -> tuple[SLO, SLO]:
-        """``(chat, batch)`` SLOs, the same on every engine."""
+        """``(chat, batch)`` SLOs with the absolute ``chat_ttft_ms`` (an engine's own under
+        ``chat_ttft_x``: :func:`for_engine`)."""
         chat = SLO("chat", ttft_ms=self.chat_ttft_ms, tpot_ms=self.chat_tpot_ms, priority=0)
         return chat, SLO("batch", deadline_s=self.batch_deadline_s, priority=1)
+
+
+def sim_row_limits(opts: SuiteOptions, engine: str) -> dict[str, str]:
+    """The simulator's limits for the sim row ``engine``: :func:`sim_sglang_limits` of the run's
+    SGLang arguments for ``sim:sglang-cpu``; none for ``sim:hf-cpu`` (its profile's own)."""
+    if engine != SIM_SGLANG:
+        return {}
+    return sim_sglang_limits(opts.sglang_args, opts.sglang_extend_rows)
 
 
 def _floats(key: str, raw: str) -> tuple[float, ...]:
@@ -255,7 +280,7 @@ def suite_options(options: Mapping[str, str]) -> SuiteOptions:
                 raise UserError(f"suite.{name}={raw!r}: not a number") from None
             if name == "sglang_extend_rows" and val not in (0, 1):
                 raise UserError(f"suite.{name}={raw!r}: must be 0 or 1")
-            zero_ok = ("lone", "batched_max", "sglang_extend_rows")
+            zero_ok = ("lone", "batched_max", "sglang_extend_rows", "chat_ttft_x")
             if not val > 0 and not (name in zero_ok and val == 0):
                 raise UserError(f"suite.{name}={raw!r}: must be > 0")
             if name == "batch_share" and not val < 1:
@@ -264,6 +289,12 @@ def suite_options(options: Mapping[str, str]) -> SuiteOptions:
         else:
             known = sorted(plain | {"engines", "loads.<engine>", "lone_gap_s.<engine>"})
             raise UserError(f"unknown suite option {key!r}; known: suite.{', suite.'.join(known)}")
+    if "chat_ttft_ms" in kw:  # an absolute target given: it holds on every engine
+        if kw.setdefault("chat_ttft_x", 0.0):
+            raise UserError("suite.chat_ttft_ms and suite.chat_ttft_x: give one")
+    real = any(e in REAL_ENGINES for e in kw.get("engines", REAL_ENGINES))
+    if real and kw.get("chat_ttft_x", SuiteOptions.chat_ttft_x) and kw.get("lone", 1) == 0:
+        raise UserError("suite.chat_ttft_x needs the lone pass: suite.lone > 0 (or chat_ttft_ms)")
     return SuiteOptions(loads=loads, lone_gap_s=gaps, auto=tuple(auto), **kw)
 
 
@@ -274,3 +305,58 @@ def engine_loads(
     ``opts.loads``), or its real engine's for a sim row."""
     real = SIM_OF.get(engine, engine)
     return tuple((found or {}).get(real) or opts.loads[real])
+
+
+def relative_chat_ttft(lone: pd.DataFrame, opts: SuiteOptions, engine: str) -> dict[str, Any]:
+    """``engine``'s chat TTFT target under ``opts.chat_ttft_x``: that multiple of the median
+    TTFT of its lone chat requests (``lone``: the lone pass's ``requests`` rows; batched-pass rows,
+    ``concurrency`` > 1, are left out), rounded to 10 ms.
+
+    Returns:
+        ``{"chat_ttft_ms": target, "chat_ttft_source": how it was derived}`` (manifest facts).
+
+    Raises:
+        UserError: no lone chat request of ``engine`` finished.
+    """
+    rows = lone[(lone["slo_class"] == "chat") & (lone["status"] == "finished")]
+    if "concurrency" in rows:
+        rows = rows[rows["concurrency"] == 1]
+    ttft = rows["ttft_ms"].dropna()
+    if ttft.empty:
+        raise UserError(f"{engine}: no lone chat request finished, so no chat TTFT to scale")
+    return scaled_chat_ttft(
+        opts, float(ttft.median()), f"lone chat TTFT p50 of {len(ttft)} requests of "
+        f"{CHAT_PROMPT[1]} prompt tokens",
+    )  # fmt: skip
+
+
+def scaled_chat_ttft(opts: SuiteOptions, lone_ms: float, what: str) -> dict[str, Any]:
+    """``opts.chat_ttft_x`` times a lone chat TTFT ``lone_ms`` (ms), rounded to 10 ms (at least
+    10), with ``what`` it is in the source line; :func:`relative_chat_ttft`'s dict."""
+    target = max(10.0, round(opts.chat_ttft_x * lone_ms / 10.0) * 10.0)
+    source = f"{opts.chat_ttft_x:g} x {lone_ms:.0f} ms, the {what}"
+    return {"chat_ttft_ms": target, "chat_ttft_source": source}
+
+
+def for_engine(
+    opts: SuiteOptions, engines: Mapping[str, Mapping[str, Any]], engine: str
+) -> SuiteOptions:
+    """``opts`` with ``engine``'s own chat TTFT target (a sim row: its real engine's) from
+    ``engines`` (the manifest's ``engines`` facts, :func:`relative_chat_ttft`'s keys); ``opts``
+    itself when ``opts.chat_ttft_x`` is 0.
+
+    Raises:
+        UserError: ``engines`` has no target for it (its lone pass did not run).
+    """
+    if not opts.chat_ttft_x:
+        return opts
+    real = SIM_OF.get(engine, engine)
+    target = engines.get(real, {}).get("chat_ttft_ms") or engines.get(engine, {}).get(
+        "chat_ttft_ms"
+    )
+    if target is None:
+        raise UserError(
+            f"{engine}: no chat TTFT target of {real}'s lone pass for suite.chat_ttft_x; "
+            "run it too, or give suite.chat_ttft_ms"
+        )
+    return replace(opts, chat_ttft_ms=float(target))

@@ -29,6 +29,7 @@ from superinfer.harness.suites_engines_options import (
     SIM_OF,
     SIM_SGLANG,
     SuiteOptions,
+    for_engine,
 )
 from superinfer.sim.hf_cpu import HFCPUStepTime
 
@@ -74,7 +75,8 @@ def resimulate(
     """Replay the simulated rows of ``engine`` (``sim:hf-cpu`` or ``sim:sglang-cpu``) against
     the real rows of a finished suite run in ``src`` (its ``summary.csv``, ``manifest.json`` and
     ``<real engine>_step_time.json``), with more simulator options ``extra`` (e.g.
-    ``mechanics=sglang``): the same arrivals per repeat, loads, SLOs and step-time fit (or the
+    ``mechanics=sglang``): the same arrivals per repeat, loads, SLOs (a run under
+    ``suite.chat_ttft_x``: its engine's own chat target) and step-time fit (or the
     fit in ``fit``, e.g. one from a later run's lone and batched passes), and ``superinfer``
     with ``superinfer_options`` over the suite's (e.g. ``ttft_kv_reserve_requests``) and over
     what ``superinfer`` ran with on the real engine (the manifest's ``superinfer_options``; an hf
@@ -110,7 +112,8 @@ def resimulate(
             elif isinstance(value, dict):
                 value = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
             kwargs[key] = value
-    opts = SuiteOptions(**kwargs)
+    kwargs.setdefault("chat_ttft_x", 0.0)  # runs before it (2026-12-07) had absolute targets
+    opts = for_engine(SuiteOptions(**kwargs), manifest.get("engines", {}), engine)
     ran = summary[summary["engine"] == real]
     found = {real: tuple(sorted(float(x) for x in ran["load"].unique()))}
     config = BenchConfig(seed=int(manifest.get("seed", 0)))
