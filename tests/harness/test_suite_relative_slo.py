@@ -110,8 +110,8 @@ def test_a_real_engine_runs_at_its_own_target_after_its_lone_pass(tmp_path, monk
     suites_engines._real_engine(
         BenchConfig(), "hf", opts, tmp_path, [], {}, {}, info, lambda _m: None, frames, []
     )
-    # the lone pass at the given target, then every policy's run at 7 x its 530 ms
-    assert seen == [("engines-lone", 1500.0)] + [("engines-mix", 3710.0)] * 3
+    # the lone pass without a TTFT target (it makes it), then every run at 7 x its 530 ms
+    assert seen == [("engines-lone", None)] + [("engines-mix", 3710.0)] * 3
     assert info["engines"]["hf"]["chat_ttft_ms"] == 3710.0
     assert len(frames) == 3
 
@@ -176,3 +176,15 @@ def test_the_report_states_each_engines_target() -> None:
         "7x each engine's own lone chat TTFT (`sglang` 3,710 ms = 7 x 530 ms, s; a sim row: "
         "its real engine's)"
     )
+
+
+def test_the_lone_chats_have_no_ttft_target_when_they_make_it() -> None:
+    from superinfer.harness.suites_engines_workload import lone_workload
+
+    def targets(options: dict[str, str]) -> set[tuple[str, float | None, float | None]]:
+        wl = lone_workload(suite_options(options), 5.0)
+        return {(s.slo.name, s.slo.ttft_ms, s.slo.tpot_ms) for s in wl.requests}
+
+    assert targets({}) == {("chat", None, 500.0), ("batch", None, None)}
+    absolute = {"suite.chat_ttft_ms": "3750"}
+    assert targets(absolute) == {("chat", 3750.0, 500.0), ("batch", None, None)}

@@ -236,6 +236,12 @@ def render_engines_report(
             ],
             _lone_rows(alone),
         )
+        if opts.get("chat_ttft_x"):
+            lines += [
+                "A lone chat's SLO here is its TPOT target alone: its engine's TTFT target is "
+                "made from these chats.",
+                "",
+            ]
         if not batched.empty:
             lines += [
                 "Batched pass (identical 64-token chat prompts, 32 output tokens, a group "

@@ -108,15 +108,18 @@ def mix_workload(opts: SuiteOptions, load: float, seed: int) -> Workload:
 
 def lone_workload(opts: SuiteOptions, gap_s: float) -> Workload:
     """``opts.lone`` chat then ``opts.lone`` batch requests, ``gap_s`` apart, each of the longest
-    prompt of its class (the worst unloaded case) and the middle output length."""
+    prompt of its class (the worst unloaded case) and the middle output length. Under
+    ``opts.chat_ttft_x`` the chats' TTFT target comes from this pass, so their SLO here is their
+    TPOT alone."""
+    chat, batch = opts.slos()
+    if opts.chat_ttft_x:
+        chat = replace(chat, ttft_ms=None)
     specs = []
     for n in range(opts.lone):
-        specs.append(
-            _spec(n, opts.slos()[0], 1.0 + n * gap_s, CHAT_PROMPT[1], sum(CHAT_OUTPUT) // 2)
-        )
+        specs.append(_spec(n, chat, 1.0 + n * gap_s, CHAT_PROMPT[1], sum(CHAT_OUTPUT) // 2))
     for n in range(opts.lone):
         t = 1.0 + (opts.lone + n) * gap_s
-        specs.append(_spec(n, opts.slos()[1], t, BATCH_PROMPT[1], sum(BATCH_OUTPUT) // 2))
+        specs.append(_spec(n, batch, t, BATCH_PROMPT[1], sum(BATCH_OUTPUT) // 2))
     return _workload("engines-lone", specs, opts, gap_s=gap_s)
 
 
