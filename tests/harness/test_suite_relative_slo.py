@@ -188,3 +188,22 @@ def test_the_lone_chats_have_no_ttft_target_when_they_make_it() -> None:
     assert targets({}) == {("chat", None, 500.0), ("batch", None, None)}
     absolute = {"suite.chat_ttft_ms": "3750"}
     assert targets(absolute) == {("chat", 3750.0, 500.0), ("batch", None, None)}
+
+
+def test_a_real_engine_that_failed_before_its_lone_pass_leaves_its_sim_row_the_fits_target(
+    tmp_path, monkeypatch
+) -> None:
+    from superinfer.harness import suites_engines
+
+    def failing(config, engine, opts, work_dir, lones, batched, found, info, *rest):  # noqa: ANN001, ANN202
+        info["engines"][engine] = {"startup_s": 1.0}  # started, then failed
+        raise UserError(f"{engine}: server died")
+
+    monkeypatch.setattr(suites_engines, "_real_engine", failing)
+    opts = suite_options({**SIM_ONLY, "suite.engines": "hf,sim:hf-cpu"})
+    res = suites_engines.run_engines(BenchConfig(seed=2), opts, tmp_path)
+    assert res.info["failed"] == {"hf": "hf: server died"}
+    alone = suites_engines.run_engines(BenchConfig(seed=2), suite_options(SIM_ONLY), tmp_path)
+    facts = alone.info["engines"]["sim:hf-cpu"]
+    assert res.info["engines"]["sim:hf-cpu"] == facts  # the fit's target, as a sim row alone
+    pd.testing.assert_frame_equal(res.summary, alone.summary)

@@ -517,7 +517,8 @@ def run_engines(
         if engine not in fit_files:
             real = SIM_OF[engine]
             raise UserError(f"{engine} is fitted on the lone {real} requests: run {real} too")
-        if opts.chat_ttft_x and SIM_OF[engine] not in info["engines"]:  # no lone pass: the fit's
+        own = info["engines"].get(SIM_OF[engine], {})
+        if opts.chat_ttft_x and "chat_ttft_ms" not in own:  # its real engine made none: the fit's
             lone = _isolated(config, engine, opts, fit_files[engine]).prefill_ms(CHAT_PROMPT[1])
             what = f"{engine} step-time fit's lone prefill of {CHAT_PROMPT[1]} tokens"
             info["engines"].setdefault(engine, {}).update(scaled_chat_ttft(opts, lone, what))
