@@ -175,7 +175,7 @@ class SuiteOptions:
             alone on the idle server, request path included), rounded to 10 ms; its simulated
             row takes the same target (:func:`relative_chat_ttft`, :func:`for_engine`). 0:
             ``chat_ttft_ms`` everywhere. The default 7 is where the absolute targets of the
-            real SGLang runs sat: 1.5 s was 5.6-6.6x the lone 227-269 ms on the AMX hosts
+            real SGLang runs sat: 1.5 s was 5.6-6.6x the lone 227-269 ms on the earlier hosts
             (``results/engines-cpu/sglang-knee3``, ``sglang-serial-0.6-s6``), 3.75 s was
             7.1-7.9x the lone 476-528 ms on the AVX2-only host (``sglang-fp32-*``).
     """
