@@ -561,6 +561,51 @@ class TestTPOTProtectionWithoutMixedBatches:
         d = decide(p, make_state(running=[dec], waiting=[new], token_budget=256))
         assert dict(d.num_tokens) == {"dec": 1, "new": want}
 
+    @pytest.mark.parametrize(
+        ("step_s", "first_s", "want"),
+        [(0.1, 9.8, 32), (0.0999, 9.8, 0), (0.02, 9.8255, 29), (0.02, 9.9, 700)],
+    )
+    def test_the_floor_yields_while_decoding_alone_banks_allowance(
+        self, step_s: float, first_s: float, want: int
+    ) -> None:
+        # prefill_floor_yields: the chat decode's planned TPOT is 0.1 s. A step of it alone
+        # (the prior step time, no per-decode cost) of 0.1 s banks nothing: the floor holds
+        # (32 of the 256-token budget); at 0.0999 s it banks 0.1 ms a step, and the prefill
+        # waits (0 tokens, not the floor). Where the allowance covers tokens they run as
+        # without the option: (0.0255 * 0.9 - 0.02) / 1e-4 = 29 (under the floor) and
+        # (0.1 * 0.9 - 0.02) / 1e-4 = 700 of a 2,048-token budget (over it)
+        opts = {"ttft_boost": False, "prefill_floor_yields": True, "prior_step_s": step_s}
+        p = policy(**opts)
+        dec = decoding("dec", 32, 2, first_token_s=first_s)
+        new = make_view("new", prompt=2000, arrival_s=10.0)
+        arrive(p, make_view("dec", prompt=32), new)
+        budget = 2048 if want > 32 else 256
+        d = decide(p, make_state(running=[dec], waiting=[new], token_budget=budget))
+        assert dict(d.num_tokens) == ({"dec": 1, "new": want} if want else {"dec": 1})
+        # without the option the floor holds in each (29 and 0 -> 32)
+        p = policy(**{**opts, "prefill_floor_yields": False})
+        arrive(p, make_view("dec", prompt=32), new)
+        d = decide(p, make_state(running=[dec], waiting=[new], token_budget=budget))
+        assert dict(d.num_tokens) == {"dec": 1, "new": max(want, 32)}
+
+    def test_a_yielding_floor_leaves_an_urgent_chat_its_boost(self) -> None:
+        # a decode with nothing banked (the floor yields) and about 500 tokens to come, a chat
+        # of 2,400 tokens due at 10.3 s: the TTFT boost grows its chunk from the decode's credit
+        # to the 800 of the plan (test_a_ttft_urgent_prefill_borrows_from_decodes_with_credit),
+        # as without the option
+        def chunk(yields: bool) -> tuple[int, int]:
+            p = policy(prefill_floor_yields=yields)
+            for i in range(40):
+                p.on_request_finished(make_view(f"f{i}", generated=500), 0.0)
+            dec = decoding("dec", 32, 2, first_token_s=9.8, max_output=1000)
+            urgent = make_view("urgent", prompt=2400, arrival_s=9.3)
+            arrive(p, make_view("dec", prompt=32), urgent)
+            state = make_state(running=[dec], waiting=[urgent], token_budget=4096,
+                               free_blocks=1000)  # fmt: skip
+            return decide(p, state).num_tokens["urgent"], p.stats()["ttft_boosts"]
+
+        assert chunk(True) == chunk(False) == (800, 1)
+
 
 class TestTTFTReserveWithoutMixedBatches:
     """Without mixed batches, a prefill step with no TTFT-class prefill pending leaves the

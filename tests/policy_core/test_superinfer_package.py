@@ -133,6 +133,7 @@ def test_the_options_and_their_order_are_unchanged() -> None:
         "ttft_boost_unmixed",
         "decode_interval_memory",
         "unmixed_credit_quantile",
+        "prefill_floor_yields",
     ]
     assert list(policy_options(SuperInferPolicy)) == expected
     assert list(policy_options(OraclePolicy)) == [*expected, "output_tokens"]

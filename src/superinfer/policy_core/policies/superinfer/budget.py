@@ -20,7 +20,6 @@ from superinfer.policy_core.policies.superinfer.records import (
     _Step,
 )
 from superinfer.policy_core.policies.superinfer.running import _Running
-from superinfer.policy_core.types import StepState
 
 #: Bound on a token or step count derived from SLO seconds: 2**62, beyond any step budget (ints
 #: far below) and any prompt length a result file can hold (int64).
@@ -80,13 +79,15 @@ class _StepBudget(_Running):
             if count:
                 passes[t] += count / weights[t]
 
-    def _tpot_cap(self, books: _RunBooks, state: StepState, now: float) -> float:
+    def _tpot_cap(self, books: _RunBooks, step: _Step, now: float) -> float:
         """The decodes' smallest TPOT allowance, s: ``tpot * generated - (now - first_token_s)``
         with ``tpot`` the planned TPOT (the target times ``tpot_plan_share``)
         among the decodes with a TPOT target (not best effort), computed for the few keys at the
         bottom of each of the running books' TPOT heaps (``running.py``); ``inf`` if none. Read
-        right after the running pass, before a preemption changes the books."""
-        cap = _INF
+        right after the running pass, before a preemption changes the books. Sets
+        ``step.tightest_s``, the smallest planned TPOT among them (``inf`` if none)."""
+        cap = tightest = _INF
+        state = step.state
         if state.views is not None:
             view_of = state.views.__getitem__
         else:  # a rebuild without the engine's map: every running entry was just refreshed
@@ -99,6 +100,7 @@ class _StepBudget(_Running):
                 members.pop((first, g), None)
             if not heap:
                 continue
+            tightest = min(tightest, tpot)
             limit = heap[0][0] + 1e-6 + 1e-12 * abs(heap[0][0])
             stack = [0]
             n = len(heap)
@@ -116,6 +118,7 @@ class _StepBudget(_Running):
                     stack.append(c)
                 if c + 1 < n and heap[c + 1][0] <= limit:
                     stack.append(c + 1)
+        step.tightest_s = tightest
         return cap
 
     def _prefill_allowance(self, step: _Step, num_decodes: int, cap_s: float) -> int:
@@ -126,7 +129,11 @@ class _StepBudget(_Running):
         must fit; at least ``min_prefill_tokens``, but no more than ``min_prefill_budget_share``
         of the step's token budget, always may (on the real hf engine, a 256-token budget, a
         floor of 256 let steps carry full prefill chunks whatever the decodes' TPOT).
-        Without them
+        With ``prefill_floor_yields`` the floor yields where a step of the decodes alone
+        (the step-time model's) is shorter than their smallest planned TPOT
+        (``step.tightest_s``): each such step banks allowance, so the prefill waits for a
+        chunk the allowance covers instead of stretching every step past the TPOT target (a
+        TTFT-urgent prefill still gets the TTFT boost). Without them
         (``StepState.mixed_batches`` false: SGLang's prefill-first batches) a prefill step
         runs alone and the decodes' next token comes after it and one decode step, so both must
         fit, and a prefill step shorter than ``min_prefill_tokens`` is not worth its fixed cost:
@@ -142,7 +149,11 @@ class _StepBudget(_Running):
         tokens = _count(room_s / model.prefill_token_s) if room_s > 0 else 0
         if mixed:
             share = int(self.min_prefill_budget_share * step.state.token_budget)
-            return max(min(self.min_prefill_tokens, share), tokens)
+            floor = min(self.min_prefill_tokens, share)
+            if tokens < floor and self.prefill_floor_yields:
+                if model.step_s(0.0, num_decodes) < step.tightest_s:
+                    return tokens  # decoding alone banks allowance: the floor yields
+            return max(floor, tokens)
         return tokens if tokens >= self.min_prefill_tokens else 0
 
     def _reserve_for_ttft(

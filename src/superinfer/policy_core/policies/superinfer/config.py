@@ -319,6 +319,11 @@ class SuperInferConfig(BasePolicy):
     unmixed_credit_quantile: float = _opt(  # 0.2 lost the fleet cell, 0.1 just kept it
         0.05, "credit_quantile of ttft_boost_unmixed (each boost there charges every decode)"
     )
+    prefill_floor_yields: bool = _opt(  # on in the engines suite's hf runs (issue 18, 2026-12-07)
+        False,
+        "with mixed batches, the prefill floor yields while a step of the decodes alone is "
+        "shorter than their smallest planned TPOT (waiting banks allowance for a larger chunk)",
+    )
     name: str = "superinfer"
 
     def __post_init__(self) -> None:

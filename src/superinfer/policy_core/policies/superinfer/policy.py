@@ -119,7 +119,7 @@ class SuperInferPolicy(_Rotation):
         )
         self._run_due_checks(rep, step, now)
         decodes, lanes, need = self._scan_running(rep, step, now)
-        cap_s = self._tpot_cap(rep.books, state, now)  # before a preemption changes the books
+        cap_s = self._tpot_cap(rep.books, step, now)  # before a preemption changes the books
         if need > step.free:
             self._relieve_shortage(rep, step, self._running_entries(state), need)
         self._schedule_decodes(rep, step, decodes, need)

@@ -326,7 +326,7 @@ class _Step:
     __slots__ = (
         "state", "free", "budget", "seats", "free_cpu", "swap_out_bytes", "swap_in_bytes",
         "tokens", "new_blocks", "admit", "resume", "preempt", "reject", "prefetch", "changed",
-        "queued_views", "worst_tier", "prefills", "whole_prefill", "no_ttft_left",
+        "queued_views", "worst_tier", "prefills", "whole_prefill", "no_ttft_left", "tightest_s",
     )  # fmt: skip
 
     def __init__(
@@ -358,3 +358,4 @@ class _Step:
         self.prefills: dict[str, None] = {}
         self.whole_prefill: bool | None = None  # a batch prompt in prefill (admission.py)
         self.no_ttft_left: int | None = None  # tokens without a TTFT target may take (reserve)
+        self.tightest_s = _INF  # the running decodes' smallest planned TPOT (budget.py)
