@@ -563,7 +563,7 @@ class TestTPOTProtectionWithoutMixedBatches:
 
     @pytest.mark.parametrize(
         ("step_s", "first_s", "want"),
-        [(0.1, 9.8, 32), (0.0999, 9.8, 0), (0.02, 9.8255, 29), (0.02, 9.9, 700)],
+        [(0.1, 9.8, 32), (0.0999, 9.8, 0), (0.02, 9.8255, 0), (0.02, 9.8265, 38), (0.02, 9.9, 700)],
     )
     def test_the_floor_yields_while_decoding_alone_banks_allowance(
         self, step_s: float, first_s: float, want: int
@@ -571,18 +571,19 @@ class TestTPOTProtectionWithoutMixedBatches:
         # prefill_floor_yields: the chat decode's planned TPOT is 0.1 s. A step of it alone
         # (the prior step time, no per-decode cost) of 0.1 s banks nothing: the floor holds
         # (32 of the 256-token budget); at 0.0999 s it banks 0.1 ms a step, and the prefill
-        # waits (0 tokens, not the floor). Where the allowance covers tokens they run as
-        # without the option: (0.0255 * 0.9 - 0.02) / 1e-4 = 29 (under the floor) and
-        # (0.1 * 0.9 - 0.02) / 1e-4 = 700 of a 2,048-token budget (over it)
+        # waits (0 tokens, not the floor). An allowance of (0.0255 * 0.9 - 0.02) / 1e-4 = 29
+        # tokens, under the floor, gives none either; over it, tokens run as without the
+        # option: (0.0265 * 0.9 - 0.02) / 1e-4 = 38, and (0.1 * 0.9 - 0.02) / 1e-4 = 700 of a
+        # 2,048-token budget
         opts = {"ttft_boost": False, "prefill_floor_yields": True, "prior_step_s": step_s}
         p = policy(**opts)
         dec = decoding("dec", 32, 2, first_token_s=first_s)
         new = make_view("new", prompt=2000, arrival_s=10.0)
         arrive(p, make_view("dec", prompt=32), new)
-        budget = 2048 if want > 32 else 256
+        budget = 2048 if want > 38 else 256
         d = decide(p, make_state(running=[dec], waiting=[new], token_budget=budget))
         assert dict(d.num_tokens) == ({"dec": 1, "new": want} if want else {"dec": 1})
-        # without the option the floor holds in each (29 and 0 -> 32)
+        # without the option the floor holds in each (0 and 29 -> 32)
         p = policy(**{**opts, "prefill_floor_yields": False})
         arrive(p, make_view("dec", prompt=32), new)
         d = decide(p, make_state(running=[dec], waiting=[new], token_budget=budget))

@@ -129,11 +129,13 @@ class _StepBudget(_Running):
         must fit; at least ``min_prefill_tokens``, but no more than ``min_prefill_budget_share``
         of the step's token budget, always may (on the real hf engine, a 256-token budget, a
         floor of 256 let steps carry full prefill chunks whatever the decodes' TPOT).
-        With ``prefill_floor_yields`` the floor yields where a step of the decodes alone
-        (the step-time model's) is shorter than their smallest planned TPOT
-        (``step.tightest_s``): each such step banks allowance, so the prefill waits for a
-        chunk the allowance covers instead of stretching every step past the TPOT target (a
-        TTFT-urgent prefill still gets the TTFT boost). Without them
+        With ``prefill_floor_yields``, where a step of the decodes alone (the step-time
+        model's) is shorter than their smallest planned TPOT (``step.tightest_s``), each such
+        step banks allowance, so an allowance under the floor gives no prefill (0, as without
+        mixed batches) and the prefill waits until the allowance covers a floor's worth,
+        instead of every step carrying the floor past the TPOT target (on the real hf engine
+        any prefill in a step cost some 70 ms more on top of its tokens; results/engines-cpu/
+        README.md). A TTFT-urgent prefill still gets the TTFT boost. Without them
         (``StepState.mixed_batches`` false: SGLang's prefill-first batches) a prefill step
         runs alone and the decodes' next token comes after it and one decode step, so both must
         fit, and a prefill step shorter than ``min_prefill_tokens`` is not worth its fixed cost:
@@ -152,7 +154,7 @@ class _StepBudget(_Running):
             floor = min(self.min_prefill_tokens, share)
             if tokens < floor and self.prefill_floor_yields:
                 if model.step_s(0.0, num_decodes) < step.tightest_s:
-                    return tokens  # decoding alone banks allowance: the floor yields
+                    return 0  # decoding alone banks allowance: a floor's worth comes later
             return max(floor, tokens)
         return tokens if tokens >= self.min_prefill_tokens else 0
 

@@ -321,8 +321,9 @@ class SuperInferConfig(BasePolicy):
     )
     prefill_floor_yields: bool = _opt(  # on in the engines suite's hf runs (issue 18, 2026-12-07)
         False,
-        "with mixed batches, the prefill floor yields while a step of the decodes alone is "
-        "shorter than their smallest planned TPOT (waiting banks allowance for a larger chunk)",
+        "with mixed batches, while a step of the decodes alone is shorter than their smallest "
+        "planned TPOT, an allowance under the prefill floor gives no prefill (the step decodes, "
+        "banking allowance for a floor's worth) instead of the floor",
     )
     name: str = "superinfer"
 
