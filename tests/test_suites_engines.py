@@ -398,7 +398,7 @@ def test_plot_takes_equal_repeats(tmp_path) -> None:
     assert (tmp_path / "a.png").stat().st_size > 0
 
 
-def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path) -> None:
+def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path, monkeypatch) -> None:
     import dataclasses
     import json
     import shutil
@@ -426,31 +426,53 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path) -> None:
         "seed": 3,
         "options": dataclasses.asdict(opts),
         "engines": first.info["engines"],
-        "superinfer_options": {"hf": {"tpot_plan_share": "0.8"}},  # what run_engines records
+        # what run_engines records: the suite's options on hf under --policy-opt's
+        "superinfer_options": {"hf": {"tpot_plan_share": "0.8", "prefill_floor_yields": "true"}},
     }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     shutil.copy(calibration, tmp_path / "hf_step_time.json")
     got = resimulate(tmp_path, "sim:hf-cpu")
     replayed = got[got["engine"] == "sim:hf-cpu"].reset_index(drop=True)
     pd.testing.assert_frame_equal(replayed, sim.reset_index(drop=True), check_dtype=False)
+
     # a run from before the manifest recorded it ran superinfer on hf with tpot_plan_share 1.0
-    old = run_engines(
-        BenchConfig(seed=3, policy_options={"superinfer": {"tpot_plan_share": "1.0"}}),
-        opts,
-        tmp_path / "work",
-    ).summary
+    # and without prefill_floor_yields (HF_UNRECORDED)
+    def unrecorded(share: str) -> pd.DataFrame:
+        given = {"tpot_plan_share": share, "prefill_floor_yields": "false"}
+        config = BenchConfig(seed=3, policy_options={"superinfer": given})
+        return run_engines(config, opts, tmp_path / "work").summary.reset_index(drop=True)
+
+    old = unrecorded("1.0")
     del manifest["superinfer_options"]
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     got_old = resimulate(tmp_path, "sim:hf-cpu")
     replayed_old = got_old[got_old["engine"] == "sim:hf-cpu"].reset_index(drop=True)
-    pd.testing.assert_frame_equal(replayed_old, old.reset_index(drop=True), check_dtype=False)
+    pd.testing.assert_frame_equal(replayed_old, old, check_dtype=False)
     assert not old.equals(sim)  # the plan share changes these rows: the checks can fail
     # ... unless its config said otherwise
     manifest["config"] = {"policy_options": {"superinfer": {"tpot_plan_share": "0.8"}}}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     got_given = resimulate(tmp_path, "sim:hf-cpu")
     replayed_given = got_given[got_given["engine"] == "sim:hf-cpu"].reset_index(drop=True)
-    pd.testing.assert_frame_equal(replayed_given, sim.reset_index(drop=True), check_dtype=False)
+    pd.testing.assert_frame_equal(replayed_given, unrecorded("0.8"), check_dtype=False)
+    # ... and one recorded before prefill_floor_yields ran without it
+    manifest["superinfer_options"] = {"hf": {"tpot_plan_share": "0.8"}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    got_before = resimulate(tmp_path, "sim:hf-cpu")
+    replayed_before = got_before[got_before["engine"] == "sim:hf-cpu"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(replayed_before, unrecorded("0.8"), check_dtype=False)
+    # (at this load the option moves no row: what the replay runs superinfer with says it)
+    seen = _spy_on_run_bench(monkeypatch)
+    resimulate(tmp_path, "sim:hf-cpu")
+    manifest["superinfer_options"] = {
+        "hf": {"tpot_plan_share": "0.8", "prefill_floor_yields": "true"}
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    resimulate(tmp_path, "sim:hf-cpu")
+    ran = [c.policy_options["superinfer"] for c in seen]
+    before, recorded = ran[: len(ran) // 2], ran[len(ran) // 2 :]
+    assert before and {o["prefill_floor_yields"] for o in before} == {"false"}
+    assert {o["prefill_floor_yields"] for o in recorded} == {"true"}
     assert (got["engine"] == "hf").sum() == len(real)
     # other mechanics change the simulated rows, not the real ones
     other = resimulate(tmp_path, "sim:hf-cpu", {"mechanics": "sglang"})
@@ -569,7 +591,8 @@ def test_a_real_runs_step_log_is_kept_with_its_engine_and_policy(tmp_path, monke
     assert got["duration_ms"].tolist() == [70.5, 131.25] and got["num_seqs"].tolist() == [1, 2]
     assert set(got["engine"]) == {"hf"} and set(got["policy"]) == {"superinfer"}
     assert [c.engines for c in seen] == [("hf",), ("hf",)]
-    assert [c.policy_options for c in seen] == [{"superinfer": {"tpot_plan_share": "0.9"}}] * 2
+    hf = {"tpot_plan_share": "0.9", "prefill_floor_yields": "true"}
+    assert [c.policy_options for c in seen] == [{"superinfer": hf}] * 2
 
 
 def test_an_sglang_runs_step_log_is_the_lines_its_server_wrote_during_the_run(
@@ -777,8 +800,8 @@ def test_policy_options_reach_the_simulated_superinfer_rows(tmp_path, monkeypatc
     config = BenchConfig(seed=0, policy_options={"superinfer": {"tpot_plan_share": "0.8"}})
     run_engines(config, opts, tmp_path)
     assert [c.policy_options for c in seen] == [
-        {"superinfer": {"tpot_plan_share": "0.9"}},
-        {"superinfer": {"tpot_plan_share": "0.8"}},
+        {"superinfer": {"tpot_plan_share": "0.9", "prefill_floor_yields": "true"}},
+        {"superinfer": {"tpot_plan_share": "0.8", "prefill_floor_yields": "true"}},
     ]
 
 

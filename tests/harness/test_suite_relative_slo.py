@@ -136,7 +136,8 @@ def test_a_sim_row_alone_takes_its_fits_lone_prefill_and_a_replay_keeps_it(tmp_p
     # chat_ttft_x) replays its absolute chat_ttft_ms
     res.summary.assign(engine="hf").to_csv(tmp_path / "summary.csv", index=False)
     (tmp_path / "hf_step_time.json").write_text(Path(FIT).read_text())
-    ran = {"hf": {"tpot_plan_share": "0.9"}}  # superinfer's options on hf, as recorded
+    # superinfer's options on hf, as recorded
+    ran = {"hf": {"tpot_plan_share": "0.9", "prefill_floor_yields": "true"}}
     manifest = {
         "seed": 2,
         "options": dataclasses.asdict(opts),

@@ -94,10 +94,18 @@ SGLANG_BEFORE_RECORD = {
 #: target and its step-time noise pushed chats over it by 0.35-2.67 ms (results/hf/knee-hi, 0.4
 #: req/s: 6 chats in 5 repeats); with 0.9 chat attainment there 0.758 -> 0.928 (results/hf/
 #: tpot-plan-0.9, 5 repeats each). SGLang (prefill steps alone) showed no such miss.
-HF_SUPERINFER_OPTS = {"tpot_plan_share": "0.9"}
+#: Since 2026-12-07 also ``prefill_floor_yields``: with the 32-token prefill floor every chat
+#: ``superinfer`` missed on hf missed its TPOT in mixed steps carrying the floor (in-band +9.0
+#: points, chat TTFT p99 0.87x; results/engines-cpu/hf-relative-knee); with the floor yielding,
+#: +37.6 points and 0.39x in the band at output tok/s 0.945x (hf-floor-yields-knee, the first
+#: version) and +44.4, 0.41x, 0.956x just past it (hf-floor-min-chunk-knee), at a cost in output
+#: tok/s below the knee (0.889x, 0.933x): results/engines-cpu/README.md.
+HF_SUPERINFER_OPTS = {"tpot_plan_share": "0.9", "prefill_floor_yields": "true"}
 #: What ``superinfer`` ran with on hf in suite runs whose manifest does not record it (before
 #: 9816ae6: the policy's default plan share).
 HF_BEFORE_RECORD = {"tpot_plan_share": "1.0"}
+#: Options of :data:`HF_SUPERINFER_OPTS` that hf runs recorded before them ran without.
+HF_UNRECORDED = {"prefill_floor_yields": "false"}
 #: The ``sim:sglang-cpu`` profile: SGLang's mechanics (``sim.hf_cpu.hf_cpu_sim_config``:
 #: prefill batches without decodes, PrefillAdder admission of the whole prompt and output, radix
 #: cache) at the CPU server's limits (``SGLANG_ARGS`` and the CPU recipe: a 512-token step,

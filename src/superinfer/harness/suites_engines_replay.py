@@ -24,6 +24,7 @@ from superinfer.harness.suites_engines import sim_cells
 from superinfer.harness.suites_engines_knee import engine_runs
 from superinfer.harness.suites_engines_options import (
     HF_BEFORE_RECORD,
+    HF_UNRECORDED,
     SGLANG_BEFORE_RECORD,
     SIM_HF,
     SIM_OF,
@@ -82,7 +83,8 @@ def resimulate(
     what ``superinfer`` ran with on the real engine (the manifest's ``superinfer_options``; an hf
     run made before it was recorded: the options its config carried, over
     :data:`HF_BEFORE_RECORD`; runs between 9816ae6 and 7fd49b0 ran 0.9 unrecorded, so replay
-    them with ``superinfer_options={"tpot_plan_share": "0.9"}``). ``speeds``: each policy's
+    them with ``superinfer_options={"tpot_plan_share": "0.9"}``; an hf run that did not record
+    an option of :data:`HF_UNRECORDED` ran without it). ``speeds``: each policy's
     cell runs at its real run's host speed (``{run: factor}``, :func:`host_speeds` against the
     same fit; ``step_time_scale``).
 
@@ -123,6 +125,8 @@ def resimulate(
         ran_with = {**HF_BEFORE_RECORD, **given}
     if engine == SIM_SGLANG:  # options a run from before them did not record, as it ran
         ran_with = {**SGLANG_BEFORE_RECORD, **(ran_with or {})}
+    elif engine == SIM_HF:
+        ran_with = {**HF_UNRECORDED, **(ran_with or {})}
     if speeds is not None and "step_time_scale" in (extra or {}):
         raise UserError("host_speed sets each cell's step_time_scale: do not give one too")
     frames = sim_cells(
