@@ -464,15 +464,16 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path, monkeypatch) -
     # (at this load the option moves no row: what the replay runs superinfer with says it)
     seen = _spy_on_run_bench(monkeypatch)
     resimulate(tmp_path, "sim:hf-cpu")
+    before = [c.policy_options["superinfer"] for c in seen]
+    seen.clear()
     manifest["superinfer_options"] = {
         "hf": {"tpot_plan_share": "0.8", "prefill_floor_yields": "true"}
     }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     resimulate(tmp_path, "sim:hf-cpu")
-    ran = [c.policy_options["superinfer"] for c in seen]
-    before, recorded = ran[: len(ran) // 2], ran[len(ran) // 2 :]
+    recorded = [c.policy_options["superinfer"] for c in seen]
     assert before and {o["prefill_floor_yields"] for o in before} == {"false"}
-    assert {o["prefill_floor_yields"] for o in recorded} == {"true"}
+    assert recorded and {o["prefill_floor_yields"] for o in recorded} == {"true"}
     assert (got["engine"] == "hf").sum() == len(real)
     # other mechanics change the simulated rows, not the real ones
     other = resimulate(tmp_path, "sim:hf-cpu", {"mechanics": "sglang"})

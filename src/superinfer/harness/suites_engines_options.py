@@ -98,8 +98,9 @@ SGLANG_BEFORE_RECORD = {
 #: ``superinfer`` missed on hf missed its TPOT in mixed steps carrying the floor (in-band +9.0
 #: points, chat TTFT p99 0.87x; results/engines-cpu/hf-relative-knee); with the floor yielding,
 #: +37.6 points and 0.39x in the band at output tok/s 0.945x (hf-floor-yields-knee, the first
-#: version) and +44.4, 0.41x, 0.956x just past it (hf-floor-min-chunk-knee), at a cost in output
-#: tok/s below the knee (0.889x, 0.933x): results/engines-cpu/README.md.
+#: version) and +44.4, 0.41x, 0.956x just past it (hf-floor-min-chunk-knee); at 0.333 req/s
+#: again +24.3, 0.48x but 0.933x (hf-yields-0.333), and output tok/s below the knee 0.889x and
+#: 0.933x: results/engines-cpu/README.md.
 HF_SUPERINFER_OPTS = {"tpot_plan_share": "0.9", "prefill_floor_yields": "true"}
 #: What ``superinfer`` ran with on hf in suite runs whose manifest does not record it (before
 #: 9816ae6: the policy's default plan share).

@@ -34,6 +34,10 @@ from superinfer.harness.suites_engines_options import (
 )
 from superinfer.sim.hf_cpu import HFCPUStepTime
 
+#: Per simulated engine, what ``superinfer`` ran with on its real engine in runs whose manifest
+#: does not record these options (recorded ones win).
+_UNRECORDED = {SIM_SGLANG: SGLANG_BEFORE_RECORD, SIM_HF: HF_UNRECORDED}
+
 __all__ = ["host_speeds", "resimulate"]
 
 
@@ -123,10 +127,8 @@ def resimulate(
     if ran_with is None and engine == SIM_HF:  # an hf run from before the record
         given = manifest.get("config", {}).get("policy_options", {}).get("superinfer", {})
         ran_with = {**HF_BEFORE_RECORD, **given}
-    if engine == SIM_SGLANG:  # options a run from before them did not record, as it ran
-        ran_with = {**SGLANG_BEFORE_RECORD, **(ran_with or {})}
-    elif engine == SIM_HF:
-        ran_with = {**HF_UNRECORDED, **(ran_with or {})}
+    # options a run from before them did not record, as it ran
+    ran_with = {**_UNRECORDED[engine], **(ran_with or {})}
     if speeds is not None and "step_time_scale" in (extra or {}):
         raise UserError("host_speed sets each cell's step_time_scale: do not give one too")
     frames = sim_cells(

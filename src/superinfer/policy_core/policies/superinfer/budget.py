@@ -100,7 +100,8 @@ class _StepBudget(_Running):
                 members.pop((first, g), None)
             if not heap:
                 continue
-            tightest = min(tightest, tpot)
+            if tpot < tightest:
+                tightest = tpot
             limit = heap[0][0] + 1e-6 + 1e-12 * abs(heap[0][0])
             stack = [0]
             n = len(heap)
@@ -133,9 +134,10 @@ class _StepBudget(_Running):
         model's) is shorter than their smallest planned TPOT (``step.tightest_s``), each such
         step banks allowance, so an allowance under the floor gives no prefill (0, as without
         mixed batches) and the prefill waits until the allowance covers a floor's worth,
-        instead of every step carrying the floor past the TPOT target (on the real hf engine
-        any prefill in a step cost some 70 ms more on top of its tokens; results/engines-cpu/
-        README.md). A TTFT-urgent prefill still gets the TTFT boost. Without them
+        instead of every step carrying the floor past the TPOT target (on the real hf engine a
+        mixed step took 20-25 ms plus ~4 ms per prefill token more than a decode step of as
+        many sequences; results/engines-cpu/README.md). A TTFT-urgent prefill still gets the
+        TTFT boost. Without them
         (``StepState.mixed_batches`` false: SGLang's prefill-first batches) a prefill step
         runs alone and the decodes' next token comes after it and one decode step, so both must
         fit, and a prefill step shorter than ``min_prefill_tokens`` is not worth its fixed cost:
