@@ -427,7 +427,13 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path, monkeypatch) -
         "options": dataclasses.asdict(opts),
         "engines": first.info["engines"],
         # what run_engines records: the suite's options on hf under --policy-opt's
-        "superinfer_options": {"hf": {"tpot_plan_share": "0.8", "prefill_floor_yields": "true"}},
+        "superinfer_options": {
+            "hf": {
+                "tpot_plan_share": "0.8",
+                "prefill_floor_yields": "true",
+                "min_prefill_budget_share": "0.5",
+            }
+        },
     }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     shutil.copy(calibration, tmp_path / "hf_step_time.json")
@@ -436,9 +442,13 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path, monkeypatch) -
     pd.testing.assert_frame_equal(replayed, sim.reset_index(drop=True), check_dtype=False)
 
     # a run from before the manifest recorded it ran superinfer on hf with tpot_plan_share 1.0
-    # and without prefill_floor_yields (HF_UNRECORDED)
+    # and without prefill_floor_yields, with the policy's min_prefill_budget_share (HF_UNRECORDED)
     def unrecorded(share: str) -> pd.DataFrame:
-        given = {"tpot_plan_share": share, "prefill_floor_yields": "false"}
+        given = {
+            "tpot_plan_share": share,
+            "prefill_floor_yields": "false",
+            "min_prefill_budget_share": "0.125",
+        }
         config = BenchConfig(seed=3, policy_options={"superinfer": given})
         return run_engines(config, opts, tmp_path / "work").summary.reset_index(drop=True)
 
@@ -474,6 +484,16 @@ def test_resimulate_replays_the_simulated_rows_of_a_run(tmp_path, monkeypatch) -
     recorded = [c.policy_options["superinfer"] for c in seen]
     assert before and {o["prefill_floor_yields"] for o in before} == {"false"}
     assert recorded and {o["prefill_floor_yields"] for o in recorded} == {"true"}
+    # both recorded before min_prefill_budget_share was: the policy's 0.125 (HF_UNRECORDED);
+    # one that recorded it replays with it
+    assert {o["min_prefill_budget_share"] for o in before + recorded} == {"0.125"}
+    seen.clear()
+    manifest["superinfer_options"]["hf"]["min_prefill_budget_share"] = "0.5"
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    resimulate(tmp_path, "sim:hf-cpu")
+    assert seen and {c.policy_options["superinfer"]["min_prefill_budget_share"] for c in seen} == {
+        "0.5"
+    }
     assert (got["engine"] == "hf").sum() == len(real)
     # other mechanics change the simulated rows, not the real ones
     other = resimulate(tmp_path, "sim:hf-cpu", {"mechanics": "sglang"})
@@ -592,7 +612,11 @@ def test_a_real_runs_step_log_is_kept_with_its_engine_and_policy(tmp_path, monke
     assert got["duration_ms"].tolist() == [70.5, 131.25] and got["num_seqs"].tolist() == [1, 2]
     assert set(got["engine"]) == {"hf"} and set(got["policy"]) == {"superinfer"}
     assert [c.engines for c in seen] == [("hf",), ("hf",)]
-    hf = {"tpot_plan_share": "0.9", "prefill_floor_yields": "true"}
+    hf = {
+        "tpot_plan_share": "0.9",
+        "prefill_floor_yields": "true",
+        "min_prefill_budget_share": "0.5",
+    }
     assert [c.policy_options for c in seen] == [{"superinfer": hf}] * 2
 
 
@@ -798,11 +822,11 @@ def test_policy_options_reach_the_simulated_superinfer_rows(tmp_path, monkeypatc
     opts = _sim_hf_only(repeats=1)
     run_engines(BenchConfig(seed=0), opts, tmp_path)
     # superinfer's options on the real hf engine (HF_SUPERINFER_OPTS), then --policy-opt's
+    hf = {"prefill_floor_yields": "true", "min_prefill_budget_share": "0.5"}
     config = BenchConfig(seed=0, policy_options={"superinfer": {"tpot_plan_share": "0.8"}})
     run_engines(config, opts, tmp_path)
     assert [c.policy_options for c in seen] == [
-        {"superinfer": {"tpot_plan_share": "0.9", "prefill_floor_yields": "true"}},
-        {"superinfer": {"tpot_plan_share": "0.8", "prefill_floor_yields": "true"}},
+        {"superinfer": {**hf, "tpot_plan_share": share}} for share in ("0.9", "0.8")
     ]
 
 

@@ -137,7 +137,13 @@ def test_a_sim_row_alone_takes_its_fits_lone_prefill_and_a_replay_keeps_it(tmp_p
     res.summary.assign(engine="hf").to_csv(tmp_path / "summary.csv", index=False)
     (tmp_path / "hf_step_time.json").write_text(Path(FIT).read_text())
     # superinfer's options on hf, as recorded
-    ran = {"hf": {"tpot_plan_share": "0.9", "prefill_floor_yields": "true"}}
+    ran = {
+        "hf": {
+            "tpot_plan_share": "0.9",
+            "prefill_floor_yields": "true",
+            "min_prefill_budget_share": "0.5",
+        }
+    }
     manifest = {
         "seed": 2,
         "options": dataclasses.asdict(opts),

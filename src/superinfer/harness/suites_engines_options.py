@@ -100,13 +100,23 @@ SGLANG_BEFORE_RECORD = {
 #: +37.6 points and 0.39x in the band at output tok/s 0.945x (hf-floor-yields-knee, the first
 #: version) and +44.4, 0.41x, 0.956x just past it (hf-floor-min-chunk-knee); at 0.333 req/s
 #: again +24.3, 0.48x but 0.933x (hf-yields-0.333), and output tok/s below the knee 0.889x and
-#: 0.933x: results/engines-cpu/README.md.
-HF_SUPERINFER_OPTS = {"tpot_plan_share": "0.9", "prefill_floor_yields": "true"}
+#: 0.933x: results/engines-cpu/README.md. Since 2026-12-07 (later) a floor of 128 tokens there
+#: (``min_prefill_budget_share`` 0.5 of hf's 256-token step): the yielding floor's small batch
+#: chunks each paid hf's per-prefill cost (superinfer busy 4.2 % longer than fcfs at 0.333 req/s,
+#: decode-step speed normalized; 186 prefilling steps against 82); with 128, 122 steps
+#: against 80 of fcfs, busy -0.4 %, output tok/s 1.003x, +30.6 points, chat TTFT p99 0.54x
+#: (hf-yields-floor128-0.333; the busy figures computed by hand from its steps.parquet).
+HF_SUPERINFER_OPTS = {
+    "tpot_plan_share": "0.9",
+    "prefill_floor_yields": "true",
+    "min_prefill_budget_share": "0.5",
+}
 #: What ``superinfer`` ran with on hf in suite runs whose manifest does not record it (before
 #: 9816ae6: the policy's default plan share).
 HF_BEFORE_RECORD = {"tpot_plan_share": "1.0"}
-#: Options of :data:`HF_SUPERINFER_OPTS` that hf runs recorded before them ran without.
-HF_UNRECORDED = {"prefill_floor_yields": "false"}
+#: Options of :data:`HF_SUPERINFER_OPTS` that hf runs recorded before them ran without (the
+#: policy's defaults).
+HF_UNRECORDED = {"prefill_floor_yields": "false", "min_prefill_budget_share": "0.125"}
 #: The ``sim:sglang-cpu`` profile: SGLang's mechanics (``sim.hf_cpu.hf_cpu_sim_config``:
 #: prefill batches without decodes, PrefillAdder admission of the whole prompt and output, radix
 #: cache) at the CPU server's limits (``SGLANG_ARGS`` and the CPU recipe: a 512-token step,

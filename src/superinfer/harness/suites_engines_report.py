@@ -49,8 +49,9 @@ ENGINE_NOTES = {
     "hf": "transformers continuous batching; GGUF dequantized to float32 weights and compute "
     "(`dtype` in manifest.json); KV pages of 32 tokens, 256 pages; 256-token steps (prefill "
     "chunked to fit the step); up to 32 sequences; admission by our policy hook (fcfs = the "
-    "engine's own order; superinfer with tpot_plan_share=0.9 and prefill_floor_yields=true unless "
-    "--policy-opt says otherwise: manifest.json superinfer_options)",
+    "engine's own order; superinfer with tpot_plan_share=0.9, prefill_floor_yields=true and "
+    "min_prefill_budget_share=0.5 (a 128-token floor) unless --policy-opt says otherwise: "
+    "manifest.json superinfer_options)",
     "sglang": "SGLang 0.5.23 server, CPU recipe (torch_native attention); GGUF dequantized to "
     "bfloat16 safetensors, run in bf16 where the CPU has native bf16 math and in fp32 elsewhere "
     "(`--dtype`: the manifest's cpu_recipe); page size 1 token, 4,096-token KV pool; chunked "
