@@ -537,3 +537,56 @@ def test_seed_collect_puts_each_seed_run_on_one_line(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert bad.stderr.startswith(f"seed_collect: {broken / 'manifest.json'}: not JSON (")
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_hf_prefill_cost_fits_a_steps_cost_and_normalizes_busy_time_by_decode_speed() -> None:
+    import runpy
+
+    import pandas as pd
+
+    mod = runpy.run_path(str(ROOT / "benchmarks" / "hf_prefill_cost.py"), run_name="t")
+
+    def step(policy: str, p: int, d: int, kv: int, ms: float | None = None) -> tuple:
+        # a step of p prefill tokens (one sequence) and d decodes over kv KV tokens; by default
+        # 20 ms + 2 ms/prefill token + 30 ms/decode + 0.5 ms per token x 1k KV + 90 ms if p > 0
+        t = 20 + 2 * p + 30 * d + 0.5 * ((p + d) * kv / 1e3) + 90 * (p > 0) if ms is None else ms
+        return ("hf", policy, f"hf_{policy}_0.3_0", t, d + (p > 0), p + d, p, d, kv)
+
+    cols = list(mod["STEP_COLUMNS"])
+    decodes = [step(pol, 0, d, 1000) for pol in ("fcfs", "superinfer") for d in (1, 2, 3, 4)]
+    chunks = [(100, 0, 500), (50, 2, 1500), (200, 1, 800), (30, 3, 2000)]
+    steps = pd.DataFrame(
+        decodes
+        + [step("fcfs", *c) for c in chunks[:2]]
+        + [step("superinfer", *c) for c in chunks]
+        + [step("sglang-like", 0, 1, 1000)],
+        columns=cols,
+    )
+    steps.loc[steps["policy"] == "sglang-like", "engine"] = "sglang"  # not hf: left out
+    got = mod["cost_rows"](steps, "s")
+    assert got["policy"].tolist() == ["fcfs", "superinfer"]
+    fit = got.iloc[0][["fit_base_ms", "fit_prefill_token_ms", "fit_decode_seq_ms",
+                       "fit_token_kv_ms", "fit_prefill_step_ms"]].astype(float)  # fmt: skip
+    assert fit.round(6).tolist() == [20.0, 2.0, 30.0, 0.5, 90.0]
+    # decode steps exactly on their fit: speed 1, busy time as is (1,029 and 1,942.4 ms by hand)
+    assert got["decode_speed"].round(9).tolist() == [1.0, 1.0]
+    assert got["busy_s"].round(6).tolist() == [1.029, 1.9424]
+    assert got["busy_norm_vs_fcfs"].round(6).tolist() == [1.0, round(1.9424 / 1.029, 6)]
+    assert got[["runs", "steps", "prefill_steps", "prefill_tokens"]].values.tolist() == [
+        [1, 6, 2, 150], [1, 8, 4, 380]]  # fmt: skip
+    assert got["median_chunk"].tolist() == [75.0, 75.0]
+    # one decode shape: fcfs's at 100 ms, superinfer's at 120 ms -> speeds 100/110, 120/110
+    same = pd.DataFrame(
+        [step("fcfs", 0, 2, 1000, 100.0), step("superinfer", 0, 2, 1000, 120.0)]
+        + [step("fcfs", *chunks[0]), step("superinfer", *chunks[0])],
+        columns=cols,
+    )
+    got = mod["cost_rows"](same, "s")
+    assert got["decode_speed"].round(9).tolist() == [round(100 / 110, 9), round(120 / 110, 9)]
+    busy = [(100 + 335) / 1e3, (120 + 335) / 1e3]
+    assert got["busy_norm_s"].round(9).tolist() == [
+        round(busy[0] * 110 / 100, 9), round(busy[1] * 110 / 120, 9)]  # fmt: skip
+    with pytest.raises(ValueError, match="needs decode-only and prefilling hf steps"):
+        mod["cost_rows"](same[same["num_prefill_tokens"] == 0], "s")
+    with pytest.raises(ValueError, match="lacks column 'kv_tokens'"):
+        mod["cost_rows"](same.drop(columns="kv_tokens"), "s")
