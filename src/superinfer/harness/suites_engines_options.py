@@ -105,7 +105,10 @@ SGLANG_BEFORE_RECORD = {
 #: chunks each paid hf's per-prefill cost (superinfer busy 4.2 % longer than fcfs at 0.333 req/s,
 #: decode-step speed normalized; 186 prefilling steps against 82); with 128, 122 steps
 #: against 80 of fcfs, busy -0.4 %, output tok/s 1.003x, +30.6 points, chat TTFT p99 0.54x
-#: (hf-yields-floor128-0.333; the busy figures computed by hand from its steps.parquet).
+#: (hf-yields-floor128-0.333; busy figures: benchmarks/hf_prefill_cost.py). Through the knee
+#: suite (hf-floor128-knee) output tok/s 1.004-1.014x at all three loads, but chat TTFT p99
+#: 0.66x at the in-band one (superinfer's chats start later where little queues); with
+#: ttft_boost_whole as well 0.46x at 0.333 and 0.68x at 0.294 (native above the band), so off.
 HF_SUPERINFER_OPTS = {
     "tpot_plan_share": "0.9",
     "prefill_floor_yields": "true",
