@@ -7,8 +7,10 @@ step of every policy, and one row per policy:
 
 - the **decode speed** of each policy's runs: every decode-only step's time over a fit, over the
   whole folder, of decode-only step time against 1, sequences and KV tokens; the mean of those
-  ratios per policy (1.05: that policy's decode steps ran 5 % slower than the folder's, so its
-  host was slower, whatever the policy did with its prefills);
+  ratios per policy (1.05: that policy's decode steps ran 5 % slower than the fit, read here as
+  its runs' host speed, since a decode-only step carries no prefill; the suite's own
+  ``host_speed.csv``, each run's steps of every kind against the folder's step-time fit, can
+  read differently, by up to 4 % in results/engines-cpu);
 - its busy time (the sum of step times, s) divided by that speed (``busy_norm_s``: the work its
   steps did, at the folder's speed), and that over ``fcfs``'s (``busy_norm_vs_fcfs``);
 - its prefilling steps, their prefill tokens and median chunk;

@@ -94,21 +94,15 @@ SGLANG_BEFORE_RECORD = {
 #: target and its step-time noise pushed chats over it by 0.35-2.67 ms (results/hf/knee-hi, 0.4
 #: req/s: 6 chats in 5 repeats); with 0.9 chat attainment there 0.758 -> 0.928 (results/hf/
 #: tpot-plan-0.9, 5 repeats each). SGLang (prefill steps alone) showed no such miss.
-#: Since 2026-12-07 also ``prefill_floor_yields``: with the 32-token prefill floor every chat
-#: ``superinfer`` missed on hf missed its TPOT in mixed steps carrying the floor (in-band +9.0
-#: points, chat TTFT p99 0.87x; results/engines-cpu/hf-relative-knee); with the floor yielding,
-#: +37.6 points and 0.39x in the band at output tok/s 0.945x (hf-floor-yields-knee, the first
-#: version) and +44.4, 0.41x, 0.956x just past it (hf-floor-min-chunk-knee); at 0.333 req/s
-#: again +24.3, 0.48x but 0.933x (hf-yields-0.333), and output tok/s below the knee 0.889x and
-#: 0.933x: results/engines-cpu/README.md. Since 2026-12-07 (later) a floor of 128 tokens there
-#: (``min_prefill_budget_share`` 0.5 of hf's 256-token step): the yielding floor's small batch
-#: chunks each paid hf's per-prefill cost (superinfer busy 4.2 % longer than fcfs at 0.333 req/s,
-#: decode-step speed normalized; 186 prefilling steps against 82); with 128, 122 steps
-#: against 80 of fcfs, busy -0.4 %, output tok/s 1.003x, +30.6 points, chat TTFT p99 0.54x
-#: (hf-yields-floor128-0.333; busy figures: benchmarks/hf_prefill_cost.py). Through the knee
-#: suite (hf-floor128-knee) output tok/s 1.004-1.014x at all three loads, but chat TTFT p99
-#: 0.66x at the in-band one (superinfer's chats start later where little queues); with
-#: ttft_boost_whole as well 0.46x at 0.333 and 0.68x at 0.294 (native above the band), so off.
+#: Since 2026-12-07 also ``prefill_floor_yields`` (the 32-token floor made every chat
+#: ``superinfer`` missed on hf miss its TPOT: results/engines-cpu/hf-relative-knee) with a
+#: 128-token floor (``min_prefill_budget_share`` 0.5 of hf's 256-token step; at 32, batch
+#: prompts ran in small chunks, each paying hf's per-prefill cost, and output tok/s was
+#: 0.889-0.956x fcfs's at and below the knee; how much of that the chunks caused: not shown).
+#: With 128, over six runs: output tok/s 0.999-1.018x at six of eight loads, all three of
+#: issue 18's targets met twice at 0.333 req/s, chat TTFT p99 0.66x at the knee suite's in-band
+#: load, and at 0.294 req/s with native above the band -0.9 points, 1.25x, 0.931x
+#: (results/engines-cpu/README.md, "A 128-token yielding floor on hf").
 HF_SUPERINFER_OPTS = {
     "tpot_plan_share": "0.9",
     "prefill_floor_yields": "true",

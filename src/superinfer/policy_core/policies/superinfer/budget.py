@@ -135,9 +135,9 @@ class _StepBudget(_Running):
         step banks allowance, so an allowance under the floor gives no prefill (0, as without
         mixed batches) and the prefill waits until the allowance covers a floor's worth,
         instead of every step carrying the floor past the TPOT target (on the real hf engine a
-        mixed step took 20-25 ms plus ~4 ms per prefill token more than a decode step of as
-        many sequences; results/engines-cpu/README.md). A TTFT-urgent prefill still gets the
-        TTFT boost. Without them
+        step carrying any prefill took 38-96 ms more, besides 1.4-2.3 ms per prefill token, in
+        the step-cost fits of results/engines-cpu/hf_prefill_cost.csv). A TTFT-urgent prefill
+        still gets the TTFT boost. Without them
         (``StepState.mixed_batches`` false: SGLang's prefill-first batches) a prefill step
         runs alone and the decodes' next token comes after it and one decode step, so both must
         fit, and a prefill step shorter than ``min_prefill_tokens`` is not worth its fixed cost:
