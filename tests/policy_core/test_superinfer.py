@@ -607,6 +607,34 @@ class TestTPOTProtectionWithoutMixedBatches:
 
         assert chunk(True) == chunk(False) == (800, 1)
 
+    @pytest.mark.parametrize(
+        ("prompt", "later", "want"), [(300, 500, 128), (40, 500, 40), (300, 3, 0)]
+    )
+    def test_a_yielding_floor_boosts_a_floor_or_nothing(
+        self, prompt: int, later: int, want: int
+    ) -> None:
+        # hf's 256-token steps with the floor at 128 (share 0.5); the decode's allowance,
+        # 0.0255 s (planned TPOT 0.1 s, 2 tokens, first at 9.8255 s), gives (0.0255 * 0.9 - A)
+        # / B = 29 tokens, under the floor: the floor yields (0). A chat due at 10.3 s: its
+        # plan's chunk, 300 tokens over the 7 steps of A in 0.6 of its 0.3 s slack, is 43
+        # tokens (40 over 8: 5); the boost gives a floor's worth, 128, or all of a shorter
+        # prompt, 40, where the decode's credit covers it (about 500 tokens to come), and
+        # nothing where it does not (3 to come: credit is the 29 tokens banked), where it once
+        # ran the paced 43 and 5 and the 29. Without the option the floor, 128, runs each.
+        def tokens(yields: bool) -> int:
+            p = policy(prefill_floor_yields=yields, min_prefill_budget_share=0.5)
+            for i in range(40):
+                p.on_request_finished(make_view(f"f{i}", generated=later), 0.0)
+            dec = decoding("dec", 32, 2, first_token_s=9.8255, max_output=1000)
+            urgent = make_view("urgent", prompt=prompt, arrival_s=9.3)
+            arrive(p, make_view("dec", prompt=32), urgent)
+            state = make_state(running=[dec], waiting=[urgent], token_budget=256,
+                               free_blocks=1000)  # fmt: skip
+            return decide(p, state).num_tokens.get("urgent", 0)
+
+        assert tokens(True) == want
+        assert tokens(False) == min(128, prompt)
+
 
 class TestTTFTReserveWithoutMixedBatches:
     """Without mixed batches, a prefill step with no TTFT-class prefill pending leaves the

@@ -152,13 +152,18 @@ class _StepBudget(_Running):
             room_s -= model.base_s  # the prefill step's own fixed cost
         tokens = _count(room_s / model.prefill_token_s) if room_s > 0 else 0
         if mixed:
-            share = int(self.min_prefill_budget_share * step.state.token_budget)
-            floor = min(self.min_prefill_tokens, share)
+            floor = self._prefill_floor(step)
             if tokens < floor and self.prefill_floor_yields:
                 if model.step_s(0.0, num_decodes) < step.tightest_s:
                     return 0  # decoding alone banks allowance: a floor's worth comes later
             return max(floor, tokens)
         return tokens if tokens >= self.min_prefill_tokens else 0
+
+    def _prefill_floor(self, step: _Step) -> int:
+        """With mixed batches, the prefill tokens a step may always run, tokens:
+        ``min_prefill_tokens``, at most ``min_prefill_budget_share`` of the step's budget."""
+        share = int(self.min_prefill_budget_share * step.state.token_budget)
+        return min(self.min_prefill_tokens, share)
 
     def _reserve_for_ttft(
         self, rep: _Replica, step: _Step, num_decodes: int, cap_s: float, allow: int
@@ -296,6 +301,13 @@ class _StepBudget(_Running):
         still produce with probability ``1 - credit_quantile`` (the estimator's conditional
         quantile): a longer step now is repaid by the faster steps it still has to come.
 
+        With ``prefill_floor_yields`` (mixed batches) the chunk is at least the prefill floor
+        (:meth:`_prefill_floor`; all of ``pending`` if shorter), and a credit short of that
+        gives no boost: the decodes bank it first, as in :meth:`_prefill_allowance`. Paced to
+        the plan, chats on the real hf engine prefilled in chunks of 3-17 tokens, each step
+        paying a prefill's fixed cost, and got their first token 2.9-3.3 s after arrival
+        against a 3.36 s target (results/engines-cpu/hf-floor128-knee, 0.294 req/s, steps.parquet).
+
         Without mixed batches (``ttft_boost_unmixed``, on by default; off: no boost there) a
         prefill step runs alone and delays every decode, and a chunk paced to the plan only
         slices the prompt between decode steps (on sim:sglang at x0.6 of the Azure hour,
@@ -330,11 +342,15 @@ class _StepBudget(_Running):
         if steps < 1:
             return allow  # out of reach even in one step: best-effort demotion's business
         chunk = -(-pending // steps)
+        mixed = step.state.mixed_batches
+        least = 0  # prefill_floor_yields: a floor's worth (or all of pending) or no boost
+        if mixed and self.prefill_floor_yields:
+            least = min(self._prefill_floor(step), pending)
+            chunk = max(chunk, least)
         if chunk <= allow:
             return allow
         credit = worst = _INF
         typical = self._credit_step_s or self._typical_step_s()
-        mixed = step.state.mixed_batches
         quantile = None
         if not mixed:  # a decode's next tokens wait for the prefill steps as well
             typical = self._decode_interval_s(typical)
@@ -365,4 +381,6 @@ class _StepBudget(_Running):
             return self._grown(allow, max(allow, min(pending, step.budget)))
         if self.ttft_boost_whole and most >= pending:
             chunk = pending  # the credit covers it whole: no pacing to the plan
+        if most < least:
+            return allow  # the decodes bank credit for a floor's worth (_prefill_allowance)
         return self._grown(allow, max(allow, min(chunk, most, step.budget)))
