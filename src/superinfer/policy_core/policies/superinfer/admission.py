@@ -45,6 +45,7 @@ class _Admission(_Preemption):
         if queued:
             e.view = v
             if step.seats <= 0 and 0 <= rank_below and step.worst_tier <= rank_below:
+                step.held.add("held_seats")
                 return 0  # no free seat, and no worse tier runs to make one (_make_room)
             # the seat reserve and serial prefills apply to a request without a TTFT target while
             # TTFT-class ones arrive (one within ttft_reserve_idle_s), and neither holds back an
@@ -58,8 +59,10 @@ class _Admission(_Preemption):
             serial = batch and state.prefill_runs_whole and self.serial_whole_prefills
             if batch and not e.aged:
                 if self._seat_reserve and step.seats <= self._seat_reserve and state.running:
+                    step.held.add("held_seat_reserve")
                     return 0  # the seats left are TTFT-class requests' (ttft_seat_reserve)
                 if serial and self._whole_prefill_running(step):
+                    step.held.add("held_serial_prefill")
                     return 0  # one batch prompt's chunks at a time
         given = step.tokens.get(rid, 0)
         n = v.pending_tokens - given  # min(unit, pending - given, budget), inline
@@ -91,10 +94,14 @@ class _Admission(_Preemption):
             if e.ttft_s is None and state.running and self._kv_reserve_on:
                 # its whole prompt counts: later chunks, charged as running, would eat the reserve
                 reserve = floor + self._ttft_kv_reserve(state.block_size_tokens)
-                if step.free - step_blocks(v, v.pending_tokens, state, admit=True) < reserve:
+                left = step.free - step_blocks(v, v.pending_tokens, state, admit=True)
+                if left < reserve:
+                    step.held.add("held_kv_reserve" if left >= floor else "held_kv")
                     return 0
         if step.seats <= 0 and queued or step.free - extra < floor:
             if not room or not self._make_room(rep, step, e, extra + floor, rank_below):
+                if queued:
+                    step.held.add("held_seats" if step.seats <= 0 else "held_kv")
                 return 0
         if queued:
             self._dequeue(rep, e)

@@ -393,6 +393,7 @@ class SuperInferConfig(BasePolicy):
     def stats(self) -> dict[str, int]:
         """Counts of what this policy decided so far, for reports: KV bytes it swapped out,
         resumed and prefetched (blocks x ``kv_block_bytes``), tier moves, rejections, steps the
-        TTFT boost grew (``ttft_boosts``), and whether any state it saw had a CPU KV tier
-        (``saw_cpu_tier``, 0 or 1); the names: ``records._COUNTER_NAMES``."""
+        TTFT boost grew (``ttft_boosts``), decisions that held a queued request back for want of
+        a seat or KV, or by a reserve rule (``held_*``: ``admission.py``), and whether any state
+        it saw had a CPU KV tier (``saw_cpu_tier``, 0 or 1); names: ``records._COUNTER_NAMES``."""
         return dict(self._counters)

@@ -162,6 +162,8 @@ class SuperInferPolicy(_Rotation):
             steps = (horizon - now) / per_step if horizon < _INF else self.max_repeat_steps
             repeat = int(max(1, min(self.max_repeat_steps, steps)))
         prefetch = self._prefetch_promoted(step)
+        for held in step.held:
+            self._counters[held] += 1
         return ScheduleDecision(
             num_tokens=step.tokens,
             admit=tuple(step.admit),

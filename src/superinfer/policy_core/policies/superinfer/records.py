@@ -35,7 +35,8 @@ def _decode_blocks(v: RequestView, state: StepState) -> int:
 _COUNTER_NAMES = (
     "saw_cpu_tier", "swap_out_bytes", "swap_in_bytes", "prefetch_bytes", "promotions",
     "demotions", "best_effort", "aged", "rejected", "first_token_trims", "decodes_yielded",
-    "hopeless_kept", "fcfs_aged", "ttft_boosts",
+    "hopeless_kept", "fcfs_aged", "ttft_boosts", "held_seats", "held_kv", "held_seat_reserve",
+    "held_kv_reserve", "held_serial_prefill",
 )  # fmt: skip
 
 #: In-tier key offset that puts best-effort requests behind every feasible one (keys are instants,
@@ -327,6 +328,7 @@ class _Step:
         "state", "free", "budget", "seats", "free_cpu", "swap_out_bytes", "swap_in_bytes",
         "tokens", "new_blocks", "admit", "resume", "preempt", "reject", "prefetch", "changed",
         "queued_views", "worst_tier", "prefills", "whole_prefill", "no_ttft_left", "tightest_s",
+        "held",
     )  # fmt: skip
 
     def __init__(
@@ -359,3 +361,4 @@ class _Step:
         self.whole_prefill: bool | None = None  # a batch prompt in prefill (admission.py)
         self.no_ttft_left: int | None = None  # tokens without a TTFT target may take (reserve)
         self.tightest_s = _INF  # the running decodes' smallest planned TPOT (budget.py)
+        self.held: set[str] = set()  # the held_* counters a queued request hit (admission.py)
