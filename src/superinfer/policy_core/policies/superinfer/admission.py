@@ -96,6 +96,8 @@ class _Admission(_Preemption):
                 reserve = floor + self._ttft_kv_reserve(state.block_size_tokens)
                 left = step.free - step_blocks(v, v.pending_tokens, state, admit=True)
                 if left < reserve:
+                    # held_kv here: the whole prompt is short of the free KV above the floor,
+                    # though without the reserve a first chunk might have been admitted below
                     step.held.add("held_kv_reserve" if left >= floor else "held_kv")
                     return 0
         if step.seats <= 0 and queued or step.free - extra < floor:
